@@ -1,0 +1,22 @@
+"""sinklib: see, measure and intervene on attention sinks in diffusion language models."""
+from sinklib.capture import AttentionCall, CaptureError, Recorder, capture
+from sinklib.interventions import Intervention, MaskKeys, MaskRandomKeys, MaskSinks
+from sinklib.layers import AttentionLayer, attention_layers
+from sinklib.sinks import (
+    causal_uniform_scores,
+    find_sinks,
+    in_units,
+    positions_to_mask,
+    sink_margin,
+    threshold_sweep,
+    top_sinks,
+    uniform_scores,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionCall", "AttentionLayer", "CaptureError", "Intervention", "MaskKeys", "MaskRandomKeys", "MaskSinks",
+    "Recorder", "attention_layers", "capture", "causal_uniform_scores", "find_sinks", "in_units",
+    "positions_to_mask", "sink_margin", "threshold_sweep", "top_sinks", "uniform_scores",
+]

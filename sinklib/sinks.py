@@ -1,0 +1,142 @@
+"""Sink statistics (paper Eq. 3): pure functions on score tensors of any leading shape.
+
+Scores are the attention a key *receives*: s_j = sum_i A_ij over query rows i ("sum units"; for a square
+pass the mean over keys is exactly 1). The last dimension is always the key axis.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from sinklib._checks import bad_value, check_choice, check_eps, check_int
+
+UNITS = ("sum", "mean")
+
+
+def _valid_mask(scores: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    if valid is None:
+        return torch.ones_like(scores, dtype=torch.bool)
+    valid = valid.to(torch.bool)
+    try:
+        return valid.expand_as(scores)
+    except RuntimeError:
+        raise bad_value("valid", tuple(valid.shape), f"a bool tensor broadcastable to the scores' shape {tuple(scores.shape)}") from None
+
+
+def in_units(
+    scores: torch.Tensor, units: str = "sum", *, valid: torch.Tensor | None = None, n_queries: torch.Tensor | int | None = None
+) -> torch.Tensor:
+    """Scores expressed in `units`: "sum" returns them as given; "mean" divides by the number of query rows
+    (the paper's (1/S)·Σ_i A_ij). n_queries defaults to the number of valid keys (a square pass)."""
+    check_choice(units, "units", UNITS)
+    scores = scores.float()
+    if units == "sum":
+        return scores
+    if n_queries is None:
+        n_queries = _valid_mask(scores, valid).sum(-1, keepdim=True).clamp(min=1)
+    elif isinstance(n_queries, torch.Tensor):
+        n_queries = n_queries.to(scores.device).float().unsqueeze(-1)
+    return scores / n_queries
+
+
+def sink_margin(scores: torch.Tensor, *, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """s_j − mean_{k≠j} s_k over valid keys (same units as `scores`); −inf where j is invalid or alone."""
+    scores = scores.float()
+    valid = _valid_mask(scores, valid)
+    zeroed = torch.where(valid, scores, torch.zeros_like(scores))
+    total = zeroed.sum(-1, keepdim=True)
+    n_valid = valid.sum(-1, keepdim=True)
+    mean_others = (total - zeroed) / (n_valid - 1).clamp(min=1)
+    margin = scores - mean_others
+    return torch.where(valid & (n_valid > 1), margin, torch.full_like(margin, float("-inf")))
+
+
+def find_sinks(
+    scores: torch.Tensor,
+    eps: float = 3.0,
+    units: str = "sum",
+    *,
+    valid: torch.Tensor | None = None,
+    n_queries: torch.Tensor | int | None = None,
+) -> torch.Tensor:
+    """Eq. 3: key j is a sink when s_j > mean_{k≠j} s_k + eps.
+
+    scores: [..., keys], sum units (sum over queries). eps is compared in `units` ("sum", the default, or
+    "mean" = divided by the number of query rows). valid: optional bool [..., keys]; invalid keys (padding)
+    are never sinks and do not enter the mean. Returns a bool tensor shaped like scores.
+    """
+    eps = check_eps(eps)
+    check_choice(units, "units", UNITS)
+    return sink_margin(in_units(scores, units, valid=valid, n_queries=n_queries), valid=valid) > eps
+
+
+def top_sinks(
+    scores: torch.Tensor,
+    k: int,
+    eps: float = 3.0,
+    units: str = "sum",
+    *,
+    valid: torch.Tensor | None = None,
+    threshold: bool = True,
+) -> torch.Tensor:
+    """Positions of the k highest-scoring sinks along the last axis, best first, padded with −1.
+
+    With threshold=True (the paper) only keys passing Eq. 3 are eligible, so a row may hold fewer than k;
+    threshold=False takes the top-k valid keys regardless of eps. Returns int64 [..., k].
+    """
+    eps = check_eps(eps)
+    check_int(k, "k", 0, scores.shape[-1])
+    eligible = find_sinks(scores, eps, units, valid=valid) if threshold else _valid_mask(scores, valid)
+    if k == 0:
+        return torch.empty(*scores.shape[:-1], 0, dtype=torch.long, device=scores.device)
+    ranked = torch.where(eligible, scores.float(), torch.full_like(scores, float("-inf"), dtype=torch.float32))
+    values, positions = ranked.topk(k, dim=-1)
+    return torch.where(torch.isfinite(values), positions, torch.full_like(positions, -1))
+
+
+def positions_to_mask(positions: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """Turn [..., k] positions (−1 = none) into a bool [..., n_keys] mask."""
+    mask = torch.zeros(*positions.shape[:-1], n_keys + 1, dtype=torch.bool, device=positions.device)
+    mask.scatter_(-1, torch.where(positions < 0, n_keys, positions), True)
+    return mask[..., :n_keys]
+
+
+def threshold_sweep(
+    scores: torch.Tensor,
+    eps_values: Sequence[float],
+    units: str = "sum",
+    *,
+    valid: torch.Tensor | None = None,
+) -> pd.DataFrame:
+    """Share of (valid) tokens that Eq. 3 selects, for each eps (paper Fig. 10).
+
+    Returns a tidy DataFrame with columns eps, units, selected, tokens, share (= selected / tokens).
+    """
+    check_choice(units, "units", UNITS)
+    if len(eps_values) == 0:
+        raise bad_value("eps_values", list(eps_values), "a non-empty sequence of finite numbers >= 0")
+    eps_list = [check_eps(e, "eps_values[]") for e in eps_values]
+    margin = sink_margin(in_units(scores, units, valid=valid), valid=valid)
+    tokens = int(_valid_mask(scores, valid).sum())
+    rows = []
+    for eps in eps_list:
+        selected = int((margin > eps).sum())
+        rows.append({"eps": eps, "units": units, "selected": selected, "tokens": tokens, "share": selected / max(tokens, 1)})
+    return pd.DataFrame(rows)
+
+
+def uniform_scores(allowed: torch.Tensor) -> torch.Tensor:
+    """Scores a uniform attention pattern would give under the same mask (the baseline a causal model must
+    beat): each query row spreads 1 evenly over its allowed keys. allowed: bool [..., queries, keys] →
+    [..., keys], sum units."""
+    allowed = allowed.to(torch.bool)
+    per_row = allowed.sum(-1, keepdim=True).clamp(min=1)
+    return (allowed.float() / per_row).sum(-2)
+
+
+def causal_uniform_scores(n: int) -> torch.Tensor:
+    """uniform_scores of an n×n causal mask: s_j = Σ_{i≥j} 1/(i+1)."""
+    check_int(n, "n", 1)
+    return uniform_scores(torch.ones(n, n, dtype=torch.bool).tril())

@@ -1,0 +1,58 @@
+"""Tiny random transformers models used across the tests (real architectures, tiny configs)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import transformers
+
+VOCAB = 64
+
+
+def _build(config_cls, model_cls, **kwargs):
+    config = config_cls(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, attn_implementation="sdpa", **kwargs)
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    with torch.no_grad():  # larger random weights give peaked, sink-like attention patterns
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(std=0.2)
+    return model
+
+
+def llama(causal: bool = True):
+    return _build(transformers.LlamaConfig, transformers.LlamaForCausalLM, num_key_value_heads=4, is_causal=causal)
+
+
+def qwen2_gqa():
+    return _build(transformers.Qwen2Config, transformers.Qwen2ForCausalLM, num_key_value_heads=2)
+
+
+def gemma_bidirectional():
+    return _build(transformers.GemmaConfig, transformers.GemmaForCausalLM, num_key_value_heads=2, head_dim=8,
+                  use_bidirectional_attention=True, is_causal=False)
+    # transformers 5.x: use_bidirectional_attention only clears the module's is_causal flag, while the mask builder
+    # reads config.is_causal; without both, sdpa runs bidirectional but eager and padded inputs run causal.
+
+
+def modernbert():
+    config = transformers.ModernBertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                           num_attention_heads=4, global_attn_every_n_layers=2, local_attention=4,
+                                           pad_token_id=0, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.ModernBertForMaskedLM(config).eval()
+
+
+NATIVE = {"llama-causal": lambda: llama(True), "llama-bidirectional": lambda: llama(False), "qwen2-gqa": qwen2_gqa,
+          "gemma-bidirectional": gemma_bidirectional, "modernbert": modernbert}
+
+
+def eager_twin(model):
+    twin = copy.deepcopy(model)
+    twin.set_attn_implementation("eager")
+    return twin
+
+
+def logits_of(output):
+    return output.logits if hasattr(output, "logits") else output

@@ -1,0 +1,199 @@
+import threading
+
+import pytest
+import torch
+
+import sinklib
+from sinklib.capture import CaptureError
+from tests.models import NATIVE, eager_twin, logits_of, llama, qwen2_gqa
+from tests.standin import StandInLM
+
+IDS = torch.tensor([[5, 9, 2, 33, 17, 8, 41, 3, 12, 7], [6, 1, 30, 22, 9, 19, 2, 44, 10, 5]])
+PADDING = torch.tensor([[1] * 10, [0, 0, 0] + [1] * 7])  # row 1 is left-padded
+
+
+def eager_scores(model, ids, mask=None, query_weight=None):
+    """Independent reference: transformers' eager attention probabilities, summed over (weighted) queries."""
+    out = eager_twin(model)(input_ids=ids, attention_mask=mask, output_attentions=True)
+    attentions = torch.stack(out.attentions)  # [L, B, H, Sq, Sk]
+    if query_weight is not None:
+        attentions = attentions * query_weight[None, :, None, :, None]
+    return attentions.sum(-2)
+
+
+@pytest.mark.parametrize("name", list(NATIVE))
+def test_scores_match_eager_attention_without_padding(name):
+    model = NATIVE[name]()
+    with torch.no_grad(), sinklib.capture(model) as rec:
+        model(input_ids=IDS)
+    reference = eager_scores(model, IDS)
+    assert rec.n_steps == 1 and rec.scores.shape == (1, len(reference), 2, 4, 10)
+    torch.testing.assert_close(rec.scores[0], reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(NATIVE))
+def test_scores_match_eager_attention_with_padding(name):
+    model = NATIVE[name]()
+    with torch.no_grad(), sinklib.capture(model) as rec:
+        rec.query_mask = PADDING  # padded query rows are not tokens: they must not add to any score
+        model(input_ids=IDS, attention_mask=PADDING)
+    reference = eager_scores(model, IDS, PADDING, query_weight=PADDING.float())
+    torch.testing.assert_close(rec.scores[0], reference, atol=1e-5, rtol=0)
+    assert torch.all(rec.scores[0, :, 1, :, :3] == 0), "padded keys must receive nothing"
+    torch.testing.assert_close(rec.query_counts[0, 0], torch.tensor([10.0, 7.0]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_remote_code_standin_matches_hand_computed_softmax(causal, padded):
+    model = StandInLM(causal=causal)
+    mask = PADDING if padded else None
+    with torch.no_grad(), sinklib.capture(model) as rec:
+        rec.query_mask = mask
+        model(IDS, attention_mask=mask)
+    with torch.no_grad():
+        _, attentions = model(IDS, attention_mask=mask, eager=True, return_attentions=True)
+    assert rec.layer_names == ["transformer.blocks.0", "transformer.blocks.1", "transformer.blocks.2"]
+    reference = torch.stack(attentions)
+    if mask is not None:
+        reference = reference * mask[None, :, None, :, None]
+    torch.testing.assert_close(rec.step_scores(0), reference.sum(-2), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(NATIVE))
+def test_outputs_bit_identical_under_capture(name):
+    model = NATIVE[name]()
+    with torch.no_grad():
+        plain = logits_of(model(input_ids=IDS, attention_mask=PADDING))
+        with sinklib.capture(model, maps=[(0, 1, 2)]):
+            captured = logits_of(model(input_ids=IDS, attention_mask=PADDING))
+    assert torch.equal(plain, captured)
+
+
+def test_standin_bit_identical_and_sdpa_restored():
+    model = StandInLM()
+    original = torch.nn.functional.scaled_dot_product_attention
+    with torch.no_grad():
+        plain = model(IDS)
+        with sinklib.capture(model):
+            captured = model(IDS)
+    assert torch.equal(plain, captured)
+    assert torch.nn.functional.scaled_dot_product_attention is original
+
+
+def test_kv_cache_decoding_with_grouped_heads_matches_eager():
+    """transformers packs one decoding query of a GQA model as [B, kv_heads, groups, D]; heads must stay heads."""
+    model = qwen2_gqa()
+    ids = IDS[:1, :6]
+    with torch.no_grad(), sinklib.capture(model) as rec:
+        out = model(input_ids=ids, use_cache=True)
+        model(input_ids=ids[:, -1:] * 0 + 3, past_key_values=out.past_key_values, use_cache=True)
+    twin = eager_twin(model)
+    with torch.no_grad():
+        ref = twin(input_ids=ids, use_cache=True, output_attentions=True)
+        step = twin(input_ids=ids[:, -1:] * 0 + 3, past_key_values=ref.past_key_values, use_cache=True, output_attentions=True)
+    reference = torch.stack(step.attentions).sum(-2)  # [L, B, H, 7]
+    assert rec.n_steps == 2
+    torch.testing.assert_close(rec.step_scores(1), reference, atol=1e-5, rtol=0)
+    assert torch.isnan(rec.scores[0, ..., 6]).all(), "the prefill step has 6 keys; the 7th is padding"
+
+
+def test_maps_kept_only_for_requested_triples_and_equal_eager():
+    model = llama(causal=False)
+    with torch.no_grad(), sinklib.capture(model, maps=[(0, 1, 2), (1, "model.layers.0.self_attn", 0)]) as rec:
+        model(input_ids=IDS)
+        model(input_ids=IDS.flip(-1))
+    assert set(rec.maps) == {(0, 1, 2), (1, 0, 0)}
+    reference = eager_twin(model)(input_ids=IDS, output_attentions=True).attentions[1][:, 2]
+    torch.testing.assert_close(rec.maps[(0, 1, 2)], reference, atol=1e-6, rtol=0)
+
+
+def test_query_chunking_gives_the_same_scores():
+    model = StandInLM()
+    with torch.no_grad(), sinklib.capture(model, chunk_size=3) as chunked:
+        model(IDS)
+    with torch.no_grad(), sinklib.capture(model) as whole:
+        model(IDS)
+    torch.testing.assert_close(chunked.scores, whole.scores, atol=1e-6, rtol=0)
+
+
+def test_layer_names_follow_module_paths():
+    model = llama()
+    with sinklib.capture(model) as rec:
+        pass
+    assert rec.layer_names == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+
+
+def test_map_request_for_missing_layer_or_head_is_a_clear_error():
+    model = llama()
+    with pytest.raises(ValueError, match=r"layer=5 is not allowed"):
+        with sinklib.capture(model, maps=[(0, 5, 0)]):
+            pass
+    with pytest.raises(ValueError, match=r"maps head .*=4 is not allowed"):
+        with sinklib.capture(model, maps=[(0, 0, 4)]):
+            pass
+    with pytest.raises(ValueError, match=r"did you mean 'model.layers.1.self_attn'"):
+        with sinklib.capture(model, maps=[(0, "model.layers.1.self_atn", 0)]):
+            pass
+
+
+def test_eager_attention_is_rejected_before_any_forward():
+    model = eager_twin(llama())
+    with pytest.raises(CaptureError, match=r"_attn_implementation='eager' cannot be captured"):
+        with sinklib.capture(model):
+            pass
+
+
+def test_invisible_attention_raises_instead_of_recording_zeros():
+    model = StandInLM()
+    with pytest.raises(CaptureError, match="capture saw no attention call"):
+        with torch.no_grad(), sinklib.capture(model):
+            model(IDS, eager=True)  # explicit softmax: no SDPA call to see
+
+
+def test_nested_capture_of_one_model_is_refused_and_two_models_work():
+    first, second = StandInLM(seed=1), StandInLM(seed=2)
+    with torch.no_grad(), sinklib.capture(first) as rec_first:
+        with pytest.raises(CaptureError, match="already active"):
+            with sinklib.capture(first):
+                pass
+        with sinklib.capture(second) as rec_second:
+            first(IDS)
+            second(IDS)
+    assert rec_first.n_steps == 1 and rec_second.n_steps == 1
+    assert not torch.equal(rec_first.scores, rec_second.scores)
+
+
+def test_concurrent_captures_in_threads_each_see_only_their_model():
+    models = [StandInLM(seed=s) for s in range(3)]
+    expected = []
+    for model in models:
+        with torch.no_grad(), sinklib.capture(model) as rec:
+            model(IDS)
+        expected.append(rec.scores)
+    results = [None] * 3
+
+    def work(i):
+        with torch.no_grad(), sinklib.capture(models[i]) as rec:
+            for _ in range(5):
+                models[i](IDS)
+        results[i] = rec.scores
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(3):
+        assert results[i].shape[0] == 5
+        torch.testing.assert_close(results[i][4], expected[i][0], atol=0, rtol=0)
+
+
+def test_capture_removes_its_hooks_even_when_the_block_raises():
+    model = StandInLM()
+    with pytest.raises(RuntimeError, match="boom"):
+        with sinklib.capture(model):
+            raise RuntimeError("boom")
+    with torch.no_grad(), sinklib.capture(model) as rec:  # a second capture is allowed: nothing was left behind
+        model(IDS)
+    assert rec.n_steps == 1 and not model._forward_hooks and not model.transformer.blocks[0]._forward_pre_hooks
