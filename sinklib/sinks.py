@@ -84,7 +84,8 @@ def top_sinks(
     """Positions of the k highest-scoring sinks along the last axis, best first, padded with −1.
 
     With threshold=True (the paper) only keys passing Eq. 3 are eligible, so a row may hold fewer than k;
-    threshold=False takes the top-k valid keys regardless of eps. Returns int64 [..., k].
+    threshold=False takes the top-k valid keys regardless of eps. Ties go to the lower position.
+    Returns int64 [..., k].
     """
     eps = check_eps(eps)
     check_int(k, "k", 0, scores.shape[-1])
@@ -92,7 +93,8 @@ def top_sinks(
     if k == 0:
         return torch.empty(*scores.shape[:-1], 0, dtype=torch.long, device=scores.device)
     ranked = torch.where(eligible, scores.float(), torch.full_like(scores, float("-inf"), dtype=torch.float32))
-    values, positions = ranked.topk(k, dim=-1)
+    values, positions = ranked.sort(dim=-1, descending=True, stable=True)  # ties: lower position first
+    values, positions = values[..., :k], positions[..., :k]
     return torch.where(torch.isfinite(values), positions, torch.full_like(positions, -1))
 
 

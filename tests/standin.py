@@ -2,6 +2,10 @@
 RoPE is computed by hand, KV heads are repeated before the call, padding arrives as an additive float mask,
 and SDPA is looked up on `torch.nn.functional` at call time — the way the upstream models do it.
 
+`sink_strength > 0` adds that much to every attention logit towards key tokens equal to `sink_token`,
+through the additive mask the model passes to SDPA: a designed, deterministic sink for testing policies
+(random tiny weights rarely produce Eq. 3 sinks).
+
 `eager=True` computes the same attention by explicit softmax instead (the independent reference), and can
 add a per-layer additive key bias to reproduce a masking intervention by hand."""
 from __future__ import annotations
@@ -80,24 +84,28 @@ class Transformer(nn.Module):
 class StandInLM(nn.Module):
     """LLaDA-like: `model.transformer.blocks[i]`, attention computed inside the block."""
 
-    def __init__(self, n_layers=3, n_heads=4, n_kv_heads=2, d_model=32, vocab_size=64, causal=False, seed=0) -> None:
+    def __init__(self, n_layers=3, n_heads=4, n_kv_heads=2, d_model=32, vocab_size=64, causal=False, seed=0,
+                 sink_token=5, sink_strength=0.0) -> None:
         super().__init__()
         self.config = SimpleNamespace(n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=d_model,
-                                      vocab_size=vocab_size, causal=causal)
+                                      vocab_size=vocab_size, causal=causal,
+                                      sink_token=sink_token, sink_strength=sink_strength)
         torch.manual_seed(seed)
         self.transformer = Transformer(self.config)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        for p in self.parameters():  # larger weights make peaked, sink-like attention
+        for p in self.parameters():
             nn.init.normal_(p, std=0.3)
 
     def forward(self, input_ids, attention_mask=None, eager=False, key_bias=None, return_attentions=False):
         bias = None
+        if self.config.sink_strength:
+            bias = ((input_ids == self.config.sink_token).float() * self.config.sink_strength)[:, None, None, :]
         if attention_mask is not None:  # additive float key-padding mask, as LLaDA builds it
-            bias = torch.zeros(attention_mask.shape, dtype=torch.float32)
-            bias = bias.masked_fill(attention_mask == 0, torch.finfo(torch.float32).min)[:, None, None, :]
-            if self.config.causal:
-                causal = torch.ones(input_ids.shape[1], input_ids.shape[1], dtype=torch.bool).tril()
-                bias = bias.masked_fill(~causal, torch.finfo(torch.float32).min)
+            bias = torch.zeros(attention_mask.shape, dtype=torch.float32)[:, None, None, :] if bias is None else bias
+            bias = bias.masked_fill(attention_mask[:, None, None, :] == 0, torch.finfo(torch.float32).min)
+        if bias is not None and self.config.causal:
+            causal = torch.ones(input_ids.shape[1], input_ids.shape[1], dtype=torch.bool).tril()
+            bias = bias.masked_fill(~causal, torch.finfo(torch.float32).min)
         x = self.transformer.wte(input_ids)
         attentions = []
         for index, block in enumerate(self.transformer.blocks):

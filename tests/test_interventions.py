@@ -1,0 +1,166 @@
+import pytest
+import torch
+
+import sinklib
+from sinklib.interventions import key_normalised
+from tests.models import eager_twin, llama
+from tests.standin import StandInLM
+from tests.test_sinks import reference_sinks
+
+IDS = torch.tensor([[5, 9, 2, 33, 17, 8, 41, 3, 12, 7, 11, 4], [6, 1, 30, 22, 9, 19, 2, 44, 10, 5, 8, 8]])
+STEPS = [IDS, IDS.roll(1, -1), IDS.roll(2, -1), IDS.roll(3, -1)]  # a changing canvas, one forward per step
+
+
+def sinky(**kwargs):
+    return StandInLM(sink_strength=4.0, **kwargs)
+
+
+def run(model, inputs, intervention, **kwargs):
+    with torch.no_grad(), sinklib.capture(model, intervention=intervention, **kwargs) as rec:
+        outputs = [model(x) for x in inputs]
+    return rec, outputs
+
+
+def reference_top(scores, k, eps=3.0):
+    """bool mask of the top-k Eq. 3 sinks of each row, computed in Python from the definition."""
+    out = torch.zeros(scores.shape, dtype=torch.bool)
+    flat_scores, flat_out = scores.reshape(-1, scores.shape[-1]), out.view(-1, scores.shape[-1])
+    for r, row in enumerate(flat_scores.tolist()):
+        sinks = [j for j, is_sink in enumerate(reference_sinks(row, eps)) if is_sink]
+        for j in sorted(sinks, key=lambda j: (-row[j], j))[:k]:
+            flat_out[r, j] = True
+    return out
+
+
+def test_masked_keys_get_exactly_zero_and_output_equals_hand_computed_masked_attention():
+    model = StandInLM()
+    positions, heads = [0, 4], [1, 3]
+    rec, (logits,) = run(model, [IDS], sinklib.MaskKeys(positions, heads=heads), maps=[(0, 1, 1), (0, 1, 0)])
+    assert torch.all(rec.scores[0][:, :, heads][..., positions] == 0)
+    assert torch.all(rec.maps[(0, 1, 1)][..., positions] == 0)
+    assert torch.all(rec.maps[(0, 1, 0)][..., positions] > 0), "unlisted heads are untouched"
+    bias = torch.zeros(2, 4, 12)
+    bias[:, heads, :] = bias[:, heads, :].index_fill(-1, torch.tensor(positions), float("-inf"))
+    with torch.no_grad():
+        reference = model(IDS, eager=True, key_bias={i: bias for i in range(3)})
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
+    assert rec.masked_keys[0][:, :, heads][..., positions].all() and rec.masked_keys.sum() == 3 * 2 * 2 * 2
+
+
+def test_masking_a_causal_models_only_key_keeps_that_row_instead_of_nan():
+    model = llama(causal=True)
+    with torch.no_grad(), sinklib.capture(model, intervention=sinklib.MaskKeys([0])) as rec:
+        logits = model(input_ids=IDS).logits
+    assert torch.isfinite(logits).all()
+    assert torch.allclose(rec.scores[0, ..., 0], torch.ones(()))  # only query 0 still reads key 0
+    plain = model(input_ids=IDS).logits
+    assert torch.equal(logits[:, 0], plain[:, 0]) and not torch.allclose(logits[:, 1:], plain[:, 1:])
+
+
+def test_paper_policy_masks_step_t_minus_1_sinks_at_step_t():
+    model = sinky()
+    rec, _ = run(model, STEPS, sinklib.MaskSinks(top_k=2))
+    masked, scores = rec.masked_keys, rec.scores
+    assert not masked[0].any(), "step 0 masks nothing"
+    for t in range(1, len(STEPS)):
+        expected = reference_top(scores[t - 1], 2)
+        assert torch.equal(masked[t], expected)
+        assert torch.all(scores[t][masked[t]] == 0)
+    assert masked[1:].sum() > 0, "the stand-in must have sinks for this test to mean anything"
+    assert (masked[1:].sum(-1) <= 2).all()
+
+
+def test_paper_policy_alternates_because_masked_sinks_are_rarely_reselected():
+    rec, _ = run(sinky(), [IDS] * 3, sinklib.MaskSinks(top_k=1))  # a still canvas
+    assert rec.masked_keys[1].any()
+    both = rec.masked_keys[1] & rec.masked_keys[2]
+    assert both.sum() < rec.masked_keys[1].sum()
+
+
+def test_clean_previous_step_uses_the_unmasked_attention_of_the_same_layer():
+    model = sinky()
+    rec, _ = run(model, STEPS[:2], sinklib.MaskSinks(top_k=3, source="previous_step_clean"))
+    clean, _ = run(model, STEPS[:1], None)
+    # Layer 0 sees the same inputs with or without masking, so its clean attention is the plain run's.
+    assert torch.equal(rec.masked_keys[1, 0], reference_top(clean.scores[0, 0], 3))
+
+
+def test_same_step_masks_the_sinks_of_the_clean_pass_of_the_same_call():
+    model = sinky()
+    rec, _ = run(model, STEPS[:1], sinklib.MaskSinks(top_k=1, source="same_step"))
+    clean, _ = run(model, STEPS[:1], None)
+    assert rec.masked_keys[0, 0].any()
+    assert torch.equal(rec.masked_keys[0, 0], reference_top(clean.scores[0, 0], 1))
+    assert torch.all(rec.scores[0, 0][rec.masked_keys[0, 0]] == 0)
+
+
+def test_top_k_regardless_of_threshold_always_masks_k():
+    rec, _ = run(sinky(), STEPS[:2], sinklib.MaskSinks(top_k=2, eps=1000.0, threshold=False))
+    assert (rec.masked_keys[1].sum(-1) == 2).all()
+    rec, _ = run(sinky(), STEPS[:2], sinklib.MaskSinks(top_k=2, eps=1000.0))
+    assert not rec.masked_keys.any()
+
+
+def test_arm_policy_reads_the_last_row_scaled_to_key_units():
+    """Prefill, then one decoding step with a KV cache: the sinks of the prefill's last query row (× number
+    of keys, SPEC §3) are masked for the next token."""
+    model = llama(causal=True)
+    ids = IDS[:1]
+    policy = sinklib.MaskSinks(top_k=3, rows="last", eps=0.5)
+    with torch.no_grad(), sinklib.capture(model, intervention=policy) as rec:
+        out = model(input_ids=ids, use_cache=True)
+        model(input_ids=torch.tensor([[3]]), past_key_values=out.past_key_values, use_cache=True)
+    last_rows = torch.stack(eager_twin(model)(input_ids=ids, output_attentions=True).attentions)[:, :, :, -1]
+    expected = reference_top(last_rows * 12, 3, eps=0.5)
+    assert expected.any()
+    torch.testing.assert_close(rec.masked_keys[1, ..., :12], expected, atol=0, rtol=0)
+    assert not rec.masked_keys[1, ..., 12].any() and torch.all(rec.step_scores(1)[..., :12][expected] == 0)
+
+
+def test_key_normalisation_is_the_identity_for_a_square_pass():
+    model = sinky()
+    seen = []
+
+    class Spy(sinklib.Intervention):
+        def observe(self, call, stats):
+            seen.append((stats.scores.clone(), key_normalised(stats, "all")))
+
+    run(model, [IDS], Spy())
+    for raw, normalised in seen:
+        assert torch.equal(raw, normalised)
+
+
+def test_random_control_masks_k_valid_keys_from_step_one_reproducibly():
+    model = StandInLM()
+    first, _ = run(model, STEPS[:3], sinklib.MaskRandomKeys(k=3, seed=7))
+    again, _ = run(model, STEPS[:3], sinklib.MaskRandomKeys(k=3, seed=7))
+    other, _ = run(model, STEPS[:3], sinklib.MaskRandomKeys(k=3, seed=8))
+    assert not first.masked_keys[0].any() and (first.masked_keys[1:].sum(-1) == 3).all()
+    assert torch.equal(first.masked_keys, again.masked_keys) and torch.equal(first.scores, again.scores)
+    assert not torch.equal(first.masked_keys, other.masked_keys)
+
+
+def test_random_control_never_picks_padding():
+    model = StandInLM()
+    padding = torch.tensor([[1] * 12, [0] * 6 + [1] * 6])
+    with torch.no_grad(), sinklib.capture(model, intervention=sinklib.MaskRandomKeys(k=6, seed=0, start_step=0)) as rec:
+        model(IDS, attention_mask=padding)
+    assert not rec.masked_keys[0, :, 1, :, :6].any() and rec.masked_keys[0, :, 1, :, 6:].all()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: sinklib.MaskSinks(top_k=-1), r"top_k=-1 is not allowed: top_k must be an integer >= 0"),
+    (lambda: sinklib.MaskSinks(top_k=1, eps=float("nan")), r"eps=nan is not allowed"),
+    (lambda: sinklib.MaskSinks(top_k=1, source="previous"), r"source='previous' is not allowed.*did you mean 'previous_step'"),
+    (lambda: sinklib.MaskSinks(top_k=1, rows="first"), r"rows='first' is not allowed"),
+    (lambda: sinklib.MaskRandomKeys(k=-2), r"k=-2 is not allowed"),
+    (lambda: sinklib.MaskKeys([-1]), r"positions\[\]=-1 is not allowed"),
+])
+def test_bad_policy_arguments(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_explicit_positions_beyond_the_sequence_are_a_clear_error():
+    with pytest.raises(ValueError, match=r"positions=\[12\] is not allowed: positions must be key positions < 12"):
+        run(StandInLM(), [IDS], sinklib.MaskKeys([3, 12]))
