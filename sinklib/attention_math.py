@@ -74,30 +74,39 @@ def attention_statistics(
     key_valid = torch.zeros(batch, n_keys, dtype=torch.bool, device=q.device)
     maps = {h: torch.empty(batch, n_queries, n_keys, dtype=torch.float32, device=q.device) for h in map_heads}
     probs = None
+    q_scaled = q.float() * scale  # scale the small [Sq, D] side, not the [Sq, Sk] logits
     for start in range(0, n_queries, chunk_size):
         stop = min(start + chunk_size, n_queries)
-        logits = torch.matmul(q[:, :, start:stop].float(), keys_t) * scale
-        allowed = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=q.device)
+        logits = torch.matmul(q_scaled[:, :, start:stop], keys_t)
+        allowed = None
         if mask is not None:
             part = mask if mask.shape[-2] == 1 else mask[..., start:stop, :]
             if part.dtype == torch.bool:
-                logits = logits.masked_fill(~part, float("-inf"))
+                logits.masked_fill_(~part, float("-inf"))
             else:
-                logits = logits + part.float()
-            allowed = allowed & allowed_from_mask(part)
+                logits.add_(part.float())
+            allowed = allowed_from_mask(part)
         if is_causal:
             causal = causal_allowed(n_queries, n_keys, q.device, start, stop)
-            logits = logits.masked_fill(~causal, float("-inf"))
-            allowed = allowed & causal
-        probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)
-        row_live = probs.sum(-1).amax(1) > 0  # [B, chunk]
+            logits.masked_fill_(~causal, float("-inf"))
+            allowed = causal[None, None] if allowed is None else allowed & causal
+        probs = torch.softmax(logits, dim=-1)
+        if mask is not None:
+            probs.nan_to_num_(0.0)  # a fully masked row (bool or −inf mask) attends to nothing
+            if part.dtype != torch.bool:  # a row masked with finfo.min softmaxes to uniform: drop it too
+                probs.masked_fill_(~allowed.any(-1, keepdim=True), 0.0)
+        if allowed is None:
+            row_live = torch.ones(batch, stop - start, device=q.device)
+            key_valid.fill_(True)
+        else:
+            row_live = allowed.any(-1).any(1).expand(batch, stop - start).float()  # [B, chunk]
+            key_valid |= allowed.any(-2).any(1).expand(batch, n_keys)
         if query_weight is not None:
             weight = query_weight[:, start:stop].float()
-            probs = probs * weight[:, None, :, None]
-            row_live = row_live.float() * weight
+            probs.mul_(weight[:, None, :, None])
+            row_live = row_live * weight
         scores += probs.sum(-2)
-        query_count += row_live.float().sum(-1)
-        key_valid |= allowed.expand(batch, -1, stop - start, n_keys).any(1).any(1)
+        query_count += row_live.sum(-1)
         for h in map_heads:
             maps[h][:, start:stop] = probs[:, h]
     last_row = probs[:, :, -1].clone() if (want_last_row and probs is not None) else None

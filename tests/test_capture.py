@@ -197,3 +197,16 @@ def test_capture_removes_its_hooks_even_when_the_block_raises():
     with torch.no_grad(), sinklib.capture(model) as rec:  # a second capture is allowed: nothing was left behind
         model(IDS)
     assert rec.n_steps == 1 and not model._forward_hooks and not model.transformer.blocks[0]._forward_pre_hooks
+
+
+def test_fully_masked_query_rows_contribute_nothing_without_a_query_mask():
+    """Causal + left padding: the padded queries of row 1 may attend to no key (an additive finfo.min mask
+    softmaxes them to uniform); they must not add to any score."""
+    model = StandInLM(causal=True)
+    with torch.no_grad(), sinklib.capture(model) as rec:
+        model(IDS, attention_mask=PADDING)
+    with torch.no_grad():
+        _, attentions = model(IDS, attention_mask=PADDING, eager=True, return_attentions=True)
+    reference = (torch.stack(attentions) * PADDING[None, :, None, :, None]).sum(-2)
+    torch.testing.assert_close(rec.step_scores(0), reference, atol=1e-5, rtol=0)
+    torch.testing.assert_close(rec.query_counts[0, 0], torch.tensor([10.0, 7.0]))

@@ -1,0 +1,100 @@
+"""Capture overhead, measured side by side in one run: plain forward vs capture vs capture + masking.
+
+    python benchmarks/capture_overhead.py            # tiny model on CPU (and the 8B shape if a GPU is there)
+    python benchmarks/capture_overhead.py --gpu-only
+
+Prints wall time per forward (median of interleaved rounds), peak memory on GPU, and the ratios. Goals
+(issue 2): capture ≤ 1.3× plain on CPU, ≤ 1.05× on GPU; masking ≤ 1.10× on GPU; extra peak GPU memory ≤ 5 %.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+import transformers
+
+import sinklib
+
+SHAPES = {
+    "tiny-cpu": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, vocab_size=512, seq=256),
+    "llada-8b-shape": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=32,
+                           vocab_size=126464, seq=400),
+}
+
+
+def build(shape: dict, device: str, dtype: torch.dtype):
+    params = {k: v for k, v in shape.items() if k != "seq"}
+    config = transformers.LlamaConfig(num_key_value_heads=params["num_attention_heads"], is_causal=False,
+                                      attn_implementation="sdpa", **params)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    return model
+
+
+def timed(fn, device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure(name: str, device: str, dtype: torch.dtype, rounds: int, steps: int) -> None:
+    shape = SHAPES[name]
+    model = build(shape, device, dtype)
+    ids = torch.randint(0, shape["vocab_size"], (1, shape["seq"]), generator=torch.Generator().manual_seed(0)).to(device)
+    modes = {
+        "plain": lambda: contextlib.nullcontext(),
+        "capture": lambda: sinklib.capture(model),
+        "masking": lambda: sinklib.capture(model, intervention=sinklib.MaskSinks(top_k=5, threshold=False)),
+    }
+    times = {mode: [] for mode in modes}
+    peaks = {}
+
+    def loop(mode):
+        with torch.no_grad(), modes[mode]():
+            for _ in range(steps):
+                model(input_ids=ids)
+
+    for mode in modes:  # warm-up, and peak memory per mode
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        loop(mode)
+        peaks[mode] = torch.cuda.max_memory_allocated() if device == "cuda" else float("nan")
+    for _ in range(rounds):  # interleaved so drift hits every mode alike
+        for mode in modes:
+            times[mode].append(timed(lambda: loop(mode), device) / steps)
+    plain = statistics.median(times["plain"])
+    print(f"\n{name} on {device} ({dtype}), seq {shape['seq']}, {steps} forwards × {rounds} rounds")
+    for mode in modes:
+        t = statistics.median(times[mode])
+        mem = "" if device != "cuda" else f"  peak {peaks[mode] / 2**30:7.2f} GiB ({peaks[mode] / peaks['plain']:.3f}× plain)"
+        print(f"  {mode:8s} {t * 1000:9.2f} ms/forward  {t / plain:.3f}× plain{mem}")
+    layers, heads, seq = shape["num_hidden_layers"], shape["num_attention_heads"], shape["seq"]
+    print(f"  stored per forward: {layers * heads * seq * 4 / 2**20:.2f} MiB of scores (L·H·S·4 bytes)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--gpu-only", action="store_true")
+    args = parser.parse_args()
+    if not args.gpu_only:
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        measure("tiny-cpu", "cpu", torch.float32, args.rounds, args.steps)
+    if torch.cuda.is_available():
+        measure("llada-8b-shape", "cuda", torch.bfloat16, args.rounds, args.steps)
+    elif args.gpu_only:
+        raise SystemExit("--gpu-only: no CUDA device is available")
+
+
+if __name__ == "__main__":
+    main()
