@@ -164,3 +164,27 @@ def test_bad_policy_arguments(make, message):
 def test_explicit_positions_beyond_the_sequence_are_a_clear_error():
     with pytest.raises(ValueError, match=r"positions=\[12\] is not allowed: positions must be key positions < 12"):
         run(StandInLM(), [IDS], sinklib.MaskKeys([3, 12]))
+
+
+def test_masking_all_heads_of_a_gqa_model_equals_a_key_padding_mask_in_eager_attention():
+    """Masking keys 1 and 2 in every head for every query is what a key-padding mask does, so transformers'
+    own eager attention with that padding mask is an independent reference — for the prefill (SDPA with
+    enable_gqa) and for a KV-cache decoding step (transformers' packed single-query GQA call)."""
+    from tests.models import qwen2_gqa
+
+    model = qwen2_gqa()
+    ids = IDS[:, :8]
+    with torch.no_grad(), sinklib.capture(model, intervention=sinklib.MaskKeys([1, 2])) as rec:
+        out = model(input_ids=ids, use_cache=True)
+        step = model(input_ids=torch.tensor([[3], [4]]), past_key_values=out.past_key_values, use_cache=True)
+    padding = torch.ones(2, 9, dtype=torch.long)
+    padding[:, 1:3] = 0
+    twin = eager_twin(model)
+    with torch.no_grad():
+        ref = twin(input_ids=ids, attention_mask=padding[:, :8], use_cache=True)
+        ref_step = twin(input_ids=torch.tensor([[3], [4]]), attention_mask=padding, past_key_values=ref.past_key_values,
+                        use_cache=True, output_attentions=True)
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(step.logits, ref_step.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(rec.step_scores(1), torch.stack(ref_step.attentions).sum(-2), atol=1e-5, rtol=0)
+    assert torch.all(rec.scores[:, :, :, :, 1:3] == 0)
