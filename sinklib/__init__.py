@@ -1,7 +1,9 @@
 """sinklib: see, measure and intervene on attention sinks in diffusion language models."""
 from sinklib.capture import AttentionCall, CaptureError, Recorder, capture
+from sinklib.generate import generate
 from sinklib.interventions import Intervention, MaskKeys, MaskRandomKeys, MaskSinks
 from sinklib.layers import AttentionLayer, attention_layers
+from sinklib.loading import LoadedModel, load
 from sinklib.sinks import (
     causal_uniform_scores,
     find_sinks,
@@ -12,11 +14,12 @@ from sinklib.sinks import (
     top_sinks,
     uniform_scores,
 )
+from sinklib.trace import Trace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionCall", "AttentionLayer", "CaptureError", "Intervention", "MaskKeys", "MaskRandomKeys", "MaskSinks",
-    "Recorder", "attention_layers", "capture", "causal_uniform_scores", "find_sinks", "in_units",
+    "LoadedModel", "Recorder", "Trace", "generate", "load", "attention_layers", "capture", "causal_uniform_scores", "find_sinks", "in_units",
     "positions_to_mask", "sink_margin", "threshold_sweep", "top_sinks", "uniform_scores",
 ]

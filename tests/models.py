@@ -56,3 +56,21 @@ def eager_twin(model):
 
 def logits_of(output):
     return output.logits if hasattr(output, "logits") else output
+
+
+MASK_ID = VOCAB - 1
+
+
+def diffusion_llama(family: str = "llada", seed: int = 0):
+    """A bidirectional Llama that declares its sinklib family in its config, as the zoo's models do."""
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, is_causal=False,
+                                      max_position_embeddings=64, attn_implementation="sdpa")
+    config.sinklib_family = family
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(std=0.3)
+    return model

@@ -113,3 +113,10 @@ class StandInLM(nn.Module):
             attentions.append(probs)
         logits = self.lm_head(self.transformer.ln_f(x))
         return (logits, attentions) if return_attentions else logits
+
+
+class StandInLLaDA(StandInLM):
+    """Returns an output object with .logits, as LLaDA's remote code does."""
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        return SimpleNamespace(logits=super().forward(input_ids, attention_mask=attention_mask, **kwargs))

@@ -1,0 +1,140 @@
+"""Dream: masked diffusion initialised from an autoregressive model, as upstream `diffusion_generate` does it.
+
+x = prompt + max_new_tokens masks; timesteps = linspace(1, eps, steps + 1). Each step: one forward, logits
+shifted right by one (position i is predicted from output i−1); temperature, top-p and top-k act on the
+logits before the softmax (even at temperature 0, so they change confidences); confidence by `alg`:
+maskgit_plus = max prob, topk_margin = top1 − top2, entropy = Σ p log p. int(mean masked · (1 − s/t))
+positions are written per step (all the rest on the last), the most confident masked ones anywhere, or
+sampled with alg_temp > 0. alg="origin" writes each masked token with probability 1 − s/t.
+With left padding, padded positions neither attend nor are attended, and position ids skip them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sinklib._checks import bad_value, check_choice, check_int
+from sinklib.families.base import Family, Forward
+
+ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+
+
+@dataclass(frozen=True)
+class DreamSettings:
+    steps: int
+    gen_length: int
+    temperature: float = 0.0
+    alg: str = "entropy"
+    alg_temp: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    eps: float = 1e-3
+    mask_id: int = 151666
+
+    def validate(self) -> "DreamSettings":
+        check_int(self.steps, "steps", 1)
+        check_int(self.gen_length, "gen_length", 1)
+        check_choice(self.alg, "alg", ALGS)
+        if not self.temperature >= 0:
+            raise bad_value("temperature", self.temperature, "a number >= 0")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise bad_value("top_p", self.top_p, "None or a number in (0, 1]")
+        if self.top_k is not None:
+            check_int(self.top_k, "top_k", 1)
+        if not 0 < self.eps < 1:
+            raise bad_value("eps", self.eps, "a number in (0, 1)")
+        return self
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    if temperature > 0:
+        logits = logits / temperature
+    floor = torch.finfo(logits.dtype).min
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop = cumulative > top_p
+        drop[..., 1:] = drop[..., :-1].clone()  # keep the first token above the threshold
+        drop[..., 0] = False
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), floor)
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]))[0][..., -1:]
+        logits = logits.masked_fill(logits < kth, floor)
+    return logits
+
+
+def sample_tokens(logits: torch.Tensor, settings: DreamSettings, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """→ (confidence, token) per row of logits [N, V], by settings.alg."""
+    probs = torch.softmax(filter_logits(logits, settings.temperature, settings.top_p, settings.top_k), dim=-1)
+    if settings.temperature > 0:
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        confidence = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    else:
+        confidence, tokens = probs.max(dim=-1)
+    if settings.alg == "topk_margin":
+        top2 = probs.topk(2, dim=-1).values if probs.shape[-1] > 1 else torch.cat([probs, torch.zeros_like(probs)], -1)
+        confidence = top2[:, 0] - top2[:, 1]
+    elif settings.alg == "entropy":
+        confidence = (probs * torch.log(probs + 1e-10)).sum(-1)
+    return confidence, tokens
+
+
+def shift_right(logits: torch.Tensor) -> torch.Tensor:
+    """Dream's output i predicts token i+1: align predictions with the positions they fill."""
+    return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+
+
+def _step(x, logits, i, timesteps, settings: DreamSettings, generator) -> torch.Tensor:
+    mask_index = x == settings.mask_id
+    mask_logits = logits[mask_index]
+    t, s = timesteps[i], timesteps[i + 1]
+    last = i == settings.steps - 1
+    x = x.clone()
+    if settings.alg == "origin":
+        p_transfer = 1.0 if last else float(1 - s / t)
+        x0 = torch.full((mask_logits.shape[0],), settings.mask_id, dtype=torch.long, device=x.device)
+        chosen = torch.rand(x0.shape, generator=generator, device=x.device) < p_transfer
+        if chosen.any():
+            x0[chosen] = sample_tokens(mask_logits[chosen], settings, generator)[1]
+        x[mask_index] = x0
+        return x
+    confidence, x0 = sample_tokens(mask_logits, settings, generator)
+    mean_masked = mask_index.sum() / mask_index.shape[0]
+    count = int(mean_masked) if last else int(mean_masked * (1 - s / t))
+    if count == 0:
+        return x
+    full_confidence = torch.full(x.shape, float("-inf"), dtype=logits.dtype, device=x.device)
+    full_confidence[mask_index] = confidence.to(logits.dtype)
+    if settings.alg_temp:
+        weights = torch.softmax(full_confidence / settings.alg_temp, dim=-1)
+        transfer = torch.multinomial(weights, count, generator=generator)
+    else:
+        transfer = full_confidence.topk(count, dim=-1).indices
+    candidate = torch.full_like(x, settings.mask_id)
+    candidate[mask_index] = x0
+    rows = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(transfer)
+    x[rows, transfer] = candidate[rows, transfer]
+    return x
+
+
+def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, settings: DreamSettings,
+           generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    settings.validate()
+    batch = prompt_ids.shape[0]
+    x = torch.nn.functional.pad(prompt_ids, (0, settings.gen_length), value=settings.mask_id)
+    attention_mask = position_ids = None
+    if prompt_mask is not None and not bool(prompt_mask.all()):
+        attention_mask = torch.nn.functional.pad(prompt_mask, (0, settings.gen_length), value=1)
+        position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    timesteps = torch.linspace(1, settings.eps, settings.steps + 1, device=x.device)
+    canvases = [x.clone()]
+    for i in range(settings.steps):
+        logits = shift_right(forward(x, attention_mask, position_ids))
+        x = _step(x, logits, i, timesteps, settings, generator)
+        canvases.append(x.clone())
+    return canvases
+
+
+DREAM = Family("dream", "diffusion", sample, DreamSettings, default_mask_id=151666,
+               description="Dream-v0-Instruct-7B: shifted logits, confidence-ordered unmasking anywhere")

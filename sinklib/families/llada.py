@@ -1,0 +1,121 @@
+"""LLaDA and MMaDA: semi-autoregressive blocks of masked diffusion, as upstream `generate` does it.
+
+x = prompt + gen_length masks. Each of gen_length/block_length blocks gets steps/num_blocks steps; in a
+block with M masks and s steps, step i unmasks M//s tokens plus one for the first M % s steps. Each step
+is one forward: x0 = argmax of Gumbel-perturbed logits (float64, exp(l) / (−log U)^T), confidence =
+softmax of the noise-free logits at x0 (LLaDA: in the logits' dtype; MMaDA: float64) or uniform noise for
+remasking="random"; positions past the block and already-decoded positions get −inf; the top-k confident
+positions are written. Classifier-free guidance batches the unconditional (prompt masked) copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sinklib._checks import bad_value, check_choice, check_int
+from sinklib.families.base import Family, Forward
+
+REMASKING = ("low_confidence", "random")
+
+
+@dataclass(frozen=True)
+class LLaDASettings:
+    steps: int
+    gen_length: int
+    block_length: int | None = None
+    temperature: float = 0.0
+    remasking: str = "low_confidence"
+    cfg_scale: float = 0.0
+    mask_id: int = 126336
+    confidence_dtype: str | None = None  # None: the logits' dtype
+
+    def validate(self) -> "LLaDASettings":
+        check_int(self.steps, "steps", 1)
+        check_int(self.gen_length, "gen_length", 1)
+        block = self.gen_length if self.block_length is None else check_int(self.block_length, "block_length", 1)
+        if self.gen_length % block:
+            raise bad_value("gen_length", self.gen_length, f"a multiple of block_length={block}")
+        blocks = self.gen_length // block
+        if self.steps % blocks:
+            raise bad_value("steps", self.steps, f"a multiple of the number of blocks ({blocks} = gen_length {self.gen_length} / block_length {block})")
+        if not self.temperature >= 0:
+            raise bad_value("temperature", self.temperature, "a number >= 0")
+        if not self.cfg_scale >= 0:
+            raise bad_value("cfg_scale", self.cfg_scale, "a number >= 0")
+        check_choice(self.remasking, "remasking", REMASKING)
+        return self
+
+
+def transfer_counts(masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """Tokens to unmask at each of `steps` steps for rows with `masked` [B] masks: M//s, plus one for the
+    first M % s steps. → int64 [B, steps]."""
+    base = (masked // steps)[:, None]
+    extra = torch.arange(steps, device=masked.device)[None, :] < (masked % steps)[:, None]
+    return base + extra.long()
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    if temperature == 0:
+        return logits.argmax(-1)
+    noise = torch.rand(logits.shape, dtype=torch.float64, generator=generator, device=logits.device)
+    return (logits.double().exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+
+
+def _guided_logits(forward: Forward, x, attention_mask, prompt_index, settings: LLaDASettings) -> torch.Tensor:
+    if settings.cfg_scale == 0:
+        return forward(x, attention_mask)
+    unconditional = x.masked_fill(prompt_index, settings.mask_id)
+    both_mask = None if attention_mask is None else torch.cat([attention_mask, attention_mask])
+    logits, un_logits = forward(torch.cat([x, unconditional]), both_mask).chunk(2)
+    return un_logits + (settings.cfg_scale + 1) * (logits - un_logits)
+
+
+def _step(x, logits, block_end, count, settings: LLaDASettings, generator) -> torch.Tensor:
+    """One denoising step: write the `count` [B] most confident predictions among masked positions < block_end."""
+    mask_index = x == settings.mask_id
+    x0 = gumbel_argmax(logits, settings.temperature, generator)
+    if settings.remasking == "low_confidence":
+        dtype = getattr(torch, settings.confidence_dtype) if settings.confidence_dtype else logits.dtype
+        probs = torch.softmax(logits.to(dtype), dim=-1)
+        confidence = probs.gather(-1, x0[..., None]).squeeze(-1)
+    else:
+        confidence = torch.rand(x0.shape, generator=generator, device=x0.device)
+    confidence[:, block_end:] = float("-inf")
+    x0 = torch.where(mask_index, x0, x)
+    confidence = torch.where(mask_index, confidence, torch.full_like(confidence, float("-inf")))
+    transfer = torch.zeros_like(mask_index)
+    for row in range(x.shape[0]):
+        _, chosen = torch.topk(confidence[row], k=int(count[row]))
+        transfer[row, chosen] = True
+    return torch.where(transfer, x0, x)
+
+
+def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, settings: LLaDASettings,
+           generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    settings.validate()
+    batch, prompt_len = prompt_ids.shape
+    block_length = settings.block_length or settings.gen_length
+    x = torch.full((batch, prompt_len + settings.gen_length), settings.mask_id, dtype=torch.long, device=prompt_ids.device)
+    x[:, :prompt_len] = prompt_ids
+    attention_mask = None
+    if prompt_mask is not None and not bool(prompt_mask.all()):
+        attention_mask = torch.cat([prompt_mask, torch.ones(batch, settings.gen_length, dtype=prompt_mask.dtype, device=prompt_mask.device)], 1)
+    prompt_index = x != settings.mask_id
+    num_blocks = settings.gen_length // block_length
+    steps_per_block = settings.steps // num_blocks
+    canvases = [x.clone()]
+    for block in range(num_blocks):
+        block_end = prompt_len + (block + 1) * block_length
+        counts = transfer_counts((x[:, block_end - block_length:block_end] == settings.mask_id).sum(1), steps_per_block)
+        for i in range(steps_per_block):
+            logits = _guided_logits(forward, x, attention_mask, prompt_index, settings)
+            x = _step(x, logits, block_end, counts[:, i], settings, generator)
+            canvases.append(x.clone())
+    return canvases
+
+
+LLADA = Family("llada", "diffusion", sample, LLaDASettings, default_mask_id=126336,
+               description="LLaDA-8B-Instruct: blockwise low-confidence remasking")
+MMADA = Family("mmada", "diffusion", sample, LLaDASettings, default_mask_id=126336,
+               description="MMaDA-8B: LLaDA's sampler with float64 confidences", extra={"confidence_dtype": "float64"})

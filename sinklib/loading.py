@@ -1,0 +1,225 @@
+"""load(): a hub id, a local folder, a zoo name or a model object → a LoadedModel that knows its family.
+
+Nothing here turns on trust_remote_code by itself: the remote-code families (LLaDA, Dream, MMaDA) load
+only when the caller passes trust_remote_code=True.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sinklib._checks import bad_value, check_choice
+from sinklib.families.base import Family, family_names, get_family
+
+ZOO_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
+CALLING = ("native", "llada_remote", "dream_remote")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "auto": "auto"}
+
+
+@dataclass
+class LoadedModel:
+    """A model with what sampling and tracing need: its family, special ids, tokenizer, how to call it."""
+
+    model: nn.Module
+    family: Family
+    tokenizer: Any = None
+    mask_id: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+    name: str = ""
+    calling: str = "native"
+    max_length: int | None = None
+    layer_names: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """One forward over full sequences, called the way this model's own code expects."""
+        if self.calling == "llada_remote":
+            return self.model(ids, attention_mask=attention_mask).logits
+        if self.calling == "dream_remote":
+            if attention_mask is None:
+                return self.model(ids, "full", None).logits
+            both = attention_mask.bool()
+            return self.model(ids, both[:, None, None, :] & both[:, None, :, None], position_ids).logits
+        return self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids).logits
+
+    def step_with_cache(self, ids, attention_mask, position_ids, cache):
+        """One autoregressive forward with a KV cache → (logits, cache)."""
+        out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+        return out.logits, out.past_key_values
+
+
+def infer_family(config: Any) -> str | None:
+    """The family a config declares: the zoo's `sinklib_family`, the remote model types, else a causal LM."""
+    declared = getattr(config, "sinklib_family", None)
+    if declared:
+        return declared
+    model_type = str(getattr(config, "model_type", "")).lower()
+    architectures = " ".join(getattr(config, "architectures", None) or []).lower()
+    for name in ("mmada", "llada", "dream"):
+        if name in model_type or name in architectures:
+            return name
+    if getattr(config, "is_causal", True) is False or getattr(config, "use_bidirectional_attention", False):
+        return None
+    if "forcausallm" in architectures or getattr(config, "is_decoder", False) or model_type in ("llama", "qwen2", "mistral", "gemma"):
+        return "arm"
+    return None
+
+
+def _calling_for(model: nn.Module, family: str) -> str:
+    native = type(model).__module__.startswith("transformers.models.")
+    if native or family == "arm":
+        return "native"
+    return "dream_remote" if family == "dream" else "llada_remote"
+
+
+def _offline_hint(name: str) -> str:
+    return (f"could not load {name!r}: it is not a local folder and the model hub could not be reached "
+            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). On a machine with internet run "
+            f"`huggingface-cli download {name} --local-dir /path/to/{name.split('/')[-1]}` and pass that folder.")
+
+
+def _resolve_path(name: str) -> str:
+    zoo = ZOO_DIR / name
+    if zoo.is_dir():
+        return str(zoo)
+    return name
+
+
+def _load_config(path: str, trust_remote_code: bool):
+    import transformers
+
+    try:
+        return transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except ValueError as error:
+        if "trust_remote_code" in str(error):
+            raise ValueError(f"{path!r} ships its own modelling code: pass trust_remote_code=True to sinklib.load if you "
+                             "trust it (sinklib never turns it on by itself)") from None
+        raise
+    except OSError as error:
+        raise OSError(_offline_hint(path)) from error
+
+
+def load(
+    name_or_model: str | os.PathLike | nn.Module,
+    family: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    trust_remote_code: bool = False,
+    *,
+    tokenizer: Any = None,
+    mask_id: int | None = None,
+    eos_ids: tuple[int, ...] | None = None,
+) -> LoadedModel:
+    """Load a model by hub id, local folder or zoo name (e.g. "tiny-llada"), or wrap a model object.
+
+    family: "llada", "mmada", "dream", "arm" (inferred from the config when omitted). dtype: "bfloat16",
+    "float16", "float32", "auto" or a torch dtype. trust_remote_code: needed for LLaDA/Dream/MMaDA
+    checkpoints, never turned on silently. tokenizer / mask_id / eos_ids: for model objects without them.
+    """
+    if family is not None:
+        check_choice(family, "family", family_names())
+    if isinstance(dtype, str):
+        check_choice(dtype, "dtype", list(_DTYPES))
+        dtype = _DTYPES[dtype]
+    if isinstance(name_or_model, nn.Module):
+        model, name = name_or_model, type(name_or_model).__name__
+        config = getattr(model, "config", None)
+    else:
+        name = str(name_or_model)
+        if not name:
+            raise bad_value("name_or_model", name, "a hub id, a local folder, a zoo name or an nn.Module")
+        path = _resolve_path(name)
+        config = _load_config(path, trust_remote_code)
+        model = _load_model(path, config, family or infer_family(config), dtype, trust_remote_code)
+        if tokenizer is None:
+            tokenizer = _load_tokenizer(path, trust_remote_code)
+    family = family or infer_family(config)
+    if family is None:
+        raise ValueError(f"cannot tell the family of {name!r} from its config: pass family= one of {family_names()}")
+    spec = get_family(family)
+    if device is not None:
+        model = model.to(device)
+    if dtype is not None and dtype != "auto" and isinstance(name_or_model, nn.Module):
+        model = model.to(dtype)
+    model.eval()
+    resolved_mask = _mask_id(spec, tokenizer, mask_id, name)
+    vocab_size = getattr(config, "vocab_size", None)
+    if resolved_mask is not None and isinstance(vocab_size, int) and not 0 <= resolved_mask < vocab_size:
+        raise bad_value("mask_id", resolved_mask, f"a token id < {vocab_size} (the vocabulary of {name})")
+    eos = tuple(eos_ids) if eos_ids is not None else _eos_ids(tokenizer, config)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else (eos[0] if eos else 0)
+    max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
+    return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
+                       name=name, calling=_calling_for(model, family), max_length=max_length)
+
+
+def _load_model(path: str, config, family: str | None, dtype, trust_remote_code: bool) -> nn.Module:
+    import transformers
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    native = type(config).__module__.startswith("transformers.models.")
+    if native:
+        kwargs["attn_implementation"] = "sdpa"
+    if family == "mmada" and not native:
+        try:
+            from models import MMadaModelLM  # the MMaDA repository's package, installed by the user
+        except ImportError:
+            raise ImportError("MMaDA checkpoints load through the MMaDA repository's MMadaModelLM class: install that "
+                              "repository (so that `from models import MMadaModelLM` works) and load again") from None
+        return MMadaModelLM.from_pretrained(path, **kwargs)
+    auto = transformers.AutoModelForCausalLM if native else transformers.AutoModel
+    try:
+        return auto.from_pretrained(path, **kwargs)
+    except OSError as error:
+        raise OSError(_offline_hint(path)) from error
+
+
+def _load_tokenizer(path: str, trust_remote_code: bool):
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+
+
+def _mask_id(spec: Family, tokenizer, mask_id: int | None, name: str) -> int | None:
+    if spec.kind != "diffusion":
+        return mask_id
+    if mask_id is None:
+        mask_id = getattr(tokenizer, "mask_token_id", None) if tokenizer is not None else None
+    if mask_id is None:
+        mask_id = spec.default_mask_id
+    if tokenizer is not None:
+        vocab_size = len(tokenizer)
+        if mask_id is None or not 0 <= mask_id < vocab_size:
+            raise ValueError(f"the tokenizer of {name!r} has no mask token (mask_id={mask_id}, vocabulary of {vocab_size}): "
+                             "a diffusion family needs one; pass mask_id= explicitly")
+    if mask_id is None:
+        raise ValueError(f"{name!r} has no tokenizer and no mask id: pass mask_id= for the {spec.name} family")
+    return mask_id
+
+
+def _eos_ids(tokenizer, config) -> tuple[int, ...]:
+    ids = []
+    for source in (tokenizer, getattr(config, "generation_config", None), config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, int) and item not in ids:
+                ids.append(item)
+    return tuple(ids)

@@ -1,0 +1,148 @@
+"""The Trace: what one generation did and what its attention looked like at every step.
+
+Shapes (one prompt; padding already removed):
+  scores       [steps, layers, heads, seq] float32, sum units (Σ over queries); NaN where a key did not
+               exist yet (autoregressive steps before that token was written)
+  tokens       [steps + 1, seq] int64: the canvas before each step, and at the end
+  is_masked    [steps, seq] bool: still masked (diffusion) / not yet written (autoregressive) at that step
+  unmasked_at  [seq] int64: the step whose forward committed each position; −1 for prompt positions and
+               positions never committed
+  masked_keys  [steps, layers, heads, seq] bool or None: keys the intervention masked
+  maps         {(step, layer, head): [queries, keys] float32}
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+
+@dataclass
+class Trace:
+    scores: torch.Tensor
+    tokens: torch.Tensor
+    is_masked: torch.Tensor
+    prompt_len: int
+    layer_names: list[str]
+    text: str = ""
+    masked_keys: torch.Tensor | None = None
+    maps: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict)
+    token_strings: dict[int, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_steps(self) -> int:
+        return self.scores.shape[0]
+
+    @property
+    def unmasked_at(self) -> torch.Tensor:
+        written = self.is_masked & ~_next_masked(self.tokens, self.is_masked)
+        steps = torch.arange(self.n_steps)[:, None].expand_as(written)
+        first = torch.where(written, steps, torch.full_like(steps, self.n_steps)).amin(0)
+        return torch.where(first == self.n_steps, torch.full_like(first, -1), first)
+
+    def token_text(self, token_id: int) -> str:
+        return self.token_strings.get(int(token_id), str(int(token_id)))
+
+    def to_frame(self, steps=None, layers=None, heads=None) -> pd.DataFrame:
+        """Tidy scores: one row per (step, layer, head, position) with the token at that position and step.
+        Filter with lists of steps / layers / heads to keep it small."""
+        s_idx = _pick(steps, self.scores.shape[0])
+        l_idx = _pick(layers, self.scores.shape[1])
+        h_idx = _pick(heads, self.scores.shape[2])
+        block = self.scores[s_idx][:, l_idx][:, :, h_idx]
+        grid = np.meshgrid(s_idx, l_idx, h_idx, np.arange(block.shape[-1]), indexing="ij")
+        frame = pd.DataFrame({"step": grid[0].ravel(), "layer": grid[1].ravel(), "head": grid[2].ravel(),
+                              "position": grid[3].ravel(), "score": block.numpy().ravel()})
+        canvas = self.tokens[:-1].numpy()
+        frame["token_id"] = canvas[frame["step"].to_numpy(), frame["position"].to_numpy()]
+        frame["token"] = frame["token_id"].map(self.token_text)
+        frame["is_masked"] = self.is_masked.numpy()[frame["step"].to_numpy(), frame["position"].to_numpy()]
+        frame["is_prompt"] = frame["position"] < self.prompt_len
+        return frame.dropna(subset=["score"]).reset_index(drop=True)
+
+    # -- persistence: parquet for tensors, json for metadata ----------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the trace to a folder: scores.parquet, canvas.parquet, maps.parquet, meta.json."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        steps, layers, heads, seq = self.scores.shape
+        s, l, h = np.meshgrid(np.arange(steps), np.arange(layers), np.arange(heads), indexing="ij")
+        columns = {"step": s.ravel(), "layer": l.ravel(), "head": h.ravel(),
+                   "scores": _fixed_list(self.scores.reshape(-1, seq).numpy(), pa.float32())}
+        if self.masked_keys is not None:
+            columns["masked"] = _fixed_list(self.masked_keys.reshape(-1, seq).numpy(), pa.bool_())
+        pq.write_table(pa.table(columns), folder / "scores.parquet")
+        pq.write_table(pa.table({"step": np.arange(self.tokens.shape[0]),
+                                 "tokens": _fixed_list(self.tokens.numpy(), pa.int64()),
+                                 "is_masked": _fixed_list(np.concatenate([self.is_masked.numpy(), np.zeros((1, seq), bool)]), pa.bool_())}),
+                       folder / "canvas.parquet")
+        keys = sorted(self.maps)
+        pq.write_table(pa.table({"step": [k[0] for k in keys], "layer": [k[1] for k in keys], "head": [k[2] for k in keys],
+                                 "rows": [int(self.maps[k].shape[0]) for k in keys],
+                                 "map": [self.maps[k].numpy().ravel().tolist() for k in keys]},
+                                schema=pa.schema([("step", pa.int64()), ("layer", pa.int64()), ("head", pa.int64()),
+                                                  ("rows", pa.int64()), ("map", pa.list_(pa.float32()))])),
+                       folder / "maps.parquet")
+        meta = {"prompt_len": self.prompt_len, "layer_names": self.layer_names, "text": self.text,
+                "token_strings": {str(k): v for k, v in self.token_strings.items()}, "meta": self.meta,
+                "shape": [steps, layers, heads, seq], "has_masked_keys": self.masked_keys is not None}
+        (folder / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        folder = Path(path)
+        if not (folder / "meta.json").exists():
+            raise FileNotFoundError(f"path={str(path)!r} is not a saved Trace (no meta.json in it)")
+        meta = json.loads((folder / "meta.json").read_text())
+        steps, layers, heads, seq = meta["shape"]
+        table = pq.read_table(folder / "scores.parquet")
+        scores = torch.from_numpy(_unlist(table["scores"], np.float32, seq)).reshape(steps, layers, heads, seq)
+        masked = None
+        if meta["has_masked_keys"]:
+            masked = torch.from_numpy(_unlist(table["masked"], np.bool_, seq)).reshape(steps, layers, heads, seq)
+        canvas = pq.read_table(folder / "canvas.parquet")
+        tokens = torch.from_numpy(_unlist(canvas["tokens"], np.int64, seq))
+        is_masked = torch.from_numpy(_unlist(canvas["is_masked"], np.bool_, seq))[:-1]
+        maps = {}
+        for row in pq.read_table(folder / "maps.parquet").to_pylist():
+            flat = torch.tensor(row["map"], dtype=torch.float32)
+            maps[(row["step"], row["layer"], row["head"])] = flat.reshape(row["rows"], -1)
+        return cls(scores=scores, tokens=tokens, is_masked=is_masked, prompt_len=meta["prompt_len"],
+                   layer_names=meta["layer_names"], text=meta["text"], masked_keys=masked, maps=maps,
+                   token_strings={int(k): v for k, v in meta["token_strings"].items()}, meta=meta["meta"])
+
+
+def _next_masked(tokens: torch.Tensor, is_masked: torch.Tensor) -> torch.Tensor:
+    """is_masked shifted one step on: whether each position is still masked after each step."""
+    after = torch.zeros_like(is_masked)
+    after[:-1] = is_masked[1:]
+    return after
+
+
+def _pick(selection, size: int) -> list[int]:
+    if selection is None:
+        return list(range(size))
+    picked = [int(i) for i in selection]
+    bad = [i for i in picked if not 0 <= i < size]
+    if bad:
+        raise ValueError(f"indices {bad} are not allowed: they must lie in 0..{size - 1}")
+    return picked
+
+
+def _fixed_list(array: np.ndarray, value_type: pa.DataType) -> pa.FixedSizeListArray:
+    values = pa.array(np.ascontiguousarray(array).ravel(), type=value_type)
+    return pa.FixedSizeListArray.from_arrays(values, array.shape[-1])
+
+
+def _unlist(column: pa.ChunkedArray, dtype, width: int) -> np.ndarray:
+    flat = column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return np.array(flat, dtype=dtype).reshape(-1, width)  # a writable copy

@@ -1,0 +1,152 @@
+"""Samplers against straightforward reference loops written from SPEC §4, and hand-worked cases."""
+import numpy as np
+import pytest
+import torch
+
+import sinklib
+from sinklib.families import dream, llada
+from tests.models import MASK_ID, diffusion_llama, llama
+from tests.standin import StandInLLaDA
+
+PROMPT = [5, 9, 2, 33, 17, 8]
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0]
+
+
+def reference_llada(model, prompt, steps, gen_length, block_length):
+    """SPEC §4, LLaDA at temperature 0, one position at a time in plain Python."""
+    x = list(prompt) + [MASK_ID] * gen_length
+    blocks = gen_length // block_length
+    per_block = steps // blocks
+    for block in range(blocks):
+        end = len(prompt) + (block + 1) * block_length
+        masks = sum(1 for t in x[end - block_length:end] if t == MASK_ID)
+        for i in range(per_block):
+            k = masks // per_block + (1 if i < masks % per_block else 0)
+            logits = logits_of(model, x)
+            candidates = []
+            for j in range(end):
+                if x[j] == MASK_ID:
+                    probs = torch.softmax(logits[j], -1)
+                    token = int(logits[j].argmax())
+                    candidates.append((-float(probs[token]), j, token))
+            for _, j, token in sorted(candidates)[:k]:
+                x[j] = token
+    return x
+
+
+def reference_dream(model, prompt, steps, gen_length, alg, eps=1e-3):
+    """SPEC §4, Dream at temperature 0: shifted logits, float32 schedule, top confidences anywhere."""
+    x = list(prompt) + [MASK_ID] * gen_length
+    timesteps = np.linspace(1, eps, steps + 1).astype(np.float32)
+    for i in range(steps):
+        raw = logits_of(model, x)
+        masked = [j for j in range(len(x)) if x[j] == MASK_ID]
+        candidates = []
+        for j in masked:
+            probs = torch.softmax(raw[max(j - 1, 0)], -1)  # output j−1 predicts position j
+            top = probs.sort(descending=True).values
+            confidence = {"maskgit_plus": top[0], "topk_margin": top[0] - top[1],
+                          "entropy": (probs * torch.log(probs + 1e-10)).sum()}[alg]
+            candidates.append((-float(confidence), j, int(probs.argmax())))
+        if i == steps - 1:
+            count = len(masked)
+        else:
+            count = int(np.float32(len(masked)) * (np.float32(1) - timesteps[i + 1] / timesteps[i]))
+        for _, j, token in sorted(candidates)[:count]:
+            x[j] = token
+    return x
+
+
+def test_transfer_counts_hand_worked():
+    assert llada.transfer_counts(torch.tensor([10, 8, 3]), 4).tolist() == [[3, 3, 2, 2], [2, 2, 2, 2], [1, 1, 1, 0]]
+
+
+def test_dream_shift_and_schedule_hand_worked():
+    logits = torch.arange(3.0).reshape(1, 3, 1)
+    assert dream.shift_right(logits).flatten().tolist() == [0.0, 0.0, 1.0]
+    loaded = sinklib.load(diffusion_llama("dream"), mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, steps=4, gen_length=8, alg="maskgit_plus", progress=False)
+    written = (trace.is_masked.sum(1)[:-1] - trace.is_masked.sum(1)[1:]).tolist() + [int(trace.is_masked[-1].sum())]
+    assert written == [1, 2, 2, 3]  # int(8·0.24975)=1, int(7·0.33289)=2, int(5·0.49900)=2, the rest
+
+
+@pytest.mark.parametrize("steps, gen_length, block_length", [(8, 8, 8), (8, 16, 4), (6, 12, 4), (4, 8, 2)])
+def test_llada_sampler_matches_reference_loop(steps, gen_length, block_length):
+    model = diffusion_llama("llada")
+    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=steps, gen_length=gen_length,
+                             block_length=block_length, progress=False)
+    assert trace.tokens[-1].tolist() == reference_llada(model, PROMPT, steps, gen_length, block_length)
+    assert trace.n_steps == steps and not (trace.tokens[-1] == MASK_ID).any()
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
+@pytest.mark.parametrize("steps", [4, 8])
+def test_dream_sampler_matches_reference_loop(alg, steps):
+    model = diffusion_llama("dream", seed=1)
+    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=steps, gen_length=8, alg=alg, progress=False)
+    assert trace.tokens[-1].tolist() == reference_dream(model, PROMPT, steps, 8, alg)
+
+
+def test_arm_sampler_with_cache_matches_uncached_greedy_loop():
+    model = llama(causal=True)
+    loaded = sinklib.load(model, family="arm", eos_ids=(63,))
+    trace = sinklib.generate(loaded, PROMPT, gen_length=10, progress=False)
+    x = list(PROMPT)
+    for _ in range(10):
+        token = int(logits_of(model, x)[-1].argmax())
+        x.append(token)
+        if token == 63:
+            break
+    assert trace.tokens[-1].tolist() == x
+    assert trace.n_steps == len(x) - len(PROMPT) and trace.tokens.shape[0] == trace.n_steps + 1
+    assert torch.isnan(trace.scores[0, ..., len(PROMPT):]).all() and not torch.isnan(trace.scores[-1, ..., :-1]).any()
+
+
+def test_llada_remote_calling_convention_standin_matches_native_reference():
+    standin = StandInLLaDA(vocab_size=64)
+    loaded = sinklib.load(standin, family="llada", mask_id=MASK_ID)
+    assert loaded.calling == "llada_remote"
+    trace = sinklib.generate(loaded, PROMPT, steps=4, gen_length=8, block_length=4, progress=False)
+
+    class Native(torch.nn.Module):
+        def forward(self, input_ids):
+            return standin(input_ids)
+
+    assert trace.tokens[-1].tolist() == reference_llada(Native(), PROMPT, 4, 8, 4)
+    assert trace.layer_names[0] == "transformer.blocks.0"
+
+
+@pytest.mark.parametrize("family, options", [("llada", dict(steps=4, block_length=4)), ("dream", dict(steps=4, alg="entropy")),
+                                             ("arm", {})])
+def test_batched_prompts_give_the_same_tokens_and_scores_as_one_at_a_time(family, options):
+    model = llama(causal=True) if family == "arm" else diffusion_llama(family)
+    loaded = sinklib.load(model, family=family, mask_id=MASK_ID if family != "arm" else None, eos_ids=(62,))
+    prompts = [PROMPT, [7, 3, 11], [40, 41, 42, 43, 44, 45, 46, 47]]
+    batched = sinklib.generate(loaded, prompts, gen_length=8, progress=False, **options)
+    for prompt, trace in zip(prompts, batched):
+        alone = sinklib.generate(loaded, prompt, gen_length=8, progress=False, **options)
+        assert trace.tokens.tolist() == alone.tokens.tolist()
+        torch.testing.assert_close(trace.scores, alone.scores, atol=1e-4, rtol=0, equal_nan=True)
+
+
+def test_temperature_sampling_is_reproducible_by_seed():
+    loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
+    runs = [sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, temperature=1.0, seed=s, progress=False) for s in (3, 3, 4)]
+    assert runs[0].tokens.tolist() == runs[1].tokens.tolist()
+    assert runs[0].tokens.tolist() != runs[2].tokens.tolist()
+
+
+def test_classifier_free_guidance_combines_conditional_and_unconditional_logits():
+    model = diffusion_llama("llada")
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, steps=1, gen_length=2, cfg_scale=1.5, progress=False)
+    cond = logits_of(model, PROMPT + [MASK_ID] * 2)
+    uncond = logits_of(model, [MASK_ID] * 8)
+    guided = uncond + 2.5 * (cond - uncond)
+    probs = torch.softmax(guided[6:], -1)
+    assert trace.tokens[-1, 6:].tolist() == probs.argmax(-1).tolist()
+    assert trace.scores.shape[:3] == (1, 2, 4)  # the conditional half of the doubled batch

@@ -1,0 +1,147 @@
+import json
+
+import pytest
+import torch
+import transformers
+
+import sinklib
+from tests.models import MASK_ID, diffusion_llama, llama
+
+PROMPT = [5, 9, 2, 33, 17, 8]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
+
+
+@pytest.fixture(scope="module")
+def trace(loaded):
+    return sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, block_length=4, maps=[(3, 1, 2)],
+                            intervention=sinklib.MaskSinks(top_k=2, threshold=False), progress=False)
+
+
+def test_each_step_scores_belong_to_the_canvas_before_that_step(loaded):
+    trace = sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, block_length=4, progress=False)
+    for step in (0, 5):
+        with torch.no_grad(), sinklib.capture(loaded.model) as rec:
+            loaded.model(input_ids=trace.tokens[step][None])
+        torch.testing.assert_close(trace.scores[step], rec.scores[0, :, 0], atol=1e-6, rtol=0)
+
+
+def test_canvas_bookkeeping(trace):
+    assert trace.tokens.shape == (9, 14) and trace.is_masked.shape == (8, 14)
+    assert trace.is_masked[0].tolist() == [False] * 6 + [True] * 8
+    unmasked_at = trace.unmasked_at
+    assert (unmasked_at[:6] == -1).all()
+    for position in range(6, 14):
+        step = int(unmasked_at[position])
+        assert trace.is_masked[step, position] and (step == 7 or not trace.is_masked[step + 1, position])
+        assert trace.tokens[step + 1, position] != MASK_ID
+    assert (unmasked_at[6:10] < 4).all() and (unmasked_at[10:] >= 4).all(), "block 1 completes before block 2 starts"
+
+
+def test_trace_records_settings_seed_versions_and_intervention(trace):
+    meta = trace.meta
+    assert meta["family"] == "llada" and meta["seed"] == 0 and meta["settings"]["block_length"] == 4
+    assert "MaskSinks(top_k=2" in meta["intervention"] and meta["versions"]["transformers"] == transformers.__version__
+    assert trace.masked_keys.shape == trace.scores.shape and not trace.masked_keys[0].any()
+    assert (trace.masked_keys[1:].sum(-1) == 2).all()
+
+
+def test_save_and_load_round_trip_is_loss_free(trace, tmp_path):
+    trace.save(tmp_path / "t")
+    again = sinklib.Trace.load(tmp_path / "t")
+    assert torch.equal(again.scores, trace.scores) and torch.equal(again.tokens, trace.tokens)
+    assert torch.equal(again.is_masked, trace.is_masked) and torch.equal(again.masked_keys, trace.masked_keys)
+    assert again.maps.keys() == trace.maps.keys() and torch.equal(again.maps[(3, 1, 2)], trace.maps[(3, 1, 2)])
+    assert again.meta == json.loads(json.dumps(trace.meta)) and again.prompt_len == 6
+    assert again.layer_names == trace.layer_names
+
+
+def test_saved_files_are_deterministic(loaded, tmp_path):
+    for name in ("a", "b"):
+        sinklib.generate(loaded, PROMPT, steps=4, gen_length=8, temperature=0.7, seed=5, progress=False).save(tmp_path / name)
+    for file in ("scores.parquet", "canvas.parquet", "maps.parquet", "meta.json"):
+        assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes()
+
+
+def test_to_frame_is_tidy(trace):
+    frame = trace.to_frame(steps=[0, 7], layers=[1], heads=[0, 3])
+    assert list(frame.columns) == ["step", "layer", "head", "position", "score", "token_id", "token", "is_masked", "is_prompt"]
+    assert len(frame) == 2 * 1 * 2 * 14
+    row = frame[(frame["step"] == 7) & (frame["head"] == 3) & (frame["position"] == 10)].iloc[0]
+    assert row.score == pytest.approx(float(trace.scores[7, 1, 3, 10])) and row.token_id == int(trace.tokens[7, 10])
+    with pytest.raises(ValueError, match=r"indices \[9\] are not allowed"):
+        trace.to_frame(steps=[9])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps=8, gen_length=10, block_length=4), r"gen_length=10 is not allowed: gen_length must be a multiple of block_length=4"),
+    (dict(steps=6, gen_length=8, block_length=2), r"steps=6 is not allowed: steps must be a multiple of the number of blocks \(4"),
+    (dict(steps=0, gen_length=8), r"steps=0 is not allowed"),
+    (dict(steps=8, gen_length=8, temperature=-1.0), r"temperature=-1.0 is not allowed"),
+    (dict(steps=8, gen_length=60), r"gen_length=60 is not allowed: gen_length must be at most 58"),
+    (dict(steps=8, gen_length=8, alg="entropy"), r"alg='entropy' is not allowed for the llada family"),
+    (dict(steps=8, gen_length=8, remasking="lowest"), r"remasking='lowest' is not allowed"),
+])
+def test_bad_generation_arguments_fail_before_any_forward(loaded, kwargs, message):
+    calls = []
+    handle = loaded.model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=message):
+            sinklib.generate(loaded, PROMPT, progress=False, **kwargs)
+    finally:
+        handle.remove()
+    assert not calls
+
+
+def test_unknown_dream_alg_and_empty_prompt():
+    dream = sinklib.load(diffusion_llama("dream"), mask_id=MASK_ID)
+    with pytest.raises(ValueError, match=r"alg='maskgit' is not allowed.*did you mean 'maskgit_plus'"):
+        sinklib.generate(dream, PROMPT, steps=4, gen_length=8, alg="maskgit", progress=False)
+    with pytest.raises(ValueError, match=r"prompt=\[\] is not allowed"):
+        sinklib.generate(dream, [], steps=4, gen_length=8, progress=False)
+
+
+def test_load_errors():
+    with pytest.raises(ValueError, match=r"family='lada' is not allowed.*did you mean 'llada'"):
+        sinklib.load(diffusion_llama(), family="lada")
+    with pytest.raises(ValueError, match=r"cannot tell the family"):
+        sinklib.load(llama(causal=False))
+    with pytest.raises(ValueError, match=r"mask_id=126336 is not allowed: mask_id must be a token id < 64"):
+        sinklib.load(diffusion_llama())  # no tokenizer: LLaDA's own mask id does not fit this vocabulary
+
+
+def test_family_inferred_from_config():
+    assert sinklib.load(diffusion_llama("dream"), mask_id=MASK_ID).family.name == "dream"
+    assert sinklib.load(llama(causal=True)).family.name == "arm"
+
+
+def test_tokenizer_without_a_mask_token_is_refused_for_diffusion(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    raw = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=raw)
+    with pytest.raises(ValueError, match=r"has no mask token"):
+        sinklib.load(diffusion_llama(), tokenizer=tokenizer, mask_id=None)
+
+
+def test_offline_hub_id_gives_a_download_hint(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(OSError, match=r"huggingface-cli download GSAI-ML/LLaDA-8B-Instruct"):
+        sinklib.load("GSAI-ML/LLaDA-8B-Instruct", trust_remote_code=True)
+
+
+def test_local_folder_loads_like_a_hub_id_and_remote_code_needs_consent(tmp_path):
+    model = diffusion_llama("llada")
+    model.save_pretrained(tmp_path / "m")
+    loaded = sinklib.load(str(tmp_path / "m"), mask_id=MASK_ID)
+    assert loaded.family.name == "llada" and loaded.model.config._attn_implementation == "sdpa"
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "config.json").write_text(json.dumps({"model_type": "llada", "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig"}}))
+    with pytest.raises(ValueError, match=r"pass trust_remote_code=True to sinklib.load if you trust it"):
+        sinklib.load(str(remote))
