@@ -20,3 +20,4 @@ test: setup
 
 benchmark: setup
 	$(PY) benchmarks/capture_overhead.py
+	$(PY) benchmarks/generate_overhead.py
