@@ -1,0 +1,36 @@
+"""python -m sinklib.zoo train NAME [--steps N]   retrain a zoo model from its seed, evaluate it, write its card
+python -m sinklib.zoo data                       write the held-out test set to data/arithmetic_test.jsonl"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sinklib.zoo import DATA_DIR, ZOO_DIR, write_card
+from sinklib.zoo.data import held_out, write_jsonl
+from sinklib.zoo.train import ZOO, save, train
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sinklib.zoo", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train_cmd = sub.add_parser("train", help="train a zoo model")
+    train_cmd.add_argument("name", choices=sorted(ZOO))
+    train_cmd.add_argument("--steps", type=int, default=None)
+    train_cmd.add_argument("--out", type=Path, default=ZOO_DIR)
+    train_cmd.add_argument("--eval-n", type=int, default=600)
+    sub.add_parser("data", help="write the held-out JSONL")
+    args = parser.parse_args(argv)
+    if args.command == "data":
+        write_jsonl(held_out(), DATA_DIR / "arithmetic_test.jsonl")
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    model, curve = train(args.name, args.out, steps=args.steps, curve_path=args.out / f"{args.name}.loss.csv")
+    folder = save(args.name, model, args.out, curve, {})
+    (args.out / f"{args.name}.loss.csv").replace(folder / "loss_curve.csv")
+    card = write_card(args.name, folder, eval_n=args.eval_n)
+    print(json.dumps({k: card[k] for k in ("name", "accuracy", "final_loss", "wall_seconds")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

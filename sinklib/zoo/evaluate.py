@@ -1,0 +1,92 @@
+"""Held-out accuracy and sink statistics of a zoo model, measured with sinklib itself."""
+from __future__ import annotations
+
+import collections
+import re
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+import sinklib
+from sinklib.loading import LoadedModel
+from sinklib.zoo.data import Problem
+from sinklib.zoo.train import GEN_LENGTH
+
+ANSWER = re.compile(r"####\s*(-?\d+)")
+
+# Each family's sampler settings for the zoo (temperature 0).
+SAMPLING = {
+    "llada": dict(steps=GEN_LENGTH, gen_length=GEN_LENGTH, block_length=8),
+    "dream": dict(steps=GEN_LENGTH, gen_length=GEN_LENGTH, alg="entropy"),
+    "arm": dict(gen_length=GEN_LENGTH),
+}
+
+
+def extract_answer(text: str) -> int | None:
+    """The integer after the first "####", or None."""
+    match = ANSWER.search(text)
+    return int(match.group(1)) if match else None
+
+
+def accuracy(loaded: LoadedModel, items: list[Problem], batch_size: int = 50, progress: bool = True,
+             intervention=None) -> dict[str, Any]:
+    """Exact final-answer accuracy at temperature 0 with the model's own sampler."""
+    settings = SAMPLING[loaded.family.name]
+    correct = 0
+    outputs = []
+    for start in tqdm(range(0, len(items), batch_size), desc=f"accuracy {loaded.name}", disable=not progress):
+        chunk = items[start:start + batch_size]
+        traces = sinklib.generate(loaded, [p.question for p in chunk], chat=False, progress=False,
+                                  intervention=intervention, **settings)
+        for problem, trace in zip(chunk, traces):
+            predicted = extract_answer(trace.text)
+            correct += predicted == problem.answer
+            outputs.append(trace.text)
+    return {"accuracy": correct / len(items), "n": len(items), "outputs": outputs}
+
+
+def sink_statistics(loaded: LoadedModel, items: list[Problem], eps: float = 3.0, top: int = 5) -> dict[str, Any]:
+    """Share of scores above eps (Eq. 3, sum units), most frequent sink tokens, and the value norms of sinks
+    against other keys of the same (layer, head)."""
+    settings = SAMPLING[loaded.family.name]
+    counts: collections.Counter = collections.Counter()
+    selected = total = 0
+    sink_norm, other_norm = [], []
+    for problem in items:
+        trace = sinklib.generate(loaded, problem.question, chat=False, progress=False, **settings)
+        valid = ~torch.isnan(trace.scores)
+        sinks = sinklib.find_sinks(torch.nan_to_num(trace.scores), eps, valid=valid)
+        selected += int(sinks.sum())
+        total += int(valid.sum())
+        steps, _, _, seq = sinks.shape
+        for step, _layer, _head, position in sinks.nonzero().tolist():
+            counts[trace.token_text(int(trace.tokens[step, position]))] += 1
+        norms = _value_norms(loaded, trace.tokens[-1])  # [layers, heads, seq] on the final canvas
+        final_sinks = sinks[-1] if loaded.family.kind == "diffusion" else sinks[-1, ..., :norms.shape[-1]]
+        sink_norm.append(norms[final_sinks[..., :norms.shape[-1]]])
+        other_norm.append(norms[~final_sinks[..., :norms.shape[-1]]])
+    frequency = [{"token": token, "share": count / max(1, sum(counts.values()))} for token, count in counts.most_common(top)]
+    sink_values = torch.cat(sink_norm) if sink_norm else torch.empty(0)
+    other_values = torch.cat(other_norm)
+    return {"eps": eps, "share_selected": selected / max(total, 1), "top_sink_tokens": frequency,
+            "mean_value_norm_sinks": float(sink_values.mean()) if sink_values.numel() else None,
+            "mean_value_norm_others": float(other_values.mean()), "n_generations": len(items)}
+
+
+def _value_norms(loaded: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
+    """‖v_j‖ per layer, head and position for one sequence (Llama-style v_proj)."""
+    model = loaded.model
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    norms = []
+    hooks = [layer.self_attn.v_proj.register_forward_hook(
+        lambda m, i, out: norms.append(out[0].view(out.shape[1], -1, head_dim).norm(dim=-1).T))
+        for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            model(input_ids=tokens[None])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack(norms)

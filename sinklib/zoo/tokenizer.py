@@ -1,0 +1,35 @@
+"""The zoo's word-level tokenizer (numbers are single tokens), in the `tokenizers` JSON format."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+from sinklib.zoo.data import ITEMS, MAX_NUMBER, NAMES
+
+SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]"]
+WORDS = ["Q:", "A:", "####", ".", "?", "+", "-", "*", "=", "has", "gets", "more", "how", "many", "does", "have", "now",
+         "gives", "away", "left", "buys", "boxes", "each", "box", "holds", "buy", "do", "and", "together", "then", "the",
+         "sky", "is", "blue", "it", "a", "sunny", "day", "likes", "years", "old", "lives", "on", "street"]
+
+
+def vocabulary() -> list[str]:
+    return SPECIALS + WORDS + NAMES + ITEMS + [str(n) for n in range(MAX_NUMBER)]
+
+
+def build_tokenizer():
+    """A transformers fast tokenizer: whitespace split, [BOS] prepended, [MASK]/[PAD]/[EOS] declared."""
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(vocabulary())}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", vocab["[BOS]"])])
+    return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="[BOS]", eos_token="[EOS]", pad_token="[PAD]",
+                                   mask_token="[MASK]", unk_token="[UNK]", padding_side="left")
+
+
+def save_tokenizer(folder: Path):
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(folder)
+    return tokenizer

@@ -1,0 +1,192 @@
+"""Train the tiny zoo: one architecture, one data stream, three objectives.
+
+tiny-llada  bidirectional, LLaDA's objective: response tokens masked with probability t ~ U(ε, 1),
+            cross-entropy on masked tokens weighted 1/t (the prompt is never masked).
+tiny-arm    the same blocks, causal, next-token loss.
+tiny-dream  initialised from tiny-arm, bidirectional, Dream's shifted objective (masked position i is
+            predicted from output i−1), weighted 1/t.
+Each run is deterministic from its seed (data order, masking and initialisation).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from sinklib.zoo.data import Problem, held_out, problems
+from sinklib.zoo.tokenizer import build_tokenizer
+
+GEN_LENGTH = 16  # response slot: worked answer + "#### N" + [EOS] padding
+MASK_EPS = 1e-3
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    name: str
+    family: str  # the sinklib sampler family
+    objective: str  # "llada", "arm" or "dream"
+    causal: bool
+    seed: int
+    steps: int
+    batch_size: int = 64
+    lr: float = 2e-3
+    warmup: int = 100
+    init_from: str | None = None
+    hidden_size: int = 128
+    intermediate_size: int = 344
+    layers: int = 4
+    heads: int = 4
+
+
+ZOO = {
+    "tiny-llada": ZooSpec("tiny-llada", "llada", "llada", causal=False, seed=11, steps=1800),
+    "tiny-arm": ZooSpec("tiny-arm", "arm", "arm", causal=True, seed=12, steps=1200),
+    "tiny-dream": ZooSpec("tiny-dream", "dream", "dream", causal=False, seed=13, steps=1500, init_from="tiny-arm"),
+}
+
+
+def model_config(spec: ZooSpec, tokenizer) -> transformers.LlamaConfig:
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.heads,
+        max_position_embeddings=128, tie_word_embeddings=True, is_causal=spec.causal,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="sdpa")
+    config.sinklib_family = spec.family
+    config.mask_token_id = tokenizer.mask_token_id
+    return config
+
+
+@dataclass
+class Batch:
+    ids: torch.Tensor  # [B, S] left-padded prompt + GEN_LENGTH response slot
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response: torch.Tensor  # bool [B, S]: the response slot
+    first_eos: torch.Tensor  # bool [B, S]: response tokens up to and including the first [EOS]
+
+
+def make_batch(items: list[Problem], tokenizer) -> Batch:
+    rows, prompt_lens = [], []
+    for problem in items:
+        prompt = tokenizer(problem.question)["input_ids"]
+        answer = tokenizer(problem.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        if len(answer) > GEN_LENGTH:
+            raise ValueError(f"response of {len(answer)} tokens does not fit GEN_LENGTH={GEN_LENGTH}: {problem.response!r}")
+        rows.append((prompt, answer + [tokenizer.eos_token_id] * (GEN_LENGTH - len(answer)), len(answer)))
+        prompt_lens.append(len(prompt))
+    width = max(prompt_lens) + GEN_LENGTH
+    batch = len(items)
+    ids = torch.full((batch, width), tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros((batch, width), dtype=torch.long)
+    first_eos = torch.zeros((batch, width), dtype=torch.bool)
+    for row, (prompt, answer, answer_len) in enumerate(rows):
+        sequence = prompt + answer
+        ids[row, width - len(sequence):] = torch.tensor(sequence)
+        attention[row, width - len(sequence):] = 1
+        first_eos[row, width - GEN_LENGTH:width - GEN_LENGTH + answer_len] = True
+    response = torch.zeros((batch, width), dtype=torch.bool)
+    response[:, -GEN_LENGTH:] = True
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    return Batch(ids, attention, positions, response, first_eos)
+
+
+def masked_diffusion_loss(model, batch: Batch, mask_id: int, generator: torch.Generator, shifted: bool) -> torch.Tensor:
+    """LLaDA (shifted=False) / Dream (shifted=True): Σ over masked response tokens of CE / t, per response token."""
+    rows = batch.ids.shape[0]
+    t = MASK_EPS + (1 - MASK_EPS) * torch.rand(rows, 1, generator=generator)
+    masked = batch.response & (torch.rand(batch.ids.shape, generator=generator) < t)
+    noisy = batch.ids.masked_fill(masked, mask_id)
+    logits = model(input_ids=noisy, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits
+    if shifted:
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch.ids, reduction="none")
+    weighted = (losses * masked / t).sum()
+    return weighted / (rows * GEN_LENGTH)
+
+
+def next_token_loss(model, batch: Batch) -> torch.Tensor:
+    logits = model(input_ids=batch.ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits
+    targets = batch.ids[:, 1:].masked_fill(~batch.first_eos[:, 1:], -100)
+    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), targets, ignore_index=-100)
+
+
+def learning_rate(spec: ZooSpec, step: int) -> float:
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
+    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaForCausalLM:
+    torch.manual_seed(spec.seed)
+    model = transformers.LlamaForCausalLM(model_config(spec, tokenizer))
+    if spec.init_from is not None:
+        source = zoo_dir / spec.init_from
+        if not (source / "model.safetensors").exists():
+            raise FileNotFoundError(f"{spec.name} starts from {spec.init_from}'s weights: train {spec.init_from} first "
+                                    f"(python -m sinklib.zoo train {spec.init_from})")
+        donor = transformers.LlamaForCausalLM.from_pretrained(source)
+        model.load_state_dict(donor.state_dict())
+    return model
+
+
+def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = True, threads: int = 2,
+          curve_path: Path | None = None) -> tuple[transformers.LlamaForCausalLM, list[dict]]:
+    """Train one zoo model from its seed; returns the model and the loss curve (one row per step)."""
+    spec = ZOO[name]
+    total = spec.steps if steps is None else steps
+    torch.set_num_threads(threads)
+    tokenizer = build_tokenizer()
+    model = build_model(spec, tokenizer, zoo_dir).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    generator = torch.Generator().manual_seed(spec.seed)
+    exclude = {p.question for p in held_out()}
+    stream = problems(spec.seed, exclude)
+    curve = []
+    writer_handle = curve_path.open("w", newline="") if curve_path else None
+    writer = csv.writer(writer_handle) if writer_handle else None
+    if writer:
+        writer.writerow(["step", "loss", "lr", "seconds"])
+    start = time.perf_counter()
+    for step in tqdm(range(total), desc=f"train {name}", disable=not progress):
+        batch = make_batch([next(stream) for _ in range(spec.batch_size)], tokenizer)
+        if spec.objective == "arm":
+            loss = next_token_loss(model, batch)
+        else:
+            loss = masked_diffusion_loss(model, batch, tokenizer.mask_token_id, generator, shifted=spec.objective == "dream")
+        lr = learning_rate(spec, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        row = {"step": step, "loss": float(loss.detach()), "lr": lr, "seconds": round(time.perf_counter() - start, 3)}
+        curve.append(row)
+        if writer:
+            writer.writerow([row["step"], repr(row["loss"]), repr(lr), row["seconds"]])
+            if step % 50 == 0:
+                writer_handle.flush()
+    if writer_handle:
+        writer_handle.close()
+    return model.eval(), curve
+
+
+def save(name: str, model, zoo_dir: Path, curve: list[dict], extra: dict) -> Path:
+    folder = zoo_dir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    build_tokenizer().save_pretrained(folder)
+    spec = ZOO[name]
+    card = {"name": name, "spec": asdict(spec), "train_steps": len(curve), "final_loss": curve[-1]["loss"],
+            "wall_seconds": curve[-1]["seconds"], "parameters": sum(p.numel() for p in model.parameters()), **extra}
+    (folder / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True))
+    return folder
