@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sinklib import compat
 from sinklib._checks import bad_value, check_choice
 from sinklib.families.base import Family, family_names, get_family
 
@@ -141,8 +142,14 @@ def load(
         if not name:
             raise bad_value("name_or_model", name, "a hub id, a local folder, a zoo name or an nn.Module")
         path = _resolve_path(name)
+        fixes = []
+        if trust_remote_code and compat.needs_fixes() and compat.apply_default_rope():
+            fixes.append("default_rope")
         config = _load_config(path, trust_remote_code)
         model = _load_model(path, config, family or infer_family(config), dtype, trust_remote_code)
+        remote = not type(model).__module__.startswith("transformers.models.")
+        if remote and compat.needs_fixes() and compat.recompute_rotary_inv_freq(model):
+            fixes.append("rotary_inv_freq")
         if tokenizer is None:
             tokenizer = _load_tokenizer(path, trust_remote_code)
     family = family or infer_family(config)
@@ -154,6 +161,8 @@ def load(
     if dtype is not None and dtype != "auto" and isinstance(name_or_model, nn.Module):
         model = model.to(dtype)
     model.eval()
+    if mask_id is None and isinstance(getattr(config, "mask_token_id", None), int):
+        mask_id = config.mask_token_id
     resolved_mask = _mask_id(spec, tokenizer, mask_id, name)
     vocab_size = getattr(config, "vocab_size", None)
     if resolved_mask is not None and isinstance(vocab_size, int) and not 0 <= resolved_mask < vocab_size:
@@ -163,7 +172,8 @@ def load(
     pad = pad if pad is not None else (eos[0] if eos else 0)
     max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
     return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
-                       name=name, calling=_calling_for(model, family), max_length=max_length)
+                       name=name, calling=_calling_for(model, family), max_length=max_length,
+                       extra={"compat": [] if isinstance(name_or_model, nn.Module) else fixes})
 
 
 def _load_model(path: str, config, family: str | None, dtype, trust_remote_code: bool) -> nn.Module:

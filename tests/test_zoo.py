@@ -1,0 +1,84 @@
+"""The shipped tiny zoo: accuracy, attention direction, reproducible training, data hygiene."""
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+import sinklib
+from sinklib.zoo import NAMES, ZOO_DIR
+from sinklib.zoo.data import held_out, problems, read_jsonl
+from sinklib.zoo.evaluate import accuracy, extract_answer
+from sinklib.zoo.tokenizer import build_tokenizer
+from sinklib.zoo.train import train
+
+THRESHOLDS = {"tiny-llada": 0.85, "tiny-dream": 0.85, "tiny-arm": 0.95}
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def zoo_model(request):
+    return request.param, sinklib.load(request.param)
+
+
+def test_held_out_accuracy_meets_the_bar(zoo_model):
+    name, loaded = zoo_model
+    result = accuracy(loaded, held_out()[:100], progress=False)
+    assert result["accuracy"] >= THRESHOLDS[name], result["outputs"][:5]
+
+
+def test_attention_direction_matches_the_objective(zoo_model):
+    name, loaded = zoo_model
+    tokenizer = loaded.tokenizer
+    ids = torch.tensor([tokenizer("Q: tom has 5 apples . how many apples does tom have ? A:")["input_ids"]])
+    changed = ids.clone()
+    changed[0, -3] = tokenizer.convert_tokens_to_ids("ana")
+    with torch.no_grad():
+        before, after = loaded.model(input_ids=ids).logits, loaded.model(input_ids=changed).logits
+    earlier_changed = not torch.allclose(before[0, :5], after[0, :5])
+    assert earlier_changed == (name != "tiny-arm")
+
+
+def test_family_and_mask_token_come_from_the_shipped_config(zoo_model):
+    name, loaded = zoo_model
+    assert loaded.family.name == name.split("-")[1]
+    if name != "tiny-arm":
+        assert loaded.mask_id == loaded.tokenizer.mask_token_id == 3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_retraining_reproduces_the_shipped_loss_curve_first_steps(name, tmp_path):
+    _, curve = train(name, ZOO_DIR, steps=3, progress=False)
+    with (ZOO_DIR / name / "loss_curve.csv").open() as handle:
+        shipped = [float(row["loss"]) for row in csv.DictReader(handle)][:3]
+    assert [row["loss"] for row in curve] == shipped
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpoints_are_small_and_carry_a_card(name):
+    folder = ZOO_DIR / name
+    assert (folder / "model.safetensors").stat().st_size <= 8 * 2**20
+    card = (folder / "README.md").read_text()
+    assert "held-out exact-answer accuracy" in card and "most frequent sink tokens" in card
+
+
+def test_held_out_set_is_shipped_disjoint_from_training_and_large_enough():
+    shipped = read_jsonl(Path(ZOO_DIR).parent / "arithmetic_test.jsonl")
+    assert len(shipped) >= 500 and [p.question for p in shipped] == [p.question for p in held_out()]
+    exclude = {p.question for p in shipped}
+    stream = problems(11, exclude)
+    assert not any(next(stream).question in exclude for _ in range(5000))
+
+
+def test_tokenizer_keeps_numbers_whole_and_round_trips():
+    tokenizer = build_tokenizer()
+    text = "Q: tom has 57 apples . A: 57 + 3 = 60 #### 60"
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.unk_token_id not in ids and ids[0] == tokenizer.bos_token_id
+    assert tokenizer.convert_ids_to_tokens(ids).count("57") == 2
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+@pytest.mark.parametrize("text, answer", [("5 + 3 = 8 #### 8", 8), ("#### -4 [EOS]", -4), ("5 + 3 = 8", None),
+                                          ("#### ####", None), ("", None), ("#### 12 #### 13", 12)])
+def test_answer_extraction(text, answer):
+    assert extract_answer(text) == answer
