@@ -3,10 +3,14 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+VENV4 ?= .venv-tf4
+PY4 := $(VENV4)/bin/python
+# The unit tests also run on the last transformers 4.x the remote-code checkpoints were written for.
+UNIT_ON_TF4 := --ignore=tests/test_zoo.py --ignore=tests/test_notebooks.py
 
 .PHONY: setup test benchmark
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(VENV4)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +19,16 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[notebooks,test]"
 	touch $@
 
+$(VENV4)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV4)
+	$(PY4) -m pip install -q --upgrade pip
+	$(PY4) -m pip install -q torch==2.13.0
+	$(PY4) -m pip install -q -e ".[test]" "transformers==4.56.*"
+	touch $@
+
 test: setup
 	$(PY) -m pytest
+	$(PY4) -m pytest $(UNIT_ON_TF4)
 
 benchmark: setup
 	$(PY) benchmarks/capture_overhead.py

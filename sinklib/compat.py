@@ -67,3 +67,29 @@ def recompute_rotary_inv_freq(model: nn.Module) -> list[str]:
             module.original_inv_freq = inv_freq.to(buffer.dtype).clone()
         fixed.append(name)
     return fixed
+
+
+def is_bidirectional(config) -> bool:
+    return getattr(config, "is_causal", True) is False or bool(getattr(config, "use_bidirectional_attention", False))
+
+
+def make_bidirectional(model: nn.Module) -> bool:
+    """Honour a native model's declared bidirectional attention on every transformers version.
+
+    transformers 5 reads config.is_causal when it builds masks; 4.x ignores it and keeps each attention
+    module's own is_causal=True. Clearing the modules' flag and passing key-padding masks in 4D
+    (bidirectional_key_mask) gives the same computation on both (bit-identical to 5.x's own path)."""
+    if not is_bidirectional(getattr(model, "config", None)):
+        return False
+    changed = False
+    for module in model.modules():
+        if getattr(module, "is_causal", None) is True:
+            module.is_causal = False
+            changed = True
+    return changed
+
+
+def bidirectional_key_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, S] 0/1 key-padding mask → [B, 1, S, S] bool: every query may see every real key."""
+    keys = attention_mask.bool()[:, None, None, :]
+    return keys.expand(-1, 1, attention_mask.shape[-1], -1)

@@ -52,6 +52,8 @@ class LoadedModel:
                 return self.model(ids, "full", None).logits
             both = attention_mask.bool()
             return self.model(ids, both[:, None, None, :] & both[:, None, :, None], position_ids).logits
+        if attention_mask is not None and self.extra.get("bidirectional"):
+            attention_mask = compat.bidirectional_key_mask(attention_mask)
         return self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids).logits
 
     def step_with_cache(self, ids, attention_mask, position_ids, cache):
@@ -134,6 +136,7 @@ def load(
     if isinstance(dtype, str):
         check_choice(dtype, "dtype", list(_DTYPES))
         dtype = _DTYPES[dtype]
+    fixes: list[str] = []
     if isinstance(name_or_model, nn.Module):
         model, name = name_or_model, type(name_or_model).__name__
         config = getattr(model, "config", None)
@@ -142,7 +145,6 @@ def load(
         if not name:
             raise bad_value("name_or_model", name, "a hub id, a local folder, a zoo name or an nn.Module")
         path = _resolve_path(name)
-        fixes = []
         if trust_remote_code and compat.needs_fixes() and compat.apply_default_rope():
             fixes.append("default_rope")
         config = _load_config(path, trust_remote_code)
@@ -161,6 +163,10 @@ def load(
     if dtype is not None and dtype != "auto" and isinstance(name_or_model, nn.Module):
         model = model.to(dtype)
     model.eval()
+    native = type(model).__module__.startswith("transformers.models.")
+    bidirectional = native and compat.is_bidirectional(config)
+    if bidirectional and compat.make_bidirectional(model) and compat.transformers_major() < 5:
+        fixes.append("bidirectional_attention")
     if mask_id is None and isinstance(getattr(config, "mask_token_id", None), int):
         mask_id = config.mask_token_id
     resolved_mask = _mask_id(spec, tokenizer, mask_id, name)
@@ -173,7 +179,7 @@ def load(
     max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
     return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
                        name=name, calling=_calling_for(model, family), max_length=max_length,
-                       extra={"compat": [] if isinstance(name_or_model, nn.Module) else fixes})
+                       extra={"compat": fixes, "bidirectional": bidirectional})
 
 
 def _load_model(path: str, config, family: str | None, dtype, trust_remote_code: bool) -> nn.Module:
@@ -202,9 +208,12 @@ def _load_model(path: str, config, family: str | None, dtype, trust_remote_code:
 def _load_tokenizer(path: str, trust_remote_code: bool):
     import transformers
 
+    folder = Path(path)
+    if folder.is_dir() and not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None  # a checkpoint without a tokenizer: prompts must then be token ids
     try:
         return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ImportError):
         return None
 
 

@@ -145,3 +145,19 @@ def test_local_folder_loads_like_a_hub_id_and_remote_code_needs_consent(tmp_path
     (remote / "config.json").write_text(json.dumps({"model_type": "llada", "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig"}}))
     with pytest.raises(ValueError, match=r"pass trust_remote_code=True to sinklib.load if you trust it"):
         sinklib.load(str(remote))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_declared_bidirectional_attention_is_honoured_on_every_transformers_version(padded):
+    """transformers 4.x ignores config.is_causal=False; sinklib.load must still give bidirectional attention."""
+    loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    changed = ids.clone()
+    changed[0, -1] = 9
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]]) if padded else None
+    with torch.no_grad():
+        before, after = loaded.logits(ids, mask), loaded.logits(changed, mask)
+    assert not torch.allclose(before[0, 3], after[0, 3])
+    causal = sinklib.load(llama(causal=True))
+    with torch.no_grad():
+        assert torch.equal(causal.logits(ids, mask)[0, 3], causal.logits(changed, mask)[0, 3])

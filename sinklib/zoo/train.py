@@ -20,6 +20,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from sinklib import compat
 from sinklib.zoo.data import Problem, held_out, problems
 from sinklib.zoo.tokenizer import build_tokenizer
 
@@ -98,13 +99,18 @@ def make_batch(items: list[Problem], tokenizer) -> Batch:
     return Batch(ids, attention, positions, response, first_eos)
 
 
+def _model_mask(model, batch: Batch) -> torch.Tensor:
+    """Bidirectional models get 4D key-padding masks, which every transformers version honours."""
+    return compat.bidirectional_key_mask(batch.attention_mask) if compat.is_bidirectional(model.config) else batch.attention_mask
+
+
 def masked_diffusion_loss(model, batch: Batch, mask_id: int, generator: torch.Generator, shifted: bool) -> torch.Tensor:
     """LLaDA (shifted=False) / Dream (shifted=True): Σ over masked response tokens of CE / t, per response token."""
     rows = batch.ids.shape[0]
     t = MASK_EPS + (1 - MASK_EPS) * torch.rand(rows, 1, generator=generator)
     masked = batch.response & (torch.rand(batch.ids.shape, generator=generator) < t)
     noisy = batch.ids.masked_fill(masked, mask_id)
-    logits = model(input_ids=noisy, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits
+    logits = model(input_ids=noisy, attention_mask=_model_mask(model, batch), position_ids=batch.position_ids).logits
     if shifted:
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
     losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch.ids, reduction="none")
@@ -135,6 +141,7 @@ def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaFo
                                     f"(python -m sinklib.zoo train {spec.init_from})")
         donor = transformers.LlamaForCausalLM.from_pretrained(source)
         model.load_state_dict(donor.state_dict())
+    compat.make_bidirectional(model)
     return model
 
 
