@@ -106,7 +106,7 @@ def positions_to_mask(positions: torch.Tensor, n_keys: int) -> torch.Tensor:
 
 
 def threshold_sweep(
-    scores: torch.Tensor,
+    scores: torch.Tensor | Sequence[torch.Tensor],
     eps_values: Sequence[float],
     units: str = "sum",
     *,
@@ -114,14 +114,22 @@ def threshold_sweep(
 ) -> pd.DataFrame:
     """Share of (valid) tokens that Eq. 3 selects, for each eps (paper Fig. 10).
 
+    scores: one tensor [..., keys], or a list of them (sequences of different lengths), pooled.
     Returns a tidy DataFrame with columns eps, units, selected, tokens, share (= selected / tokens).
     """
     check_choice(units, "units", UNITS)
     if len(eps_values) == 0:
         raise bad_value("eps_values", list(eps_values), "a non-empty sequence of finite numbers >= 0")
     eps_list = [check_eps(e, "eps_values[]") for e in eps_values]
-    margin = sink_margin(in_units(scores, units, valid=valid), valid=valid)
-    tokens = int(_valid_mask(scores, valid).sum())
+    parts = [scores] if isinstance(scores, torch.Tensor) else list(scores)
+    if valid is not None and len(parts) > 1:
+        raise bad_value("valid", "a tensor", "None when scores is a list (mark invalid keys with NaN instead)")
+    margins, tokens = [], 0
+    for part in parts:
+        part_valid = valid if valid is not None else ~torch.isnan(part)
+        margins.append(sink_margin(in_units(torch.nan_to_num(part), units, valid=part_valid), valid=part_valid).flatten())
+        tokens += int(_valid_mask(part, part_valid).sum())
+    margin = torch.cat(margins)
     rows = []
     for eps in eps_list:
         selected = int((margin > eps).sum())

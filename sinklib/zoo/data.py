@@ -48,23 +48,23 @@ def _core(rng: random.Random) -> tuple[list[str], str, str, int, set[str]]:
     item = rng.choice(ITEMS)
     kind = rng.choice(["add", "subtract", "multiply", "together", "two_step"])
     if kind == "add":
-        a, b = rng.randint(1, 50), rng.randint(1, 50)
+        a, b = rng.randint(1, 20), rng.randint(1, 20)
         return [f"{name} has {a} {item} .", f"{name} gets {b} more {item} .", f"how many {item} does {name} have now ?"], \
             f"{a} + {b} = {a + b}", kind, a + b, {name}
     if kind == "subtract":
-        a = rng.randint(2, 60)
+        a = rng.randint(2, 30)
         b = rng.randint(1, a)
         return [f"{name} has {a} {item} .", f"{name} gives away {b} {item} .", f"how many {item} does {name} have left ?"], \
             f"{a} - {b} = {a - b}", kind, a - b, {name}
     if kind == "multiply":
-        a, b = rng.randint(2, 12), rng.randint(2, 12)
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
         return [f"{name} buys {a} boxes .", f"each box holds {b} {item} .", f"how many {item} does {name} buy ?"], \
             f"{a} * {b} = {a * b}", kind, a * b, {name}
     if kind == "together":
-        a, b = rng.randint(1, 60), rng.randint(1, 60)
+        a, b = rng.randint(1, 20), rng.randint(1, 20)
         return [f"{name} has {a} {item} .", f"{other} has {b} {item} .", f"how many {item} do {name} and {other} have together ?"], \
             f"{a} + {b} = {a + b}", kind, a + b, {name, other}
-    a, b = rng.randint(1, 50), rng.randint(1, 40)
+    a, b = rng.randint(1, 20), rng.randint(1, 15)
     c = rng.randint(1, a + b)
     return [f"{name} has {a} {item} .", f"{name} buys {b} more and then gives away {c} .", f"how many {item} does {name} have ?"], \
         f"{a} + {b} = {a + b} . {a + b} - {c} = {a + b - c}", kind, a + b - c, {name}

@@ -40,6 +40,7 @@ class ZooSpec:
     lr: float = 2e-3
     warmup: int = 100
     init_from: str | None = None
+    stratified_t: bool = False  # t_i = (i + u_i) / B across the batch: the same U(0,1) marginal, lower variance
     hidden_size: int = 128
     intermediate_size: int = 344
     layers: int = 4
@@ -47,7 +48,7 @@ class ZooSpec:
 
 
 ZOO = {
-    "tiny-llada": ZooSpec("tiny-llada", "llada", "llada", causal=False, seed=11, steps=1800),
+    "tiny-llada": ZooSpec("tiny-llada", "llada", "llada", causal=False, seed=11, steps=3600, stratified_t=True),
     "tiny-arm": ZooSpec("tiny-arm", "arm", "arm", causal=True, seed=12, steps=1200),
     "tiny-dream": ZooSpec("tiny-dream", "dream", "dream", causal=False, seed=13, steps=1500, init_from="tiny-arm"),
 }
@@ -104,10 +105,14 @@ def _model_mask(model, batch: Batch) -> torch.Tensor:
     return compat.bidirectional_key_mask(batch.attention_mask) if compat.is_bidirectional(model.config) else batch.attention_mask
 
 
-def masked_diffusion_loss(model, batch: Batch, mask_id: int, generator: torch.Generator, shifted: bool) -> torch.Tensor:
+def masked_diffusion_loss(model, batch: Batch, mask_id: int, generator: torch.Generator, shifted: bool,
+                          stratified: bool = False) -> torch.Tensor:
     """LLaDA (shifted=False) / Dream (shifted=True): Σ over masked response tokens of CE / t, per response token."""
     rows = batch.ids.shape[0]
-    t = MASK_EPS + (1 - MASK_EPS) * torch.rand(rows, 1, generator=generator)
+    u = torch.rand(rows, 1, generator=generator)
+    if stratified:
+        u = (torch.arange(rows, dtype=torch.float32)[:, None] + u) / rows
+    t = MASK_EPS + (1 - MASK_EPS) * u
     masked = batch.response & (torch.rand(batch.ids.shape, generator=generator) < t)
     noisy = batch.ids.masked_fill(masked, mask_id)
     logits = model(input_ids=noisy, attention_mask=_model_mask(model, batch), position_ids=batch.position_ids).logits
@@ -168,7 +173,8 @@ def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = T
         if spec.objective == "arm":
             loss = next_token_loss(model, batch)
         else:
-            loss = masked_diffusion_loss(model, batch, tokenizer.mask_token_id, generator, shifted=spec.objective == "dream")
+            loss = masked_diffusion_loss(model, batch, tokenizer.mask_token_id, generator, shifted=spec.objective == "dream",
+                                         stratified=spec.stratified_t)
         lr = learning_rate(spec, step)
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -1,0 +1,183 @@
+"""How sinks behave across denoising steps: pure functions from Traces to tidy DataFrames.
+
+All scores are in sum units (Σ over queries). "Greatest sink" of a (step, layer, head) is the key with the
+highest score, counted as a sink only when it passes Eq. 3 with `eps`.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sinklib.sinks import find_sinks
+from sinklib.trace import Trace
+
+
+def _valid(trace: Trace) -> torch.Tensor:
+    return ~torch.isnan(trace.scores)
+
+
+def sink_mask(trace: Trace, eps: float = 3.0) -> torch.Tensor:
+    """bool [steps, layers, heads, seq]: Eq. 3 sinks of every step, layer and head."""
+    return find_sinks(torch.nan_to_num(trace.scores), eps, valid=_valid(trace))
+
+
+def first_masked(trace: Trace) -> torch.Tensor:
+    """[steps] the leftmost position still masked when each step ran (the unmasking frontier); −1 if none."""
+    masked = trace.is_masked
+    index = torch.arange(masked.shape[1]).expand_as(masked)
+    first = torch.where(masked, index, torch.full_like(index, masked.shape[1])).amin(1)
+    return torch.where(first == masked.shape[1], torch.full_like(first, -1), first)
+
+
+def greatest_sinks(trace: Trace, eps: float = 3.0, layers: Sequence[int] | None = None,
+                   heads: Sequence[int] | None = None) -> pd.DataFrame:
+    """One row per (step, layer, head): position, token and score of the top key, whether it is a sink,
+    and the unmasking frontier at that step (paper Fig. 7)."""
+    scores = torch.nan_to_num(trace.scores, nan=float("-inf"))
+    top_score, top_position = scores.max(-1)
+    is_sink = sink_mask(trace, eps).gather(-1, top_position[..., None]).squeeze(-1)
+    steps, n_layers, n_heads = top_score.shape
+    grid = np.meshgrid(np.arange(steps), np.arange(n_layers), np.arange(n_heads), indexing="ij")
+    frame = pd.DataFrame({"step": grid[0].ravel(), "layer": grid[1].ravel(), "head": grid[2].ravel(),
+                          "position": top_position.numpy().ravel(), "score": top_score.numpy().ravel(),
+                          "is_sink": is_sink.numpy().ravel()})
+    tokens = trace.tokens[:-1].numpy()
+    frame["token"] = [trace.token_text(tokens[s, p]) for s, p in zip(frame["step"], frame["position"])]
+    frame["frontier"] = first_masked(trace).numpy()[frame["step"]]
+    if layers is not None:
+        frame = frame[frame["layer"].isin(list(layers))]
+    if heads is not None:
+        frame = frame[frame["head"].isin(list(heads))]
+    return frame.reset_index(drop=True)
+
+
+def moving_sink_events(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
+    """(step, layer, head) where the greatest sink moved: a sink at step−1 and at step, at different
+    positions (paper Fig. 4, 8). Sorted by the size of the jump in score."""
+    top = greatest_sinks(trace, eps)
+    previous = top.copy()
+    previous["step"] += 1
+    pairs = top.merge(previous, on=["step", "layer", "head"], suffixes=("", "_before"))
+    moved = pairs[pairs["is_sink"] & pairs["is_sink_before"] & (pairs["position"] != pairs["position_before"])]
+    moved = moved.assign(shift=moved["position"] - moved["position_before"])
+    columns = ["step", "layer", "head", "position_before", "position", "shift", "token_before", "token",
+               "score_before", "score", "frontier"]
+    return moved[columns].sort_values(["score", "step"], ascending=[False, True]).reset_index(drop=True)
+
+
+def transient_sinks(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
+    """Positions that are a sink at one step only: not at step−1 nor at step+1 (paper Fig. 6b)."""
+    sinks = sink_mask(trace, eps)
+    if sinks.shape[0] < 3:
+        return pd.DataFrame(columns=["step", "layer", "head", "position", "token", "score"])
+    alone = sinks[1:-1] & ~sinks[:-2] & ~sinks[2:]
+    rows = []
+    for step, layer, head, position in alone.nonzero().tolist():
+        rows.append({"step": step + 1, "layer": layer, "head": head, "position": position,
+                     "token": trace.token_text(int(trace.tokens[step + 1, position])),
+                     "score": float(trace.scores[step + 1, layer, head, position])})
+    return pd.DataFrame(rows, columns=["step", "layer", "head", "position", "token", "score"])
+
+
+def dynamics_summary(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
+    """Per trace: mean lifetime of the greatest sink (consecutive steps at one position), move rate (share of
+    consecutive step pairs with sinks at both whose greatest sink moved), mean distance from the greatest
+    sink to the unmasking frontier, and the share of heads × steps that have any sink."""
+    rows = []
+    for index, trace in enumerate(traces):
+        top = greatest_sinks(trace, eps)
+        lifetimes, moves, pairs = [], 0, 0
+        for _, group in top.groupby(["layer", "head"]):
+            positions = group.sort_values("step")[["position", "is_sink"]].to_numpy()
+            run = 0
+            for t in range(len(positions)):
+                if not positions[t, 1]:
+                    if run:
+                        lifetimes.append(run)
+                    run = 0
+                    continue
+                if t and positions[t - 1, 1]:
+                    pairs += 1
+                    if positions[t, 0] != positions[t - 1, 0]:
+                        moves += 1
+                        lifetimes.append(run)
+                        run = 0
+                run += 1
+            if run:
+                lifetimes.append(run)
+        with_frontier = top[top["is_sink"] & (top["frontier"] >= 0)]
+        rows.append({"trace": index, "model": trace.meta.get("model", ""), "family": trace.meta.get("family", ""),
+                     "mean_lifetime": float(np.mean(lifetimes)) if lifetimes else float("nan"),
+                     "move_rate": moves / pairs if pairs else float("nan"),
+                     "mean_distance_to_frontier": float((with_frontier["position"] - with_frontier["frontier"]).mean())
+                     if len(with_frontier) else float("nan"),
+                     "share_heads_with_sink": float(top["is_sink"].mean())})
+    return pd.DataFrame(rows)
+
+
+def sink_token_frequency(traces: Sequence[Trace], eps: float = 3.0, top: int = 5) -> pd.DataFrame:
+    """Relative frequency of the tokens detected as sinks, over every step, layer and head of every trace
+    (paper Table 2): columns token, count, share."""
+    counts: dict[str, int] = {}
+    for trace in traces:
+        sinks = sink_mask(trace, eps)
+        steps, _, _, position = sinks.nonzero(as_tuple=True)
+        ids = trace.tokens[:-1][steps, position]
+        for token_id, count in zip(*torch.unique(ids, return_counts=True)):
+            text = trace.token_text(int(token_id))
+            counts[text] = counts.get(text, 0) + int(count)
+    total = sum(counts.values())
+    frame = pd.DataFrame(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])), columns=["token", "count"])
+    frame["share"] = frame["count"] / total if total else 0.0
+    return frame.head(top).reset_index(drop=True)
+
+
+def main_sink_by_layer_head(trace: Trace) -> pd.DataFrame:
+    """Score of the main (top) key of each layer and head, averaged over steps (paper Fig. 5)."""
+    top = torch.nan_to_num(trace.scores, nan=float("-inf")).amax(-1).mean(0)  # [layers, heads]
+    layers, heads = top.shape
+    grid = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
+    return pd.DataFrame({"layer": grid[0].ravel(), "head": grid[1].ravel(), "score": top.numpy().ravel()})
+
+
+def score_distribution(traces: Sequence[Trace], layers: Sequence[int] | None = None) -> pd.DataFrame:
+    """Every (step, layer, head, key) score as a long table with the model name (paper Fig. 3, 9)."""
+    frames = []
+    for trace in traces:
+        scores = trace.scores if layers is None else trace.scores[:, list(layers)]
+        values = scores[~torch.isnan(scores)].numpy()
+        frames.append(pd.DataFrame({"model": trace.meta.get("model", ""), "score": values}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def query_group_split(trace: Trace, step: int, layer: int, head: int) -> pd.DataFrame:
+    """From a kept map: the key that masked queries attend to most and the one unmasked queries attend to
+    most, with the attention each group gives it (paper Fig. 6a). Needs trace.maps[(step, layer, head)]."""
+    key = (step, layer, head)
+    if key not in trace.maps:
+        raise ValueError(f"trace has no map for (step, layer, head)={key}: generate with maps=[{key}]")
+    attention = trace.maps[key]
+    masked = trace.is_masked[step]
+    rows = []
+    for group, selector in (("masked queries", masked), ("unmasked queries", ~masked)):
+        if selector.any():
+            received = attention[selector].mean(0)
+            position = int(received.argmax())
+            rows.append({"group": group, "queries": int(selector.sum()), "top_key": position,
+                         "token": trace.token_text(int(trace.tokens[step, position])), "mean_attention": float(received[position])})
+    return pd.DataFrame(rows)
+
+
+def split_candidates(trace: Trace, eps: float = 3.0, limit: int = 5) -> pd.DataFrame:
+    """(step, layer, head) triples worth a map for Fig. 6a: steps where both masked and unmasked queries
+    exist and the head has at least two sinks (so the two groups can favour different ones)."""
+    sinks = sink_mask(trace, eps)
+    both = trace.is_masked.any(1) & (~trace.is_masked).any(1)
+    counts = sinks.sum(-1)
+    rows = [{"step": s, "layer": l, "head": h, "sinks": int(counts[s, l, h])}
+            for s, l, h in (counts >= 2).nonzero().tolist() if both[s]]
+    frame = pd.DataFrame(rows, columns=["step", "layer", "head", "sinks"])
+    return frame.sort_values(["sinks", "step"], ascending=[False, True]).head(limit).reset_index(drop=True)

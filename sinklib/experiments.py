@@ -1,0 +1,128 @@
+"""The paper's experimental settings and the loops the notebooks share: sampling presets per family,
+prompt sets, trace collection (written as it goes, resumable), and map replay."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+import sinklib
+from sinklib.capture import capture
+from sinklib.loading import LoadedModel
+from sinklib.trace import Trace
+
+# SPEC §2: the paper's generation settings (Table 2 / Fig. 1: gen length 128, 128 steps, block 32).
+PAPER = {
+    "llada": dict(steps=128, gen_length=128, block_length=32),
+    "mmada": dict(steps=128, gen_length=128, block_length=32),
+    "dream": dict(steps=128, gen_length=128, alg="entropy"),
+    "arm": dict(gen_length=128),
+}
+# The zoo's settings: its 16-token answer slot, one token per step.
+ZOO = {
+    "llada": dict(steps=16, gen_length=16, block_length=8),
+    "mmada": dict(steps=16, gen_length=16, block_length=8),
+    "dream": dict(steps=16, gen_length=16, alg="entropy"),
+    "arm": dict(gen_length=16),
+}
+
+
+def is_zoo(loaded: LoadedModel) -> bool:
+    return getattr(loaded.model.config, "mask_token_id", None) is not None and Path(loaded.name).name.startswith("tiny-") \
+        or loaded.name.startswith("tiny-")
+
+
+def sampling(loaded: LoadedModel, steps: int | None = None, gen_length: int | None = None,
+             block_length: int | None = None) -> dict[str, Any]:
+    """The family's settings (zoo or paper), with any given value overriding; options that do not apply to
+    the family are dropped (block_length for dream/arm, steps for arm)."""
+    preset = dict((ZOO if is_zoo(loaded) else PAPER)[loaded.family.name])
+    for key, value in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)):
+        if value is not None and key in preset:
+            preset[key] = value
+    if loaded.family.name == "llada" or loaded.family.name == "mmada":
+        blocks = preset["gen_length"] // preset["block_length"] if preset["gen_length"] % preset["block_length"] == 0 else 1
+        if preset["steps"] % blocks:
+            preset["block_length"] = preset["gen_length"]
+    return preset
+
+
+def prompts(loaded: LoadedModel, n: int) -> list[str]:
+    """n prompts: the zoo's held-out questions for zoo models; the same problems as plain English for
+    real checkpoints (used through their chat template)."""
+    from sinklib.zoo.data import held_out
+
+    items = held_out()[:n]
+    if is_zoo(loaded):
+        return [p.question for p in items]
+    plain = [p.question.removeprefix("Q: ").removesuffix(" A:").replace(" .", ".").replace(" ?", "?") for p in items]
+    return [text[0].upper() + text[1:] for text in plain]
+
+
+def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | None = None, seed: int = 0,
+                   intervention=None, progress: bool = True, **settings) -> list[Trace]:
+    """One trace per prompt. With `out`, each trace is saved as it finishes (out/trace-0007/) and a rerun
+    loads the finished ones instead of generating them again."""
+    chat = not is_zoo(loaded)
+    traces = []
+    for index, text in enumerate(tqdm(texts, desc=f"traces {loaded.name}", disable=not progress)):
+        folder = Path(out) / f"trace-{index:04d}" if out is not None else None
+        if folder is not None and (folder / "meta.json").exists():
+            traces.append(Trace.load(folder))
+            continue
+        trace = sinklib.generate(loaded, text, seed=seed + index, chat=chat, progress=False, intervention=intervention, **settings)
+        if folder is not None:
+            trace.save(folder)
+        traces.append(trace)
+    return traces
+
+
+def replay_map(loaded: LoadedModel, trace: Trace, step: int, layer: int, head: int) -> torch.Tensor:
+    """The full [queries, keys] attention map of (step, layer, head), recomputed by running the model once
+    on the canvas the sampler saw at that step (exact for runs without an intervention or guidance)."""
+    canvas = trace.tokens[step]
+    if loaded.family.kind == "autoregressive":
+        canvas = canvas[~trace.is_masked[step]]
+    with torch.no_grad(), capture(loaded.model, maps=[(0, layer, head)]) as rec:
+        loaded.logits(canvas[None].to(loaded.device))
+    return rec.maps[(0, layer, head)][0]
+
+
+def full_pass_scores(loaded: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
+    """[layers, heads, seq] scores of one forward over a whole sequence (for an autoregressive model: the
+    causal column sums a single pass gives, comparable with uniform causal attention)."""
+    with torch.no_grad(), capture(loaded.model) as rec:
+        loaded.logits(tokens[None].to(loaded.device))
+    return rec.scores[0, :, 0]
+
+
+def load_models(names: Sequence[str], device: str | None = None, dtype: str | None = None,
+                trust_remote_code: bool = False) -> dict[str, LoadedModel]:
+    return {name: sinklib.load(name, device=device, dtype=dtype, trust_remote_code=trust_remote_code) for name in names}
+
+
+def masking_table(loaded: LoadedModel, items, ks: Sequence[int] = (0, 1, 5, 10), random_control: bool = True,
+                  eps: float = 3.0, seed: int = 0, batch_size: int = 50, progress: bool = True):
+    """Table 1 on the zoo's arithmetic: exact-answer accuracy with the top-k sinks masked under the paper's
+    policy (an autoregressive model reads its last query row, SPEC §3), and k random keys as a control.
+    Returns a DataFrame: model, condition, k, accuracy, stderr, n."""
+    import math
+
+    import pandas as pd
+
+    from sinklib.interventions import MaskRandomKeys, MaskSinks
+    from sinklib.zoo.evaluate import accuracy
+
+    rows_kind = "last" if loaded.family.kind == "autoregressive" else "all"
+    conditions = [("sinks", k, MaskSinks(top_k=k, eps=eps, rows=rows_kind) if k else None) for k in ks]
+    if random_control:
+        conditions += [("random keys", k, MaskRandomKeys(k=k, seed=seed)) for k in ks if k]
+    rows = []
+    for condition, k, intervention in conditions:
+        result = accuracy(loaded, items, batch_size=batch_size, progress=progress, intervention=intervention)
+        p, n = result["accuracy"], result["n"]
+        rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": p,
+                     "stderr": math.sqrt(p * (1 - p) / n), "n": n})
+    return pd.DataFrame(rows)

@@ -1,0 +1,176 @@
+"""One function per paper figure: tidy data in, matplotlib Figure out. Scores are in sum units
+(Σ over queries); every axis says so. Palettes are colour-blind safe (seaborn "colorblind", cividis)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+
+import matplotlib.pyplot as plt
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from sinklib.trace import Trace  # noqa: E402
+
+PALETTE = sns.color_palette("colorblind")
+CMAP = "cividis"
+SCORE_LABEL = "incoming attention score (sum over queries)"
+
+
+def save_figure(fig: plt.Figure, name: str, folder: str | Path = "figures") -> list[Path]:
+    """Write `name`.png and `name`.pdf (reproducible: no timestamps in the PDF)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{name}.png", folder / f"{name}.pdf"]
+    fig.savefig(paths[0], dpi=130, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None, "Creator": None, "Producer": None})
+    return paths
+
+
+def _token_labels(trace: Trace, step: int = -1) -> list[str]:
+    return [trace.token_text(int(t)) for t in trace.tokens[step]]
+
+
+def token_step_heatmap(trace: Trace, layer: int, head: int, max_labels: int = 60) -> plt.Figure:
+    """Fig. 1: incoming score of every token (x) at every denoising step (y) for one layer and head."""
+    scores = trace.scores[:, layer, head].numpy()
+    fig, ax = plt.subplots(figsize=(min(16, 3 + 0.12 * scores.shape[1]), 4.5))
+    image = ax.imshow(scores, aspect="auto", cmap=CMAP, interpolation="nearest")
+    labels = _token_labels(trace)
+    stride = max(1, len(labels) // max_labels)
+    ax.set_xticks(range(0, len(labels), stride), labels[::stride], rotation=90, fontsize=6)
+    ax.axvline(trace.prompt_len - 0.5, color="white", linestyle="--", linewidth=0.8)
+    ax.set_xlabel("token (final canvas); dashed line: end of prompt")
+    ax.set_ylabel("denoising step")
+    ax.set_title(f"{trace.meta.get('model', '')} — layer {layer}, head {head}: incoming score per token and step")
+    fig.colorbar(image, ax=ax, label=SCORE_LABEL)
+    return fig
+
+
+def score_histograms(distribution: pd.DataFrame, bins: int = 60) -> plt.Figure:
+    """Fig. 3 / 9: distribution of scores across steps, layers and heads, one panel per model (log count)."""
+    models = list(dict.fromkeys(distribution["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
+    for ax, model, colour in zip(axes[0], models, PALETTE):
+        values = distribution.loc[distribution["model"] == model, "score"]
+        ax.hist(values, bins=bins, color=colour, log=True)
+        ax.set_title(model)
+        ax.set_xlabel(SCORE_LABEL)
+        ax.set_ylabel("count (log scale)")
+    fig.suptitle("Most keys receive little attention; a few receive a lot")
+    fig.tight_layout()
+    return fig
+
+
+def layer_head_map(frame: pd.DataFrame, model: str) -> plt.Figure:
+    """Fig. 5: score of the main sink per layer and head, averaged over steps."""
+    grid = frame.pivot(index="layer", columns="head", values="score")
+    fig, ax = plt.subplots(figsize=(1.2 + 0.35 * grid.shape[1], 1.2 + 0.3 * grid.shape[0]))
+    sns.heatmap(grid, ax=ax, cmap=CMAP, cbar_kws={"label": "main-sink score (sum units), mean over steps"})
+    ax.set_title(f"{model}: main sink per layer and head")
+    return fig
+
+
+def attention_pair(maps: Sequence[np.ndarray], steps: Sequence[int], trace: Trace, layer: int, head: int,
+                   marked: Sequence[int] = ()) -> plt.Figure:
+    """Fig. 4 / 8: full attention maps (queries × keys) at consecutive steps, sink positions marked."""
+    fig, axes = plt.subplots(1, len(maps), figsize=(5.2 * len(maps), 4.6), squeeze=False)
+    for ax, attention, step in zip(axes[0], maps, steps):
+        image = ax.imshow(attention, cmap=CMAP, aspect="auto", interpolation="nearest")
+        for position in marked:
+            ax.axvline(position, color=PALETTE[3], linewidth=0.8, linestyle=":")
+        ax.set_title(f"step {step}")
+        ax.set_xlabel("key position")
+        ax.set_ylabel("query position")
+        fig.colorbar(image, ax=ax, label="attention probability")
+    fig.suptitle(f"{trace.meta.get('model', '')} — layer {layer}, head {head}: the sink moves between steps")
+    fig.tight_layout()
+    return fig
+
+
+def greatest_sink_positions(frames: Mapping[str, pd.DataFrame]) -> plt.Figure:
+    """Fig. 7: position of the greatest sink at each step for one head per model, with the unmasking frontier."""
+    fig, axes = plt.subplots(1, len(frames), figsize=(4.4 * len(frames), 3.6), squeeze=False)
+    for ax, (title, frame), colour in zip(axes[0], frames.items(), PALETTE):
+        sinks = frame[frame["is_sink"]]
+        ax.scatter(sinks["step"], sinks["position"], s=10, color=colour, label="greatest sink (Eq. 3)")
+        other = frame[~frame["is_sink"]]
+        ax.scatter(other["step"], other["position"], s=6, color="lightgrey", label="top key, not a sink")
+        frontier = frame[frame["frontier"] >= 0]
+        if len(frontier):
+            ax.plot(frontier["step"], frontier["frontier"], color="black", linestyle="--", linewidth=0.8, label="first masked position")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("denoising step")
+        ax.set_ylabel("position")
+    axes[0][0].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def threshold_sweep_plot(frame: pd.DataFrame, baseline: pd.DataFrame | None = None) -> plt.Figure:
+    """Fig. 10: share of tokens selected as ε grows, per model, optionally with the causal-uniform baseline."""
+    fig, ax = plt.subplots(figsize=(5.4, 3.8))
+    for (model, group), colour in zip(frame.groupby("model", sort=False), PALETTE):
+        ax.plot(group["eps"], group["share"], marker="o", markersize=3, color=colour, label=model)
+    if baseline is not None:
+        ax.plot(baseline["eps"], baseline["share"], color="black", linestyle=":", label="uniform causal attention")
+    ax.set_xlabel("ε (sum units)")
+    ax.set_ylabel("share of tokens selected as sinks")
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.legend(fontsize=8)
+    ax.set_title("Sink threshold sweep")
+    return fig
+
+
+def query_split(attention: np.ndarray, is_masked: np.ndarray, trace: Trace, step: int, layer: int, head: int) -> plt.Figure:
+    """Fig. 6a: mean attention that masked and unmasked queries give each key at one step."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    positions = np.arange(attention.shape[1])
+    for (label, rows), colour in zip((("masked queries", is_masked), ("unmasked queries", ~is_masked)), PALETTE):
+        if rows.any():
+            ax.plot(positions, attention[rows].mean(0), color=colour, label=label)
+    ax.set_xlabel("key position")
+    ax.set_ylabel("mean attention probability")
+    ax.set_title(f"{trace.meta.get('model', '')} — step {step}, layer {layer}, head {head}: masked vs unmasked queries")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def transient_sink(trace: Trace, step: int, layer: int, head: int, position: int) -> plt.Figure:
+    """Fig. 6b: a sink that exists for one step only — scores of that head at step−1, step and step+1."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+    for offset, colour in zip((-1, 0, 1), PALETTE):
+        t = step + offset
+        if 0 <= t < trace.n_steps:
+            ax.plot(trace.scores[t, layer, head].numpy(), color=colour, label=f"step {t}")
+    ax.axvline(position, color="grey", linestyle=":")
+    ax.set_xlabel("key position")
+    ax.set_ylabel(SCORE_LABEL)
+    ax.set_title(f"{trace.meta.get('model', '')} — layer {layer}, head {head}: a one-step sink at position {position}")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def sink_token_bars(frame: pd.DataFrame) -> plt.Figure:
+    """Table 2 as bars: relative frequency of the most frequent sink tokens, per model."""
+    models = list(dict.fromkeys(frame["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(3.8 * len(models), 3.2), squeeze=False)
+    for ax, model, colour in zip(axes[0], models, PALETTE):
+        part = frame[frame["model"] == model]
+        ax.barh(part["token"][::-1], part["share"][::-1], color=colour)
+        ax.set_title(model)
+        ax.set_xlabel("share of sink detections")
+    fig.tight_layout()
+    return fig
+
+
+def score_bars(scores: np.ndarray, sinks: np.ndarray, labels: Sequence[str], title: str) -> plt.Figure:
+    """The explorer's bar chart: one head's scores at one step, sinks highlighted."""
+    fig, ax = plt.subplots(figsize=(min(14, 2 + 0.18 * len(scores)), 3.0))
+    colours = [PALETTE[3] if s else PALETTE[0] for s in sinks]
+    ax.bar(range(len(scores)), scores, color=colours)
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+    ax.set_ylabel(SCORE_LABEL, fontsize=8)
+    ax.set_title(title)
+    return fig

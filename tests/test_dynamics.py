@@ -1,0 +1,84 @@
+"""Sink dynamics on hand-built traces with known answers."""
+import pandas as pd
+import torch
+
+from sinklib import dynamics
+from sinklib.trace import Trace
+
+MASK = 9
+
+
+def build_trace(sink_positions, seq=8, prompt_len=3):
+    """One layer, one head; at each step the key at sink_positions[t] (None = none) receives 6.0 and the
+    others share the rest evenly (sum units, total = seq). Positions prompt_len.. are unmasked one per step."""
+    steps = len(sink_positions)
+    scores = torch.full((steps, 1, 1, seq), 1.0)
+    for t, position in enumerate(sink_positions):
+        if position is not None:
+            scores[t, 0, 0] = (seq - 6.0) / (seq - 1)
+            scores[t, 0, 0, position] = 6.0
+    tokens = torch.tensor([[1, 2, 3] + [MASK] * (seq - prompt_len)]).repeat(steps + 1, 1)
+    for t in range(steps):
+        tokens[t + 1:, min(prompt_len + t, seq - 1)] = 4 + t % 3
+    is_masked = tokens[:-1] == MASK
+    return Trace(scores=scores, tokens=tokens, is_masked=is_masked, prompt_len=prompt_len, layer_names=["l0"],
+                 token_strings={1: "[BOS]", 2: "Q:", 3: "x", 4: "a", 5: "b", 6: "c", MASK: "[MASK]"}, meta={"model": "toy"})
+
+
+def test_greatest_sinks_and_frontier():
+    trace = build_trace([0, 0, 5, None])
+    top = dynamics.greatest_sinks(trace)
+    assert top["position"].tolist()[:3] == [0, 0, 5] and top["is_sink"].tolist() == [True, True, True, False]
+    assert top["frontier"].tolist() == [3, 4, 5, 6]
+    assert top["token"].tolist()[:3] == ["[BOS]", "[BOS]", "[MASK]"]
+
+
+def test_moving_events_need_a_sink_on_both_sides():
+    events = dynamics.moving_sink_events(build_trace([0, 0, 5, None, 2, 6]))
+    assert events[["step", "position_before", "position", "shift"]].values.tolist() == [[2, 0, 5, 5], [5, 2, 6, 4]]
+
+
+def test_transient_sinks_live_one_step():
+    found = dynamics.transient_sinks(build_trace([None, 4, None, 4, 4, None]))
+    assert found[["step", "position"]].values.tolist() == [[1, 4]]
+
+
+def test_dynamics_summary_lifetime_and_move_rate():
+    summary = dynamics.dynamics_summary([build_trace([0, 0, 0, 5, 5, None, 2])])
+    row = summary.iloc[0]
+    assert row["mean_lifetime"] == (3 + 2 + 1) / 3  # runs: 0×3, 5×2, 2×1
+    assert row["move_rate"] == 1 / 4  # pairs with sinks on both sides: (0,0) (0,0) (0,5) (5,5)
+    assert row["share_heads_with_sink"] == 6 / 7
+
+
+def test_sink_token_frequency_counts_every_detection():
+    table = dynamics.sink_token_frequency([build_trace([0, 0, 5]), build_trace([0, None, None])])
+    assert table.to_dict("records") == [{"token": "[BOS]", "count": 3, "share": 0.75},
+                                        {"token": "[MASK]", "count": 1, "share": 0.25}]
+
+
+def test_main_sink_by_layer_head_is_the_step_mean_of_the_maximum():
+    frame = dynamics.main_sink_by_layer_head(build_trace([0, None]))
+    assert frame["score"].tolist() == [pytest_approx(3.5)]
+
+
+def pytest_approx(value):
+    import pytest
+
+    return pytest.approx(value)
+
+
+def test_query_group_split_needs_the_map_and_reads_it():
+    trace = build_trace([0, 0])
+    attention = torch.zeros(8, 8)
+    attention[trace.is_masked[1], 6] = 1.0
+    attention[~trace.is_masked[1], 1] = 1.0
+    trace.maps[(1, 0, 0)] = attention
+    split = dynamics.query_group_split(trace, 1, 0, 0)
+    assert split[["group", "top_key"]].values.tolist() == [["masked queries", 6], ["unmasked queries", 1]]
+    try:
+        dynamics.query_group_split(trace, 0, 0, 0)
+    except ValueError as error:
+        assert "generate with maps=[(0, 0, 0)]" in str(error)
+    else:
+        raise AssertionError("a missing map must raise")

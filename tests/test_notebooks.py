@@ -1,0 +1,68 @@
+"""The notebooks, executed headlessly by papermill on the tiny zoo with small parameters, then re-executed
+by nbval: tagged cells must print the same numbers, and the result files must come out byte-identical."""
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sinklib import reproduce
+
+SMALL = dict(n_prompts=3, n_problems=20, ks=[0, 1], progress=False)
+PAPER_FIGURES = ["fig01_token_step_*", "fig03_score_histograms", "fig04_moving_sink_*", "fig05_layer_head_*",
+                 "fig06a_query_split_*", "fig06b_transient_*", "fig07_greatest_sink_positions", "fig10_threshold_sweep",
+                 "table1_masking", "table2_sink_tokens"]
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("notebooks")
+    paths = reproduce.run(SMALL, out=root / "executed", figures_dir=root / "figures", results_dir=root / "results",
+                          progress=False)
+    return root, paths
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.parquet"))}
+
+
+def test_every_notebook_ran(executed):
+    _, paths = executed
+    assert [p.name[:2] for p in paths] == ["01", "02", "03", "04", "05"]
+
+
+@pytest.mark.parametrize("stem", PAPER_FIGURES)
+def test_every_paper_figure_has_png_and_pdf(executed, stem):
+    root, _ = executed
+    for suffix in (".png", ".pdf"):
+        assert list((root / "figures").glob(stem + suffix)), f"{stem}{suffix} was not written"
+
+
+def test_nbval_reexecution_matches_and_results_are_byte_identical(executed):
+    root, paths = executed
+    before = _hashes(root / "results")
+    assert len(before) >= 10
+    result = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q",
+                             *[str(p) for p in paths]], capture_output=True, text=True, timeout=1200,
+                            cwd=Path(reproduce.NOTEBOOKS))
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert _hashes(root / "results") == before
+
+
+def test_parameters_follow_what_each_notebook_declares():
+    explorer = reproduce.NOTEBOOKS / "05_explorer.ipynb"
+    params = reproduce.parameters_for(explorer, {"models": ["GSAI-ML/LLaDA-8B-Instruct"], "n_prompts": 30, "dtype": "bfloat16"})
+    assert params == {"model": "GSAI-ML/LLaDA-8B-Instruct", "dtype": "bfloat16"}
+    with pytest.raises(ValueError, match=r"only=\['09'\] is not allowed"):
+        reproduce.notebook_paths(["09"])
+
+
+def test_paper_parameter_files_name_real_checkpoints():
+    import yaml
+
+    files = sorted((reproduce.NOTEBOOKS / "params").glob("paper-*.yaml"))
+    assert [f.stem for f in files] == ["paper-dream", "paper-llada", "paper-llama", "paper-mmada"]
+    for file in files:
+        params = yaml.safe_load(file.read_text())
+        assert params["device"] == "cuda" and params["dtype"] == "bfloat16" and params["models"]
