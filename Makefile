@@ -1,4 +1,4 @@
-# The two commands a newcomer runs on a fresh machine: `make test` and (with the notebooks) `make figures`.
+# The two commands a newcomer runs on a fresh machine: `make figures` and `make test`.
 # Both create .venv, install torch 2.13.0 first (a CPU build; an unpinned torch pulls a CUDA build), then sinklib.
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +8,7 @@ PY4 := $(VENV4)/bin/python
 # The unit tests also run on the last transformers 4.x the remote-code checkpoints were written for.
 UNIT_ON_TF4 := --ignore=tests/test_zoo.py --ignore=tests/test_notebooks.py
 
-.PHONY: setup test benchmark
+.PHONY: setup test figures benchmark
 
 setup: $(VENV)/.installed $(VENV4)/.installed
 
@@ -29,6 +29,9 @@ $(VENV4)/.installed: pyproject.toml
 test: setup
 	$(PY) -m pytest
 	$(PY4) -m pytest $(UNIT_ON_TF4)
+
+figures: $(VENV)/.installed
+	$(PY) -m sinklib.reproduce
 
 benchmark: setup
 	$(PY) benchmarks/capture_overhead.py
