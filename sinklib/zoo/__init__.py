@@ -49,7 +49,7 @@ trained by sinklib on its seeded arithmetic word problems (`sinklib/zoo/data.py`
 
 - share of (step, layer, head, key) scores selected by Eq. 3: {sinks['share_selected']:.4f}
 - most frequent sink tokens (share of all detections): {tokens}
-- mean value-vector norm of sink keys on the final canvas: {_fmt(sinks['mean_value_norm_sinks'])}, of the other keys: {_fmt(sinks['mean_value_norm_others'])}
+- mean value-vector norm of sink keys (one full pass over the final sequence): {_fmt(sinks['mean_value_norm_sinks'])}, of the other keys: {_fmt(sinks['mean_value_norm_others'])}
 
 Reported as measured; the data was not tuned to produce the paper's result. Retrain with
 `python -m sinklib.zoo train {card['name']}`; the loss curve is in `loss_curve.csv`.

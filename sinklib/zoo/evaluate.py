@@ -9,6 +9,7 @@ import torch
 from tqdm.auto import tqdm
 
 import sinklib
+from sinklib.experiments import full_pass_scores
 from sinklib.loading import LoadedModel
 from sinklib.zoo.data import Problem
 from sinklib.zoo.train import GEN_LENGTH
@@ -47,8 +48,8 @@ def accuracy(loaded: LoadedModel, items: list[Problem], batch_size: int = 50, pr
 
 
 def sink_statistics(loaded: LoadedModel, items: list[Problem], eps: float = 3.0, top: int = 5) -> dict[str, Any]:
-    """Share of scores above eps (Eq. 3, sum units), most frequent sink tokens, and the value norms of sinks
-    against other keys of the same (layer, head)."""
+    """Share of scores above eps (Eq. 3, sum units) over every step, most frequent sink tokens, and the value
+    norms of the sinks of one full pass over the final sequence against the other keys."""
     settings = SAMPLING[loaded.family.name]
     counts: collections.Counter = collections.Counter()
     selected = total = 0
@@ -62,10 +63,11 @@ def sink_statistics(loaded: LoadedModel, items: list[Problem], eps: float = 3.0,
         steps, _, _, seq = sinks.shape
         for step, _layer, _head, position in sinks.nonzero().tolist():
             counts[trace.token_text(int(trace.tokens[step, position]))] += 1
-        norms = _value_norms(loaded, trace.tokens[-1])  # [layers, heads, seq] on the final canvas
-        final_sinks = sinks[-1] if loaded.family.kind == "diffusion" else sinks[-1, ..., :norms.shape[-1]]
-        sink_norm.append(norms[final_sinks[..., :norms.shape[-1]]])
-        other_norm.append(norms[~final_sinks[..., :norms.shape[-1]]])
+        # Value norms and sinks of one full pass over the final sequence, the same for every family.
+        norms = _value_norms(loaded, trace.tokens[-1])  # [layers, heads, seq]
+        final_sinks = sinklib.find_sinks(full_pass_scores(loaded, trace.tokens[-1]), eps)
+        sink_norm.append(norms[final_sinks])
+        other_norm.append(norms[~final_sinks])
     frequency = [{"token": token, "share": count / max(1, sum(counts.values()))} for token, count in counts.most_common(top)]
     sink_values = torch.cat(sink_norm) if sink_norm else torch.empty(0)
     other_values = torch.cat(other_norm)

@@ -50,7 +50,8 @@ class ZooSpec:
 ZOO = {
     "tiny-llada": ZooSpec("tiny-llada", "llada", "llada", causal=False, seed=11, steps=3600, stratified_t=True),
     "tiny-arm": ZooSpec("tiny-arm", "arm", "arm", causal=True, seed=12, steps=1200),
-    "tiny-dream": ZooSpec("tiny-dream", "dream", "dream", causal=False, seed=13, steps=1500, init_from="tiny-arm"),
+    "tiny-dream": ZooSpec("tiny-dream", "dream", "dream", causal=False, seed=13, steps=2600, init_from="tiny-arm",
+                          stratified_t=True),
 }
 
 

@@ -1,0 +1,31 @@
+"""Answer extraction, as lm-evaluation-harness's GSM8K task does it: a strict "#### N" match and a flexible
+"last number in the text" match."""
+from __future__ import annotations
+
+import re
+
+STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+
+
+def normalise_number(text: str) -> str | None:
+    """'1,234.' → '1234'; '$5' → '5'; '3.50' → '3.5'; non-numbers → None."""
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        value = float(cleaned)
+    except ValueError:
+        return None
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+def strict_answer(text: str) -> str | None:
+    match = STRICT.search(text)
+    return normalise_number(match.group(1)) if match else None
+
+
+def flexible_answer(text: str) -> str | None:
+    for groups in reversed(FLEXIBLE.findall(text)):
+        value = normalise_number(groups[0] or groups[1])
+        if value is not None:
+            return value
+    return None

@@ -1,0 +1,101 @@
+"""The resumable evaluation runner: one JSON line per finished sample, flushed as it goes.
+
+Rerunning with the same `out` skips finished samples; a file written under another configuration is a
+clear error, never a silent mix."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+import sinklib
+from sinklib._checks import bad_value, check_int
+from sinklib.evaluation.tasks import get_task
+from sinklib.loading import LoadedModel
+
+
+@dataclass
+class EvalSummary:
+    task: str
+    n: int
+    accuracy: float
+    stderr: float
+    accuracy_flexible: float
+    records: list[dict]
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _read_done(out: Path, digest: str) -> dict[str, dict]:
+    done: dict[str, dict] = {}
+    if not out.exists():
+        return done
+    for number, line in enumerate(out.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by an interruption: that sample runs again
+        if record.get("config_hash") != digest:
+            raise ValueError(f"out={str(out)!r} is not allowed: line {number} was written by another configuration "
+                             f"(config_hash {record.get('config_hash')} ≠ {digest}); use a new file")
+        done[record["id"]] = record
+    return done
+
+
+def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None = None, batch_size: int = 8,
+             out: str | Path | None = None, seed: int = 0, progress: bool = True, task_path: str | None = None,
+             **settings) -> EvalSummary:
+    """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
+
+    Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
+    seconds, config_hash) and resumes from it. Returns mean ± standard error over the samples."""
+    spec = get_task(task)
+    if limit is not None:
+        check_int(limit, "limit", 1)
+    check_int(batch_size, "batch_size", 1)
+    samples = spec.load(task_path)[:limit]
+    config = {"model": model.name, "family": model.family.name, "task": task, "limit": limit, "seed": seed,
+              "intervention": repr(intervention), "settings": settings, "task_path": task_path}
+    digest = config_hash(config)
+    out_path = Path(out) if out is not None else None
+    done = _read_done(out_path, digest) if out_path else {}
+    todo = [s for s in samples if s.id not in done]
+    handle = out_path.open("a") if out_path else None
+    try:
+        with tqdm(total=len(samples), initial=len(samples) - len(todo), desc=f"{task} {model.name}", disable=not progress) as bar:
+            for start in range(0, len(todo), batch_size):
+                batch = todo[start:start + batch_size]
+                began = time.perf_counter()
+                traces = sinklib.generate(model, [s.prompt for s in batch], seed=seed, chat=spec.chat, progress=False,
+                                          intervention=intervention, **settings)
+                seconds = (time.perf_counter() - began) / len(batch)
+                for sample, trace in zip(batch, traces):
+                    record = {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,
+                              **spec.score(trace.text, sample), "seconds": round(seconds, 4), "config_hash": digest}
+                    done[sample.id] = record
+                    if handle:
+                        handle.write(json.dumps(record) + "\n")
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                bar.update(len(batch))
+    finally:
+        if handle:
+            handle.close()
+    records = [done[s.id] for s in samples]
+    if not records:
+        raise bad_value("limit", limit, "a number that leaves at least one sample")
+    accuracy = sum(r["correct"] for r in records) / len(records)
+    flexible = sum(r["correct_flexible"] for r in records) / len(records)
+    stderr = math.sqrt(accuracy * (1 - accuracy) / max(1, len(records) - 1))
+    return EvalSummary(task, len(records), accuracy, stderr, flexible, records)

@@ -1,0 +1,84 @@
+"""The evaluation runner: extraction, resume after kill -9, configuration guard, bad input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import sinklib
+from sinklib.evaluation import evaluate, get_task
+from sinklib.evaluation.extract import flexible_answer, strict_answer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("text, strict, flexible", [
+    ("so she has 18 eggs.\n#### 18", "18", "18"),
+    ("The answer is $1,234.", None, "1234"),
+    ("#### 1,000,000", "1000000", "1000000"),
+    ("about 3.50 dollars, i.e. #### 3.5", "3.5", "3.5"),
+    ("no number here", None, None),
+    ("####", None, None),
+    ("#### -7 then 12 more", "-7", "12"),
+    ("", None, None),
+])
+def test_extraction_on_hand_written_cases(text, strict, flexible):
+    assert strict_answer(text) == strict and flexible_answer(text) == flexible
+
+
+def test_gsm8k_from_a_local_jsonl(tmp_path):
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text(json.dumps({"question": "Tom has 2 apples and gets 3. How many?", "answer": "2+3=5\n#### 5"}) + "\n")
+    samples = get_task("gsm8k").load(str(path))
+    assert [(s.prompt[:7], s.target) for s in samples] == [("Tom has", "5")]
+    scored = get_task("gsm8k").score("He has 5 apples.", samples[0])
+    assert scored["correct"] is False and scored["correct_flexible"] is True
+
+
+def _strip(records):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
+
+
+def test_resume_after_kill_gives_the_uninterrupted_table(tmp_path):
+    out = tmp_path / "run.jsonl"
+    code = f"""
+import sinklib
+from sinklib.evaluation import evaluate
+evaluate(sinklib.load("tiny-arm"), "arithmetic", limit=40, batch_size=2, out={str(out)!r}, progress=False, gen_length=16)
+"""
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 10):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    written = len(out.read_text().splitlines())
+    assert 10 <= written < 40, "the run must be interrupted midway for this test to mean anything"
+    loaded = sinklib.load("tiny-arm")
+    resumed = evaluate(loaded, "arithmetic", limit=40, batch_size=2, out=out, progress=False, gen_length=16)
+    clean = evaluate(loaded, "arithmetic", limit=40, batch_size=2, out=tmp_path / "clean.jsonl", progress=False, gen_length=16)
+    assert _strip(resumed.records) == _strip(clean.records)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["id"] for r in lines) == sorted(r["id"] for r in clean.records), "no sample missing or counted twice"
+    assert resumed.accuracy == clean.accuracy and resumed.n == 40
+
+
+def test_a_file_from_another_configuration_is_refused(tmp_path):
+    loaded = sinklib.load("tiny-arm")
+    out = tmp_path / "run.jsonl"
+    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    with pytest.raises(ValueError, match=r"was written by another configuration"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16,
+                 intervention=sinklib.MaskSinks(top_k=1, rows="last"))
+
+
+def test_bad_input():
+    loaded = sinklib.load("tiny-arm")
+    with pytest.raises(ValueError, match=r"task='gsm8j' is not allowed.*did you mean 'gsm8k'"):
+        evaluate(loaded, "gsm8j")
+    with pytest.raises(ValueError, match=r"limit=0 is not allowed"):
+        evaluate(loaded, "arithmetic", limit=0)
