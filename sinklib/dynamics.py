@@ -2,6 +2,10 @@
 
 All scores are in sum units (Σ over queries). "Greatest sink" of a (step, layer, head) is the key with the
 highest score, counted as a sink only when it passes Eq. 3 with `eps`.
+
+Autoregressive traces: after the prefill, each step is one query's attention row, which sums to 1, so Eq. 3
+with ε = 3 could never fire on it. As in the paper's masking (SPEC §3), such rows are scaled by their number
+of keys (mean 1, the units of a square pass's column sums) — see `comparable_scores`.
 """
 from __future__ import annotations
 
@@ -19,9 +23,20 @@ def _valid(trace: Trace) -> torch.Tensor:
     return ~torch.isnan(trace.scores)
 
 
+def comparable_scores(trace: Trace) -> torch.Tensor:
+    """Scores with mean 1 over the keys of every step: unchanged for diffusion traces and the prefill; an
+    autoregressive decoding step's single row is multiplied by its number of keys."""
+    if trace.meta.get("family") != "arm" or trace.n_steps < 2:
+        return trace.scores
+    keys = _valid(trace).sum(-1, keepdim=True).float()
+    scaled = trace.scores.clone()
+    scaled[1:] = scaled[1:] * keys[1:]
+    return scaled
+
+
 def sink_mask(trace: Trace, eps: float = 3.0) -> torch.Tensor:
     """bool [steps, layers, heads, seq]: Eq. 3 sinks of every step, layer and head."""
-    return find_sinks(torch.nan_to_num(trace.scores), eps, valid=_valid(trace))
+    return find_sinks(torch.nan_to_num(comparable_scores(trace)), eps, valid=_valid(trace))
 
 
 def first_masked(trace: Trace) -> torch.Tensor:
@@ -36,7 +51,7 @@ def greatest_sinks(trace: Trace, eps: float = 3.0, layers: Sequence[int] | None 
                    heads: Sequence[int] | None = None) -> pd.DataFrame:
     """One row per (step, layer, head): position, token and score of the top key, whether it is a sink,
     and the unmasking frontier at that step (paper Fig. 7)."""
-    scores = torch.nan_to_num(trace.scores, nan=float("-inf"))
+    scores = torch.nan_to_num(comparable_scores(trace), nan=float("-inf"))
     top_score, top_position = scores.max(-1)
     is_sink = sink_mask(trace, eps).gather(-1, top_position[..., None]).squeeze(-1)
     steps, n_layers, n_heads = top_score.shape
@@ -78,7 +93,7 @@ def transient_sinks(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
     for step, layer, head, position in alone.nonzero().tolist():
         rows.append({"step": step + 1, "layer": layer, "head": head, "position": position,
                      "token": trace.token_text(int(trace.tokens[step + 1, position])),
-                     "score": float(trace.scores[step + 1, layer, head, position])})
+                     "score": float(comparable_scores(trace)[step + 1, layer, head, position])})
     return pd.DataFrame(rows, columns=["step", "layer", "head", "position", "token", "score"])
 
 
@@ -137,7 +152,7 @@ def sink_token_frequency(traces: Sequence[Trace], eps: float = 3.0, top: int = 5
 
 def main_sink_by_layer_head(trace: Trace) -> pd.DataFrame:
     """Score of the main (top) key of each layer and head, averaged over steps (paper Fig. 5)."""
-    top = torch.nan_to_num(trace.scores, nan=float("-inf")).amax(-1).mean(0)  # [layers, heads]
+    top = torch.nan_to_num(comparable_scores(trace), nan=float("-inf")).amax(-1).mean(0)  # [layers, heads]
     layers, heads = top.shape
     grid = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
     return pd.DataFrame({"layer": grid[0].ravel(), "head": grid[1].ravel(), "score": top.numpy().ravel()})
@@ -147,7 +162,8 @@ def score_distribution(traces: Sequence[Trace], layers: Sequence[int] | None = N
     """Every (step, layer, head, key) score as a long table with the model name (paper Fig. 3, 9)."""
     frames = []
     for trace in traces:
-        scores = trace.scores if layers is None else trace.scores[:, list(layers)]
+        scores = comparable_scores(trace)
+        scores = scores if layers is None else scores[:, list(layers)]
         values = scores[~torch.isnan(scores)].numpy()
         frames.append(pd.DataFrame({"model": trace.meta.get("model", ""), "score": values}))
     return pd.concat(frames, ignore_index=True)

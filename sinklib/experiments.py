@@ -30,8 +30,8 @@ ZOO = {
 
 
 def is_zoo(loaded: LoadedModel) -> bool:
-    return getattr(loaded.model.config, "mask_token_id", None) is not None and Path(loaded.name).name.startswith("tiny-") \
-        or loaded.name.startswith("tiny-")
+    """Zoo checkpoints declare their sampler family in their config; real checkpoints do not."""
+    return getattr(getattr(loaded.model, "config", None), "sinklib_family", None) is not None
 
 
 def sampling(loaded: LoadedModel, steps: int | None = None, gen_length: int | None = None,
@@ -42,10 +42,6 @@ def sampling(loaded: LoadedModel, steps: int | None = None, gen_length: int | No
     for key, value in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)):
         if value is not None and key in preset:
             preset[key] = value
-    if loaded.family.name == "llada" or loaded.family.name == "mmada":
-        blocks = preset["gen_length"] // preset["block_length"] if preset["gen_length"] % preset["block_length"] == 0 else 1
-        if preset["steps"] % blocks:
-            preset["block_length"] = preset["gen_length"]
     return preset
 
 

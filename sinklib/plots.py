@@ -7,11 +7,12 @@ from typing import Mapping, Sequence
 
 
 import matplotlib.pyplot as plt
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+import numpy as np
+import pandas as pd
+import seaborn as sns
 
-from sinklib.trace import Trace  # noqa: E402
+from sinklib.dynamics import comparable_scores
+from sinklib.trace import Trace
 
 PALETTE = sns.color_palette("colorblind")
 CMAP = "cividis"
@@ -34,7 +35,7 @@ def _token_labels(trace: Trace, step: int = -1) -> list[str]:
 
 def token_step_heatmap(trace: Trace, layer: int, head: int, max_labels: int = 60) -> plt.Figure:
     """Fig. 1: incoming score of every token (x) at every denoising step (y) for one layer and head."""
-    scores = trace.scores[:, layer, head].numpy()
+    scores = comparable_scores(trace)[:, layer, head].numpy()
     fig, ax = plt.subplots(figsize=(min(16, 3 + 0.12 * scores.shape[1]), 4.5))
     image = ax.imshow(scores, aspect="auto", cmap=CMAP, interpolation="nearest")
     labels = _token_labels(trace)
@@ -44,8 +45,14 @@ def token_step_heatmap(trace: Trace, layer: int, head: int, max_labels: int = 60
     ax.set_xlabel("token (final canvas); dashed line: end of prompt")
     ax.set_ylabel("denoising step")
     ax.set_title(f"{trace.meta.get('model', '')} — layer {layer}, head {head}: incoming score per token and step")
-    fig.colorbar(image, ax=ax, label=SCORE_LABEL)
+    fig.colorbar(image, ax=ax, label=_score_label(trace))
     return fig
+
+
+def _score_label(trace: Trace) -> str:
+    if trace.meta.get("family") == "arm":
+        return SCORE_LABEL + "\n(decoding rows × number of keys)"
+    return SCORE_LABEL
 
 
 def score_histograms(distribution: pd.DataFrame, bins: int = 60) -> plt.Figure:
@@ -143,10 +150,10 @@ def transient_sink(trace: Trace, step: int, layer: int, head: int, position: int
     for offset, colour in zip((-1, 0, 1), PALETTE):
         t = step + offset
         if 0 <= t < trace.n_steps:
-            ax.plot(trace.scores[t, layer, head].numpy(), color=colour, label=f"step {t}")
+            ax.plot(comparable_scores(trace)[t, layer, head].numpy(), color=colour, label=f"step {t}")
     ax.axvline(position, color="grey", linestyle=":")
     ax.set_xlabel("key position")
-    ax.set_ylabel(SCORE_LABEL)
+    ax.set_ylabel(_score_label(trace))
     ax.set_title(f"{trace.meta.get('model', '')} — layer {layer}, head {head}: a one-step sink at position {position}")
     ax.legend(fontsize=8)
     return fig

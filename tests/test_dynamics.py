@@ -82,3 +82,17 @@ def test_query_group_split_needs_the_map_and_reads_it():
         assert "generate with maps=[(0, 0, 0)]" in str(error)
     else:
         raise AssertionError("a missing map must raise")
+
+
+def test_autoregressive_rows_are_scaled_to_key_units_before_eq3():
+    steps, seq = 3, 6
+    scores = torch.full((steps, 1, 1, seq), float("nan"))
+    scores[0, 0, 0, :4] = torch.tensor([2.5, 0.5, 0.5, 0.5])  # prefill: column sums over 4 queries
+    scores[1, 0, 0, :5] = torch.tensor([0.8, 0.05, 0.05, 0.05, 0.05])  # one row, sums to 1
+    scores[2, 0, 0, :6] = torch.tensor([0.2, 0.16, 0.16, 0.16, 0.16, 0.16])
+    tokens = torch.tensor([[1, 2, 3, 4, 0, 0], [1, 2, 3, 4, 5, 0], [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]])
+    trace = Trace(scores=scores, tokens=tokens, is_masked=tokens[:-1] == 0, prompt_len=4, layer_names=["l0"],
+                  meta={"family": "arm"})
+    comparable = dynamics.comparable_scores(trace)
+    assert comparable[1, 0, 0, 0].item() == pytest_approx(4.0) and comparable[0, 0, 0, 0].item() == 2.5
+    assert dynamics.sink_mask(trace, 2.0)[:, 0, 0, 0].tolist() == [False, True, False]
