@@ -9,6 +9,7 @@ import torch
 from tqdm.auto import tqdm
 
 import sinklib
+from sinklib.dynamics import sink_mask
 from sinklib.experiments import full_pass_scores
 from sinklib.loading import LoadedModel
 from sinklib.zoo.data import Problem
@@ -57,7 +58,7 @@ def sink_statistics(loaded: LoadedModel, items: list[Problem], eps: float = 3.0,
     for problem in items:
         trace = sinklib.generate(loaded, problem.question, chat=False, progress=False, **settings)
         valid = ~torch.isnan(trace.scores)
-        sinks = sinklib.find_sinks(torch.nan_to_num(trace.scores), eps, valid=valid)
+        sinks = sink_mask(trace, eps)  # autoregressive decoding rows scaled to key units (SPEC §3)
         selected += int(sinks.sum())
         total += int(valid.sum())
         steps, _, _, seq = sinks.shape
