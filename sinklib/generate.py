@@ -14,7 +14,6 @@ from sinklib.families.base import left_pad
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
 
-Prompt = "str | Sequence[int] | torch.Tensor"
 _FAMILY_ONLY = {"alg": "dream", "alg_temp": "dream", "top_p": "dream", "top_k": "dream", "eps": "dream",
                 "block_length": "llada/mmada", "remasking": "llada/mmada", "cfg_scale": "llada/mmada"}
 

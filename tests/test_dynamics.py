@@ -1,5 +1,4 @@
 """Sink dynamics on hand-built traces with known answers."""
-import pandas as pd
 import torch
 
 from sinklib import dynamics

@@ -1,6 +1,5 @@
 """The evaluation runner: extraction, resume after kill -9, configuration guard, bad input."""
 import json
-import os
 import signal
 import subprocess
 import sys

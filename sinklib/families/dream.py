@@ -121,7 +121,6 @@ def _step(x, logits, i, timesteps, settings: DreamSettings, generator) -> torch.
 def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, settings: DreamSettings,
            generator: torch.Generator | None = None) -> list[torch.Tensor]:
     settings.validate()
-    batch = prompt_ids.shape[0]
     x = torch.nn.functional.pad(prompt_ids, (0, settings.gen_length), value=settings.mask_id)
     attention_mask = position_ids = None
     if prompt_mask is not None and not bool(prompt_mask.all()):
