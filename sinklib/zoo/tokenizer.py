@@ -30,6 +30,13 @@ def build_tokenizer():
 
 
 def save_tokenizer(folder: Path):
+    """Save in a form both transformers 4.x and 5.x load (5.x would name its own TokenizersBackend class)."""
+    import json
+
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(folder)
+    config_path = Path(folder) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return tokenizer

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from sinklib import compat
 from sinklib.zoo.data import Problem, held_out, problems
-from sinklib.zoo.tokenizer import build_tokenizer
+from sinklib.zoo.tokenizer import build_tokenizer, save_tokenizer
 
 GEN_LENGTH = 16  # response slot: worked answer + "#### N" + [EOS] padding
 MASK_EPS = 1e-3
@@ -198,7 +198,7 @@ def save(name: str, model, zoo_dir: Path, curve: list[dict], extra: dict) -> Pat
     folder = zoo_dir / name
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    build_tokenizer().save_pretrained(folder)
+    save_tokenizer(folder)
     spec = ZOO[name]
     card = {"name": name, "spec": asdict(spec), "train_steps": len(curve), "final_loss": curve[-1]["loss"],
             "wall_seconds": curve[-1]["seconds"], "parameters": sum(p.numel() for p in model.parameters()), **extra}
