@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 VENV4 ?= .venv-tf4
 PY4 := $(VENV4)/bin/python
 # The unit tests also run on the last transformers 4.x the remote-code checkpoints were written for.
-UNIT_ON_TF4 := --ignore=tests/test_zoo.py --ignore=tests/test_notebooks.py --ignore=tests/test_explorer.py
+UNIT_ON_TF4 := --ignore=tests/test_zoo.py --ignore=tests/test_notebooks.py --ignore=tests/test_explorer.py --ignore=tests/test_table1.py
 
 .PHONY: setup test figures benchmark
 
@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[notebooks,test]"
+	$(PY) -m pip install -q -e ".[notebooks,eval,test]"
 	touch $@
 
 $(VENV4)/.installed: pyproject.toml
@@ -36,3 +36,4 @@ figures: $(VENV)/.installed
 benchmark: setup
 	$(PY) benchmarks/capture_overhead.py
 	$(PY) benchmarks/generate_overhead.py
+	$(PY) benchmarks/eval_throughput.py

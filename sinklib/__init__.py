@@ -15,11 +15,12 @@ from sinklib.sinks import (
     uniform_scores,
 )
 from sinklib.trace import Trace
+from sinklib.evaluation import evaluate  # noqa: E402  (after the names the runner uses)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionCall", "AttentionLayer", "CaptureError", "Intervention", "MaskKeys", "MaskRandomKeys", "MaskSinks",
-    "LoadedModel", "Recorder", "Trace", "generate", "load", "attention_layers", "capture", "causal_uniform_scores", "find_sinks", "in_units",
+    "LoadedModel", "Recorder", "Trace", "evaluate", "generate", "load", "attention_layers", "capture", "causal_uniform_scores", "find_sinks", "in_units",
     "positions_to_mask", "sink_margin", "threshold_sweep", "top_sinks", "uniform_scores",
 ]

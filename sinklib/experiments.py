@@ -97,28 +97,3 @@ def full_pass_scores(loaded: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
 def load_models(names: Sequence[str], device: str | None = None, dtype: str | None = None,
                 trust_remote_code: bool = False) -> dict[str, LoadedModel]:
     return {name: sinklib.load(name, device=device, dtype=dtype, trust_remote_code=trust_remote_code) for name in names}
-
-
-def masking_table(loaded: LoadedModel, items, ks: Sequence[int] = (0, 1, 5, 10), random_control: bool = True,
-                  eps: float = 3.0, seed: int = 0, batch_size: int = 50, progress: bool = True):
-    """Table 1 on the zoo's arithmetic: exact-answer accuracy with the top-k sinks masked under the paper's
-    policy (an autoregressive model reads its last query row, SPEC §3), and k random keys as a control.
-    Returns a DataFrame: model, condition, k, accuracy, stderr, n."""
-    import math
-
-    import pandas as pd
-
-    from sinklib.interventions import MaskRandomKeys, MaskSinks
-    from sinklib.zoo.evaluate import accuracy
-
-    rows_kind = "last" if loaded.family.kind == "autoregressive" else "all"
-    conditions = [("sinks", k, MaskSinks(top_k=k, eps=eps, rows=rows_kind) if k else None) for k in ks]
-    if random_control:
-        conditions += [("random keys", k, MaskRandomKeys(k=k, seed=seed)) for k in ks if k]
-    rows = []
-    for condition, k, intervention in conditions:
-        result = accuracy(loaded, items, batch_size=batch_size, progress=progress, intervention=intervention)
-        p, n = result["accuracy"], result["n"]
-        rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": p,
-                     "stderr": math.sqrt(p * (1 - p) / n), "n": n})
-    return pd.DataFrame(rows)

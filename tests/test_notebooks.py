@@ -12,7 +12,7 @@ from sinklib import reproduce
 SMALL = dict(n_prompts=3, n_problems=20, ks=[0, 1], progress=False)
 PAPER_FIGURES = ["fig01_token_step_*", "fig03_score_histograms", "fig04_moving_sink_*", "fig05_layer_head_*",
                  "fig06a_query_split_*", "fig06b_transient_*", "fig07_greatest_sink_positions", "fig10_threshold_sweep",
-                 "table1_masking", "table2_sink_tokens"]
+                 "table1_masking_*", "table2_sink_tokens"]
 
 
 @pytest.fixture(scope="module")

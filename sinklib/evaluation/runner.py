@@ -36,6 +36,21 @@ class EvalSummary:
         return f"{self.task}: {self.accuracy:.3f} ± {self.stderr:.3f} (n={self.n}{flexible})"
 
 
+def model_fingerprint(model: LoadedModel) -> str:
+    """Identifies the weights: for a local checkpoint the size and first MiB of each weight file (so a retrained
+    zoo model never reuses old records), for a hub checkpoint its commit."""
+    source = getattr(getattr(model.model, "config", None), "_name_or_path", "") or ""
+    folder = Path(source)
+    if folder.is_dir():
+        digest = hashlib.sha256()
+        for file in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+            digest.update(f"{file.name}:{file.stat().st_size}:".encode())
+            with file.open("rb") as handle:
+                digest.update(handle.read(2**20))
+        return digest.hexdigest()[:16]
+    return str(getattr(model.model.config, "_commit_hash", None) or source)
+
+
 def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -84,7 +99,7 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
                          "opt in with evaluate(..., allow_code_execution=True) (each sample then runs in a separate "
                          "sandboxed process with a timeout and CPU, memory, process and file-system limits)")
     samples = spec.load(task_path)[:limit]
-    config = {"model": model.name, "family": model.family.name, "task": task, "limit": limit, "seed": seed,
+    config = {"model": model.name, "weights": model_fingerprint(model), "family": model.family.name, "task": task, "limit": limit, "seed": seed,
               "intervention": repr(intervention), "settings": settings, "task_path": task_path}
     if spec.executes_code:
         sandbox = sandbox or SandboxLimits()

@@ -12,11 +12,9 @@ from __future__ import annotations
 import csv
 import json
 import math
-import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import transformers
@@ -47,9 +45,6 @@ class ZooSpec:
     intermediate_size: int = 344
     layers: int = 4
     heads: int = 4
-    # >1: draw this many batches at once, sort them by prompt length and train on them in a seeded random
-    # order, so that a batch pads less (~22 % of the tokens were padding); the data distribution is unchanged.
-    length_buckets: int = 1
 
 
 ZOO = {
@@ -106,19 +101,6 @@ def make_batch(items: list[Problem], tokenizer) -> Batch:
     return Batch(ids, attention, positions, response, first_eos)
 
 
-def batches(spec: ZooSpec, stream: Iterator[Problem], tokenizer) -> Iterator[list[Problem]]:
-    """Batches of spec.batch_size problems; with length_buckets > 1, length-sorted groups in a seeded order."""
-    order = random.Random(spec.seed)
-    while True:
-        pool = [next(stream) for _ in range(spec.batch_size * spec.length_buckets)]
-        if spec.length_buckets > 1:
-            pool.sort(key=lambda p: len(tokenizer(p.question)["input_ids"]))
-        groups = [pool[i:i + spec.batch_size] for i in range(0, len(pool), spec.batch_size)]
-        if spec.length_buckets > 1:
-            order.shuffle(groups)
-        yield from groups
-
-
 def _model_mask(model, batch: Batch) -> torch.Tensor:
     """Bidirectional models get 4D key-padding masks, which every transformers version honours."""
     return compat.bidirectional_key_mask(batch.attention_mask) if compat.is_bidirectional(model.config) else batch.attention_mask
@@ -172,7 +154,7 @@ def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaFo
 def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = True, threads: int = 2,
           curve_path: Path | None = None, spec: ZooSpec | None = None) -> tuple[transformers.LlamaForCausalLM, list[dict]]:
     """Train one zoo model from its seed; returns the model and the loss curve (one row per step).
-    `spec` overrides ZOO[name] (for experiments with other settings)."""
+    `spec` replaces ZOO[name] for experiments with other settings."""
     spec = ZOO[name] if spec is None else spec
     total = spec.steps if steps is None else steps
     torch.set_num_threads(threads)
@@ -181,7 +163,7 @@ def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = T
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
     generator = torch.Generator().manual_seed(spec.seed)
     exclude = {p.question for p in held_out()}
-    stream = batches(spec, problems(spec.seed, exclude), tokenizer)
+    stream = problems(spec.seed, exclude)
     curve = []
     writer_handle = curve_path.open("w", newline="") if curve_path else None
     writer = csv.writer(writer_handle) if writer_handle else None
@@ -189,7 +171,7 @@ def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = T
         writer.writerow(["step", "loss", "lr", "seconds"])
     start = time.perf_counter()
     for step in tqdm(range(total), desc=f"train {name}", disable=not progress):
-        batch = make_batch(next(stream), tokenizer)
+        batch = make_batch([next(stream) for _ in range(spec.batch_size)], tokenizer)
         if spec.objective == "arm":
             loss = next_token_loss(model, batch)
         else:

@@ -1,0 +1,165 @@
+"""lm-evaluation-harness backend for diffusion (and autoregressive) models, sampled by sinklib.
+
+lm-eval 0.4 has no diffusion backend and no plugin entry point for models, so its own `lm_eval` command
+cannot see this one. Run lm-eval's CLI through this module instead (same arguments):
+
+    python -m sinklib.evaluation.harness --model sinklib \\
+        --model_args pretrained=GSAI-ML/LLaDA-8B-Instruct,trust_remote_code=true,gen_length=256,steps=256,block_length=32,mask_top_k=1 \\
+        --tasks gsm8k --apply_chat_template
+    accelerate launch -m sinklib.evaluation.harness ...   # data-parallel: lm-eval shards the requests
+
+From Python, importing this module registers the name: `lm_eval.simple_evaluate(model="sinklib", ...)`.
+Only `generate_until` tasks are supported: a masked diffusion model has no left-to-right likelihood.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm.auto import tqdm
+
+import sinklib
+from sinklib._checks import bad_value, check_choice, check_int
+from sinklib.interventions import MaskRandomKeys, MaskSinks
+
+logger = logging.getLogger(__name__)
+
+
+@register_model("sinklib")
+class SinklibLM(LM):
+    """model_args: pretrained (hub id, local path or zoo name), family, steps, gen_length, block_length,
+    temperature, alg (dream), remasking (llada), mask_top_k / mask_eps / mask_source (the paper's masking,
+    SPEC §3), mask_random_k (the random-key control), seed, dtype, device, batch_size, trust_remote_code."""
+
+    def __init__(self, pretrained: str, family: str | None = None, steps: int | None = None,
+                 gen_length: int | None = None, block_length: int | None = None, temperature: float = 0.0,
+                 alg: str | None = None, remasking: str | None = None, mask_top_k: int = 0, mask_eps: float = 3.0,
+                 mask_source: str = "previous_step", mask_random_k: int = 0, seed: int = 0, dtype: str | None = None,
+                 device: str | None = None, batch_size: int | str = 1, max_batch_size: int | None = None,
+                 trust_remote_code: bool = False) -> None:
+        super().__init__()
+        check_int(mask_top_k, "mask_top_k", 0)
+        check_int(mask_random_k, "mask_random_k", 0)
+        if mask_top_k and mask_random_k:
+            raise bad_value("mask_random_k", mask_random_k, "0 when mask_top_k is set (one intervention at a time)")
+        self.batch_size = 1 if batch_size in (None, "auto") else check_int(int(batch_size), "batch_size", 1)
+        self._rank, self._world_size = _init_distributed()
+        if (device is None or str(device).startswith("cuda")) and torch.cuda.is_available() and self._world_size > 1:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"  # one GPU per data-parallel process
+        elif str(device).startswith("cuda") and not torch.cuda.is_available():
+            logger.warning("device=%r (lm-eval's command-line default) but CUDA is unavailable: using the CPU", device)
+            device = "cpu"
+        self.loaded = sinklib.load(pretrained, family=family, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        self._device = torch.device(self.loaded.device)
+        from sinklib.experiments import sampling
+
+        if gen_length is not None and steps is None and self.loaded.family.kind == "diffusion":
+            steps = gen_length  # one token per denoising step unless told otherwise
+        self.settings: dict[str, Any] = sampling(self.loaded, steps, gen_length, block_length)
+        self.settings["temperature"] = float(temperature)
+        self.settings.update({key: value for key, value in (("alg", alg), ("remasking", remasking)) if value is not None})
+        rows = "last" if self.loaded.family.kind == "autoregressive" else "all"
+        self.intervention = (MaskSinks(top_k=mask_top_k, eps=mask_eps, source=check_choice(
+            mask_source, "mask_source", ["previous_step", "previous_step_clean", "same_step"]), rows=rows) if mask_top_k
+            else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else None)
+        self.seed = seed
+
+    # -- requests --------------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Each request: (context, {"until": [...], ...}); the output is cut at the first `until` string."""
+        outputs: list[str | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for index, request in enumerate(requests):
+            _, gen_kwargs = request.args
+            groups[tuple(_stops(gen_kwargs))].append(index)
+        bar = tqdm(total=len(requests), desc="sinklib generate_until", disable=disable_tqdm or self.rank != 0)
+        for stops, indices in groups.items():
+            for start in range(0, len(indices), self.batch_size):
+                chunk = indices[start:start + self.batch_size]
+                traces = sinklib.generate(self.loaded, [requests[i].args[0] for i in chunk], chat=False, progress=False,
+                                          seed=self.seed, intervention=self.intervention, **self.settings)
+                for index, trace in zip(chunk, traces):
+                    text = cut_at_stops(trace.text, stops)
+                    outputs[index] = text
+                    self.cache_hook.add_partial("generate_until", requests[index].args, text)
+                bar.update(len(chunk))
+        bar.close()
+        return outputs  # type: ignore[return-value]
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError("the sinklib lm-eval model runs generate_until tasks only: a masked diffusion model "
+                                  "has no left-to-right log-likelihood (use a generation task such as gsm8k)")
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        self.loglikelihood(requests)
+
+    # -- chat templates (lm-eval applies them with --apply_chat_template) ---------------------------------
+    @property
+    def tokenizer_name(self) -> str:
+        return getattr(self.loaded.tokenizer, "name_or_path", self.loaded.name).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.loaded.tokenizer, "chat_template", None) or ""
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.loaded.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                         add_generation_prompt=add_generation_prompt)
+
+    # -- data parallel: lm-eval shards requests by rank and gathers through these -----------------------
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return tensor
+        parts = [torch.zeros_like(tensor) for _ in range(self.world_size)]
+        torch.distributed.all_gather(parts, tensor)
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+    def gather_object(self, obj, dst: int = 0):
+        if self.world_size == 1:
+            return [obj]
+        gathered = [None] * self.world_size if self.rank == dst else None
+        torch.distributed.gather_object(obj, gathered, dst=dst)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
+
+def _stops(gen_kwargs: dict) -> list[str]:
+    until = gen_kwargs.get("until", [])
+    return [until] if isinstance(until, str) else list(until)
+
+
+def cut_at_stops(text: str, stops) -> str:
+    """text up to the first occurrence of any stop string."""
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def _init_distributed() -> tuple[int, int]:
+    """(rank, world size) from the launcher's environment (accelerate launch or torchrun)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend=backend)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def main() -> None:
+    """lm-eval's command line with the `sinklib` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

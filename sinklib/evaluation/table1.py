@@ -1,0 +1,144 @@
+"""Table 1: accuracy with the top-k sinks masked (the paper's policy, SPEC §3) and a random-key control.
+
+Every (model, condition) is one resumable run of the evaluation runner, written to its own JSONL under
+`out_dir`: an interrupted table resumes where it stopped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+import sinklib
+from sinklib._checks import bad_value, check_choice, check_eps, check_int
+from sinklib.evaluation.runner import evaluate
+from sinklib.evaluation.tasks import get_task
+from sinklib.interventions import MaskRandomKeys, MaskSinks
+from sinklib.loading import LoadedModel
+
+# SPEC §2 (Table 1): LLaDA gen length 256 (GSM8K) / 512 (HumanEval), block 32; Dream and Llama with their own
+# settings: Dream's evaluation decodes one token per step with the entropy order, Llama greedily.
+TABLE1_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
+    ("llada", "gsm8k"): dict(steps=256, gen_length=256, block_length=32),
+    ("llada", "humaneval"): dict(steps=512, gen_length=512, block_length=32),
+    ("mmada", "gsm8k"): dict(steps=256, gen_length=256, block_length=32),
+    ("mmada", "humaneval"): dict(steps=512, gen_length=512, block_length=32),
+    ("dream", "gsm8k"): dict(steps=256, gen_length=256, alg="entropy"),
+    ("dream", "humaneval"): dict(steps=512, gen_length=512, alg="entropy"),
+    ("arm", "gsm8k"): dict(gen_length=256),
+    ("arm", "humaneval"): dict(gen_length=512),
+}
+
+
+def table1_settings(loaded: LoadedModel, task: str) -> dict[str, Any]:
+    """The sampler settings Table 1 uses for this model and task (the zoo's own settings for zoo models)."""
+    from sinklib.experiments import is_zoo, sampling
+
+    if is_zoo(loaded) or (loaded.family.name, task) not in TABLE1_SETTINGS:
+        return sampling(loaded)
+    return dict(TABLE1_SETTINGS[(loaded.family.name, task)])
+
+
+@dataclass
+class MaskingTable:
+    """frame: one row per (model, condition, k) with accuracy, stderr (binomial standard error) and n."""
+    frame: pd.DataFrame
+    task: str
+
+    def wide(self) -> pd.DataFrame:
+        """Models × conditions, each cell "accuracy ± stderr", columns in the paper's order."""
+        labels = self.frame.assign(column=[_column(c, k) for c, k in zip(self.frame["condition"], self.frame["k"])],
+                                   cell=[f"{a:.2f} ± {s:.2f}" for a, s in zip(self.frame["accuracy"], self.frame["stderr"])])
+        order = list(dict.fromkeys(labels["column"]))
+        wide = labels.pivot(index="model", columns="column", values="cell")
+        return wide.loc[list(dict.fromkeys(labels["model"])), order]
+
+    def to_markdown(self) -> str:
+        return self.wide().to_markdown()
+
+    def to_latex(self) -> str:
+        return self.wide().to_latex()
+
+    def figure(self):
+        """Accuracy against k, one line per model (solid: sinks, dotted: random keys), with standard errors."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for (name, condition), group in self.frame.groupby(["model", "condition"], sort=False):
+            ax.errorbar(group["k"], group["accuracy"], yerr=group["stderr"], marker="o", capsize=3,
+                        linestyle="-" if condition == "sinks" else ":", label=f"{name}, {condition}")
+        ax.set_xlabel("keys masked per layer and head (k)")
+        ax.set_ylabel(f"accuracy ({self.task})")
+        ax.set_title("Masking the top-k sinks vs k random keys")
+        ax.legend(fontsize=7)
+        return fig
+
+    def save(self, folder: str | Path, name: str = "table1_masking") -> list[Path]:
+        """name.md, name.tex, name.png, name.pdf in `folder`."""
+        from sinklib.plots import save_figure
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.md").write_text(self.to_markdown() + "\n")
+        (folder / f"{name}.tex").write_text(self.to_latex())
+        import matplotlib.pyplot as plt
+
+        fig = self.figure()
+        paths = save_figure(fig, name, folder)
+        plt.close(fig)
+        return [folder / f"{name}.md", folder / f"{name}.tex", *paths]
+
+
+def _column(condition: str, k: int) -> str:
+    if k == 0:
+        return "unmasked"
+    return f"top-{k}" if condition == "sinks" else f"random-{k}"
+
+
+def conditions(family_kind: str, ks: Sequence[int], random_control: bool, eps: float, source: str,
+               seed: int) -> list[tuple[str, int, Any]]:
+    """(condition, k, intervention) in table order. An autoregressive model reads its last query row (SPEC §3)."""
+    rows = "last" if family_kind == "autoregressive" else "all"
+    result = [("sinks", k, MaskSinks(top_k=k, eps=eps, source=source, rows=rows) if k else None) for k in ks]
+    if random_control:
+        result += [("random keys", k, MaskRandomKeys(k=k, seed=seed)) for k in ks if k]
+    return result
+
+
+def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic", ks: Sequence[int] = (0, 1, 5, 10),
+                  random_control: bool = True, eps: float = 3.0, source: str = "previous_step", limit: int | None = None,
+                  out_dir: str | Path | None = None, batch_size: int = 8, seed: int = 0,
+                  allow_code_execution: bool = False, progress: bool = True, task_path: str | None = None,
+                  settings: dict[str, Any] | None = None) -> MaskingTable:
+    """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
+    masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
+    (default: table1_settings). Each run is written to out_dir/<model>-<task>-<condition>.jsonl and resumes."""
+    get_task(task)
+    if not ks:
+        raise bad_value("ks", ks, "a non-empty list of integers >= 0")
+    for k in ks:
+        check_int(k, "ks", 0)
+    check_eps(eps)
+    check_choice(source, "source", ["previous_step", "previous_step_clean", "same_step"])
+    if limit is not None:
+        check_int(limit, "limit", 1)
+    if get_task(task).executes_code and allow_code_execution is not True:
+        raise ValueError(f"task={task!r} runs model-written code and allow_code_execution={allow_code_execution!r}: "
+                         "opt in with masking_table(..., allow_code_execution=True)")
+    rows = []
+    for model in models:
+        loaded = model if isinstance(model, LoadedModel) else sinklib.load(model)
+        run_settings = {**table1_settings(loaded, task), **(settings or {})}
+        for condition, k, intervention in conditions(loaded.family.kind, ks, random_control, eps, source, seed):
+            out = None
+            if out_dir is not None:
+                label = _column(condition, k)
+                out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{task}-{label}.jsonl"
+            summary = evaluate(loaded, task, intervention=intervention, limit=limit, batch_size=batch_size, out=out,
+                               seed=seed, progress=progress, task_path=task_path,
+                               allow_code_execution=allow_code_execution, **run_settings)
+            rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": summary.accuracy,
+                         "stderr": summary.stderr, "n": summary.n, "accuracy_flexible": summary.accuracy_flexible})
+    return MaskingTable(pd.DataFrame(rows), task)

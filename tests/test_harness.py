@@ -1,0 +1,90 @@
+"""The lm-eval backend: the harness's own pipeline (task YAML over a local JSONL, filters, metrics, sharding)
+gives the same outputs and scores as sinklib's runner on the same samples."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+
+import sinklib  # noqa: E402
+from sinklib.evaluation import evaluate  # noqa: E402
+from sinklib.evaluation.harness import SinklibLM, cut_at_stops  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "sinklib" / "evaluation" / "lm_eval_tasks"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def offline_from_the_repository_root(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(ROOT)  # the task YAML names data/arithmetic_test.jsonl relative to the root
+
+
+def _harness(model_args: str, limit: int):
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(model="sinklib", model_args=model_args, tasks=["zoo_arithmetic"], limit=limit,
+                                   batch_size=4, log_samples=True, task_manager=TaskManager(include_path=str(TASKS)))
+
+
+def _by_doc(samples):
+    return {s["doc_id"]: s["resps"][0][0] for s in samples}
+
+
+@pytest.mark.parametrize("name, model_args, intervention", [
+    ("tiny-arm", "pretrained=tiny-arm", None),
+    ("tiny-llada", "pretrained=tiny-llada,mask_top_k=1", sinklib.MaskSinks(top_k=1)),
+])
+def test_simple_evaluate_matches_the_sinklib_runner(name, model_args, intervention):
+    results = _harness(model_args, limit=12)
+    loaded = sinklib.load(name)
+    from sinklib.experiments import sampling
+
+    reference = evaluate(loaded, "arithmetic", limit=12, batch_size=4, progress=False, intervention=intervention,
+                         **sampling(loaded))
+    outputs = _by_doc(results["samples"]["zoo_arithmetic"])
+    assert [outputs[i] for i in range(12)] == [r["output"] for r in reference.records]
+    assert results["results"]["zoo_arithmetic"]["exact_match,strict-match"] == pytest.approx(reference.accuracy)
+
+
+def test_data_parallel_under_accelerate_shards_without_loss_or_duplication(tmp_path):
+    accelerate = Path(sys.executable).parent / "accelerate"
+    if not accelerate.exists():
+        pytest.skip("accelerate is not installed")
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "-m", "sinklib.evaluation.harness", "--model", "sinklib", "--model_args", "pretrained=tiny-arm",
+               "--tasks", "zoo_arithmetic", "--include_path", str(TASKS), "--limit", "10", "--batch_size", "3",
+               "--output_path", str(tmp_path), "--log_samples"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "on rank 1" in run.stderr, "two processes must have shared the requests"
+    samples = [json.loads(line) for f in tmp_path.rglob("samples_zoo_arithmetic_*.jsonl") for line in f.read_text().splitlines()]
+    assert sorted(s["doc_id"] for s in samples) == list(range(10))
+    reference = evaluate(sinklib.load("tiny-arm"), "arithmetic", limit=10, progress=False, gen_length=16)
+    outputs = _by_doc(samples)
+    assert [outputs[i] for i in range(10)] == [r["output"] for r in reference.records]
+    summary = json.loads(next(tmp_path.rglob("results_*.json")).read_text())
+    assert summary["results"]["zoo_arithmetic"]["exact_match,strict-match"] == pytest.approx(reference.accuracy)
+
+
+def test_loglikelihood_tasks_and_bad_model_args_get_clear_errors():
+    model = SinklibLM(pretrained="tiny-llada")
+    with pytest.raises(NotImplementedError, match=r"generate_until tasks only"):
+        model.loglikelihood([])
+    with pytest.raises(ValueError, match=r"mask_top_k=-1 is not allowed"):
+        SinklibLM(pretrained="tiny-llada", mask_top_k=-1)
+    with pytest.raises(ValueError, match=r"mask_random_k=2 is not allowed: mask_random_k must be 0 when mask_top_k is set"):
+        SinklibLM(pretrained="tiny-llada", mask_top_k=1, mask_random_k=2)
+    with pytest.raises(ValueError, match=r"mask_source='previous' is not allowed.*did you mean 'previous_step'"):
+        SinklibLM(pretrained="tiny-llada", mask_top_k=1, mask_source="previous")
+
+
+def test_outputs_are_cut_at_the_first_stop_string():
+    assert cut_at_stops("5 + 3 = 8 #### 8 Q: next", ["Q:", "\n\n"]) == "5 + 3 = 8 #### 8 "
+    assert cut_at_stops("no stop", ["Q:"]) == "no stop" and cut_at_stops("a\n\nb", ["", "\n\n"]) == "a"

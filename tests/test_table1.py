@@ -1,0 +1,59 @@
+"""The Table 1 helper: every cell equals an independent accuracy computation, the table resumes from its
+files without generating again, and it renders as markdown, LaTeX and a figure."""
+import pytest
+
+import sinklib
+from sinklib.evaluation.table1 import masking_table
+from sinklib.interventions import MaskRandomKeys, MaskSinks
+from sinklib.zoo.data import held_out
+from sinklib.zoo.evaluate import accuracy
+
+N = 6
+
+
+@pytest.fixture(scope="module")
+def models():
+    return [sinklib.load("tiny-llada"), sinklib.load("tiny-arm")]
+
+
+def test_cells_equal_the_zoo_accuracy_under_the_same_interventions(models, tmp_path):
+    table = masking_table(models, ks=[0, 1], limit=N, batch_size=N, out_dir=tmp_path, progress=False)
+    frame = table.frame
+    assert list(zip(frame["model"], frame["condition"], frame["k"])) == [
+        ("tiny-llada", "sinks", 0), ("tiny-llada", "sinks", 1), ("tiny-llada", "random keys", 1),
+        ("tiny-arm", "sinks", 0), ("tiny-arm", "sinks", 1), ("tiny-arm", "random keys", 1)]
+    items = held_out()[:N]
+    for row in frame.itertuples():
+        loaded = models[0] if row.model == "tiny-llada" else models[1]
+        rows = "last" if row.model == "tiny-arm" else "all"
+        intervention = (None if row.k == 0 else MaskSinks(top_k=1, rows=rows) if row.condition == "sinks"
+                        else MaskRandomKeys(k=1, seed=0))
+        reference = accuracy(loaded, items, batch_size=N, progress=False, intervention=intervention)["accuracy"]
+        assert row.accuracy == pytest.approx(reference), row
+        assert row.stderr == pytest.approx((row.accuracy * (1 - row.accuracy) / (N - 1)) ** 0.5) and row.n == N
+    wide = table.wide()
+    assert list(wide.columns) == ["unmasked", "top-1", "random-1"] and list(wide.index) == ["tiny-llada", "tiny-arm"]
+    assert "±" in table.to_markdown() and "\\begin{tabular}" in table.to_latex()
+    written = table.save(tmp_path / "figures")
+    assert sorted(p.suffix for p in written) == [".md", ".pdf", ".png", ".tex"] and all(p.stat().st_size for p in written)
+
+    calls = []
+    hooks = [m.model.register_forward_hook(lambda *a: calls.append(1)) for m in models]
+    try:
+        again = masking_table(models, ks=[0, 1], limit=N, batch_size=N, out_dir=tmp_path, progress=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls == [], "a finished table is read back from its files"
+    assert again.frame.equals(frame)
+
+
+def test_bad_input(models):
+    with pytest.raises(ValueError, match=r"ks=-1 is not allowed"):
+        masking_table(models, ks=[0, -1])
+    with pytest.raises(ValueError, match=r"task='gsm9k' is not allowed"):
+        masking_table(models, task="gsm9k")
+    with pytest.raises(ValueError, match=r"allow_code_execution=False: opt in"):
+        masking_table(models, task="humaneval")
+    with pytest.raises(ValueError, match=r"source='next_step' is not allowed"):
+        masking_table(models, source="next_step")
