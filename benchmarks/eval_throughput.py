@@ -17,13 +17,12 @@ import torch
 
 import sinklib
 from sinklib.evaluation import evaluate
-from sinklib.evaluation.table1 import table1_settings
+from sinklib.evaluation.table1 import paper_masking, table1_settings
 
 
 def conditions(kind: str) -> dict:
-    rows = "last" if kind == "autoregressive" else "all"
-    return {"unmasked": None, "top-1 sinks": sinklib.MaskSinks(top_k=1, rows=rows),
-            "top-1 sinks, clean": sinklib.MaskSinks(top_k=1, rows=rows, source="previous_step_clean"),
+    return {"unmasked": None, "top-1 sinks": paper_masking(kind, 1),
+            "top-1 sinks, clean": paper_masking(kind, 1, source="previous_step_clean"),
             "1 random key": sinklib.MaskRandomKeys(k=1, seed=0)}
 
 

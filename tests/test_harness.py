@@ -12,7 +12,8 @@ lm_eval = pytest.importorskip("lm_eval")
 
 import sinklib  # noqa: E402
 from sinklib.evaluation import evaluate  # noqa: E402
-from sinklib.evaluation.harness import SinklibLM, cut_at_stops  # noqa: E402
+from sinklib.evaluation.extract import cut_at_stops
+from sinklib.evaluation.harness import SinklibLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "sinklib" / "evaluation" / "lm_eval_tasks"

@@ -29,3 +29,9 @@ def flexible_answer(text: str) -> str | None:
         if value is not None:
             return value
     return None
+
+
+def cut_at_stops(text: str, stops) -> str:
+    """text up to the first occurrence of any (non-empty) stop string."""
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=len(text))
+    return text[:cut]

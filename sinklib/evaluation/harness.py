@@ -25,7 +25,9 @@ from tqdm.auto import tqdm
 
 import sinklib
 from sinklib._checks import bad_value, check_choice, check_int
-from sinklib.interventions import MaskRandomKeys, MaskSinks
+from sinklib.evaluation.extract import cut_at_stops
+from sinklib.evaluation.table1 import paper_masking
+from sinklib.interventions import MaskRandomKeys
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class SinklibLM(LM):
         check_int(mask_random_k, "mask_random_k", 0)
         if mask_top_k and mask_random_k:
             raise bad_value("mask_random_k", mask_random_k, "0 when mask_top_k is set (one intervention at a time)")
+        check_choice(mask_source, "mask_source", ["previous_step", "previous_step_clean", "same_step"])
         self.batch_size = 1 if batch_size in (None, "auto") else check_int(int(batch_size), "batch_size", 1)
         self._rank, self._world_size = _init_distributed()
         if (device is None or str(device).startswith("cuda")) and torch.cuda.is_available() and self._world_size > 1:
@@ -63,10 +66,8 @@ class SinklibLM(LM):
         self.settings: dict[str, Any] = sampling(self.loaded, steps, gen_length, block_length)
         self.settings["temperature"] = float(temperature)
         self.settings.update({key: value for key, value in (("alg", alg), ("remasking", remasking)) if value is not None})
-        rows = "last" if self.loaded.family.kind == "autoregressive" else "all"
-        self.intervention = (MaskSinks(top_k=mask_top_k, eps=mask_eps, source=check_choice(
-            mask_source, "mask_source", ["previous_step", "previous_step_clean", "same_step"]), rows=rows) if mask_top_k
-            else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else None)
+        self.intervention = (paper_masking(self.loaded.family.kind, mask_top_k, mask_eps, mask_source) if mask_top_k
+                             else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else None)
         self.seed = seed
 
     # -- requests --------------------------------------------------------------------------------------
@@ -133,12 +134,6 @@ class SinklibLM(LM):
 def _stops(gen_kwargs: dict) -> list[str]:
     until = gen_kwargs.get("until", [])
     return [until] if isinstance(until, str) else list(until)
-
-
-def cut_at_stops(text: str, stops) -> str:
-    """text up to the first occurrence of any stop string."""
-    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=len(text))
-    return text[:cut]
 
 
 def _init_distributed() -> tuple[int, int]:

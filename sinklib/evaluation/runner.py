@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 import sinklib
 from sinklib._checks import bad_value, check_int
 from sinklib.evaluation.sandbox import SandboxLimits
-from sinklib.evaluation.tasks import get_task
+from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.loading import LoadedModel
 
 
@@ -94,10 +94,7 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
     if limit is not None:
         check_int(limit, "limit", 1)
     check_int(batch_size, "batch_size", 1)
-    if spec.executes_code and allow_code_execution is not True:
-        raise ValueError(f"task={task!r} runs model-written code and allow_code_execution={allow_code_execution!r}: "
-                         "opt in with evaluate(..., allow_code_execution=True) (each sample then runs in a separate "
-                         "sandboxed process with a timeout and CPU, memory, process and file-system limits)")
+    require_code_execution_opt_in(spec, allow_code_execution, "evaluate")
     samples = spec.load(task_path)[:limit]
     config = {"model": model.name, "weights": model_fingerprint(model), "family": model.family.name, "task": task, "limit": limit, "seed": seed,
               "intervention": repr(intervention), "settings": settings, "task_path": task_path}

@@ -14,7 +14,7 @@ import pandas as pd
 import sinklib
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.evaluation.runner import evaluate
-from sinklib.evaluation.tasks import get_task
+from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.interventions import MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel
 
@@ -97,11 +97,15 @@ def _column(condition: str, k: int) -> str:
     return f"top-{k}" if condition == "sinks" else f"random-{k}"
 
 
+def paper_masking(family_kind: str, top_k: int, eps: float = 3.0, source: str = "previous_step") -> MaskSinks:
+    """The paper's top-k sink masking; an autoregressive model reads its last query row (SPEC §3)."""
+    return MaskSinks(top_k=top_k, eps=eps, source=source, rows="last" if family_kind == "autoregressive" else "all")
+
+
 def conditions(family_kind: str, ks: Sequence[int], random_control: bool, eps: float, source: str,
                seed: int) -> list[tuple[str, int, Any]]:
-    """(condition, k, intervention) in table order. An autoregressive model reads its last query row (SPEC §3)."""
-    rows = "last" if family_kind == "autoregressive" else "all"
-    result = [("sinks", k, MaskSinks(top_k=k, eps=eps, source=source, rows=rows) if k else None) for k in ks]
+    """(condition, k, intervention) in table order."""
+    result = [("sinks", k, paper_masking(family_kind, k, eps, source) if k else None) for k in ks]
     if random_control:
         result += [("random keys", k, MaskRandomKeys(k=k, seed=seed)) for k in ks if k]
     return result
@@ -115,7 +119,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
     masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
     (default: table1_settings). Each run is written to out_dir/<model>-<task>-<condition>.jsonl and resumes."""
-    get_task(task)
+    require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
     if not ks:
         raise bad_value("ks", ks, "a non-empty list of integers >= 0")
     for k in ks:
@@ -124,9 +128,6 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     check_choice(source, "source", ["previous_step", "previous_step_clean", "same_step"])
     if limit is not None:
         check_int(limit, "limit", 1)
-    if get_task(task).executes_code and allow_code_execution is not True:
-        raise ValueError(f"task={task!r} runs model-written code and allow_code_execution={allow_code_execution!r}: "
-                         "opt in with masking_table(..., allow_code_execution=True)")
     rows = []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else sinklib.load(model)

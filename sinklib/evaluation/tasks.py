@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from sinklib._checks import check_choice
-from sinklib.evaluation.extract import flexible_answer, normalise_number, strict_answer
+from sinklib.evaluation.extract import cut_at_stops, flexible_answer, normalise_number, strict_answer
 
 # lm-eval's humaneval task (and the Codex paper) cut a completion at the first of these.
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
@@ -43,8 +43,7 @@ def score_final_number(output: str, sample: Sample) -> dict:
 
 def humaneval_completion(output: str) -> str:
     """The generated function body up to the first stop sequence."""
-    cut = min((index for index in (output.find(stop) for stop in HUMANEVAL_STOP) if index >= 0), default=len(output))
-    return output[:cut]
+    return cut_at_stops(output, HUMANEVAL_STOP)
 
 
 def humaneval_program(sample: Sample, completion: str) -> str:
@@ -99,6 +98,14 @@ _TASKS = {
     "gsm8k": Task("gsm8k", _gsm8k, chat=True, scorer=score_final_number),
     "humaneval": Task("humaneval", _humaneval, chat=False, scorer=score_humaneval, executes_code=True),
 }
+
+
+def require_code_execution_opt_in(task: Task, allow_code_execution: bool, call: str) -> None:
+    """Refuse a task that runs model-written code unless the caller opted in, before any heavy work."""
+    if task.executes_code and allow_code_execution is not True:
+        raise ValueError(f"task={task.name!r} runs model-written code and allow_code_execution={allow_code_execution!r}: "
+                         f"opt in with {call}(..., allow_code_execution=True) (each sample then runs in a separate "
+                         "sandboxed process with a timeout and CPU, memory, process and file-system limits)")
 
 
 def task_names() -> list[str]:
