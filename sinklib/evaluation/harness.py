@@ -13,6 +13,7 @@ Only `generate_until` tasks are supported: a masked diffusion model has no left-
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from collections import defaultdict
@@ -146,7 +147,17 @@ def _init_distributed() -> tuple[int, int]:
         torch.distributed.init_process_group(backend=backend)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        # A gloo group still alive at interpreter exit aborts the process (std::terminate on its threads),
+        # so a rank that finishes early would fail the whole launch.
+        atexit.register(_close_distributed)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def _close_distributed(wait_for_peers: bool = False) -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if wait_for_peers:
+            torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def main() -> None:
@@ -154,6 +165,8 @@ def main() -> None:
     from lm_eval.__main__ import cli_evaluate
 
     cli_evaluate()
+    # Rank 0 still writes results after the other ranks return; keep them alive (and the group whole) till then.
+    _close_distributed(wait_for_peers=True)
 
 
 if __name__ == "__main__":
