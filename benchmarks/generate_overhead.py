@@ -4,7 +4,8 @@
 
 CPU: a small bidirectional Llama with the LLaDA sampler. GPU (if present): a random-weight
 LLaDA-8B-shaped model (32 layers, d 4096, 32 heads), gen 256, block 32, bf16. Goals (issue 3): ≤ 1.3× on
-CPU, ≤ 1.05× on GPU. Also prints the trace's stored bytes against L·H·S·steps·4.
+CPU, ≤ 1.05× on GPU. Also prints the trace's stored bytes against L·H·S·steps·4, and generate(...,
+keep_scores=False) (the evaluation path: no capture, nothing stored) against plain.
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ def run(device: str, rounds: int = 3) -> None:
     def traced():
         return sinklib.generate(loaded, prompt, progress=False, **options)
 
+    def untraced():
+        return sinklib.generate(loaded, prompt, progress=False, keep_scores=False, **options)
+
     def timed(fn):
         if device == "cuda":
             torch.cuda.synchronize()
@@ -57,19 +61,22 @@ def run(device: str, rounds: int = 3) -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - start, out
 
-    plain(), traced()  # warm-up
-    times = {"plain": [], "traced": []}
+    plain(), traced(), untraced()  # warm-up
+    times = {"plain": [], "traced": [], "untraced": []}
     for _ in range(rounds):
         t, canvases = timed(plain)
         times["plain"].append(t)
         t, trace = timed(traced)
         times["traced"].append(t)
-    assert canvases[-1][0].tolist() == trace.tokens[-1].tolist(), "capture changed the generated tokens"
-    p, t = statistics.median(times["plain"]), statistics.median(times["traced"])
+        t, bare = timed(untraced)
+        times["untraced"].append(t)
+    assert canvases[-1][0].tolist() == trace.tokens[-1].tolist() == bare.tokens[-1].tolist(), "capture changed the tokens"
+    p, t, u = (statistics.median(times[k]) for k in ("plain", "traced", "untraced"))
     layers, heads, seq = shape["num_hidden_layers"], shape["num_attention_heads"], shape["prompt"] + shape["gen_length"]
     stored = trace.scores.numel() * 4 + (0 if trace.masked_keys is None else trace.masked_keys.numel())
     print(f"{device}: L={layers} H={heads} S={seq} steps={shape['steps']} ({shape['dtype']})")
     print(f"  plain  {p:8.3f} s   traced {t:8.3f} s   traced/plain {t / p:.3f}×  (same tokens: yes)")
+    print(f"  keep_scores=False {u:8.3f} s   ÷ plain {u / p:.3f}×")
     print(f"  stored scores {stored / 2**20:.2f} MiB = {stored / (layers * heads * seq * shape['steps'] * 4):.3f} × L·H·S·steps·4")
 
 

@@ -94,7 +94,8 @@ class Recorder:
     [step, layer, batch, head, key]; `layer_names` are the attention modules' paths in the model."""
 
     def __init__(self, model: nn.Module, layers: list[AttentionLayer], maps: Sequence[MapRequest] | None,
-                 intervention, chunk_size: int | None, store_device: str | torch.device | None) -> None:
+                 intervention, chunk_size: int | None, store_device: str | torch.device | None,
+                 keep_steps: bool = True) -> None:
         self.model = model
         self.layers = layers
         self.layer_names = [layer.name for layer in layers]
@@ -104,13 +105,16 @@ class Recorder:
         self.query_mask: torch.Tensor | None = None  # optional [B, S] weights; 0 drops a query row (padding)
         self.maps: dict[tuple[int, int, int], torch.Tensor] = {}
         self._wanted_maps = self._resolve_maps(maps or [])
+        self.keep_steps = keep_steps
         self._steps: list[dict] = []
+        self._completed = 0
         self._open: dict | None = None
 
     # -- public view -------------------------------------------------------------------------------
     @property
     def n_steps(self) -> int:
-        return len(self._steps)
+        """Forward passes completed (counted even when keep_steps=False stores nothing)."""
+        return self._completed
 
     @property
     def n_layers(self) -> int:
@@ -128,6 +132,7 @@ class Recorder:
 
     def step_scores(self, step: int) -> torch.Tensor:
         """[layers, batch, heads, keys] scores of one step (sum units)."""
+        self._require_steps()
         return self._steps[check_int(step, "step", 0, self.n_steps - 1)]["scores"]
 
     @property
@@ -145,9 +150,16 @@ class Recorder:
     @property
     def query_counts(self) -> torch.Tensor:
         """[steps, layers, batch]: query rows summed into each score vector."""
+        self._require_steps()
         return torch.stack([step["query_count"] for step in self._steps]) if self._steps else torch.empty(0)
 
+    def _require_steps(self) -> None:
+        if not self.keep_steps:
+            raise ValueError("this capture was opened with keep_steps=False: it kept no per-step scores "
+                             "(open it with keep_steps=True to read them)")
+
     def _stack(self, key: str, fill) -> torch.Tensor:
+        self._require_steps()
         if not self._steps:
             raise ValueError("no step was recorded: run a forward pass of the model inside the capture first")
         width = max(step[key].shape[-1] for step in self._steps)
@@ -187,7 +199,9 @@ class Recorder:
                     "attn_implementation='sdpa' (or call model.set_attn_implementation('sdpa')); flash-attn kernels, "
                     "eager attention and output_attentions=True paths cannot be captured.")
             return
-        self._steps.append(self._finish(record))
+        self._completed += 1
+        if self.keep_steps:
+            self._steps.append(self._finish(record))
 
     def _finish(self, record: dict) -> dict:
         order = sorted(record["scores"])
@@ -326,6 +340,7 @@ def capture(
     layer_names: Sequence[str] | None = None,
     chunk_size: int | None = None,
     store_device: str | torch.device | None = "cpu",
+    keep_steps: bool = True,
 ) -> Iterator[Recorder]:
     """Record attention scores of every forward of `model` while the block runs.
 
@@ -333,6 +348,8 @@ def capture(
     module path). intervention: an object with keys_to_mask(call) / observe(call, stats), e.g. MaskSinks;
     it may change the model's output, nothing else does. layer_names: explicit attention module paths,
     one per layer. store_device: where finished steps are kept (None: where they were computed).
+    keep_steps: False keeps no per-step scores (steps are still counted, maps and the intervention still
+    work): for long evaluation runs that only need the tokens.
     """
     if getattr(model, "_sinklib_capture_active", False):
         raise CaptureError("capture is already active on this model; nesting captures of one model is not supported "
@@ -341,7 +358,7 @@ def capture(
         check_int(chunk_size, "chunk_size", 1)
     _check_sdpa_visible(model)
     layers = attention_layers(model, layer_names)
-    recorder = Recorder(model, layers, maps, intervention, chunk_size, store_device)
+    recorder = Recorder(model, layers, maps, intervention, chunk_size, store_device, keep_steps)
     if intervention is not None:
         intervention.reset()
     handles = [model.register_forward_pre_hook(recorder._begin_step),

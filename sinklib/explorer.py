@@ -31,7 +31,7 @@ def canvas_text(trace: Trace, step: int) -> str:
 
 
 def check_view(trace: Trace, step: int, layer: int, head: int) -> None:
-    steps, layers, heads, _ = trace.scores.shape
+    steps, layers, heads, _ = trace.require_scores().shape
     for name, value, size in (("step", step, steps), ("layer", layer, layers), ("head", head, heads)):
         if not 0 <= value < size:
             raise ValueError(f"{name}={value} is not allowed: {name} must be in 0..{size - 1}")

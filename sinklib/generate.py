@@ -1,6 +1,7 @@
 """generate(): a family's own sampler under the capture → one Trace per prompt."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import platform
 from typing import Any, Sequence
@@ -10,6 +11,7 @@ from tqdm.auto import tqdm
 
 from sinklib._checks import bad_value, check_int
 from sinklib.capture import capture
+from sinklib.layers import attention_layers
 from sinklib.families.base import left_pad
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
@@ -83,6 +85,7 @@ def generate(
     intervention=None,
     chat: bool = True,
     progress: bool = True,
+    keep_scores: bool = True,
 ) -> Trace | list[Trace]:
     """Run the model's family sampler with attention capture; a list of prompts gives a list of Traces.
 
@@ -90,6 +93,9 @@ def generate(
     (diffusion families; the autoregressive family makes one per token). gen_length: new tokens.
     Family-only options (block_length, remasking, cfg_scale for llada/mmada; alg, alg_temp, top_p, top_k,
     eps for dream) raise if given to another family. maps / intervention: as for sinklib.capture.
+    keep_scores: False gives Traces without scores (Trace.scores is None; tokens, text and maps as usual) and
+    stores nothing per step — for evaluation runs. Without an intervention or maps the model then runs with
+    no capture at all; the tokens are the same either way.
     """
     loaded = model if isinstance(model, LoadedModel) else load(model)
     check_int(seed, "seed", 0)
@@ -112,15 +118,19 @@ def generate(
     ids, prompt_mask = ids.to(loaded.device), prompt_mask.to(loaded.device)
     generator = torch.Generator(device=loaded.device).manual_seed(seed)
     total = settings.steps if diffusion else gen_length
-    with torch.no_grad(), capture(loaded.model, maps=maps, intervention=intervention, layer_names=loaded.layer_names) as rec, \
-            tqdm(total=total, desc=f"{loaded.family.name} steps", disable=not progress, leave=False) as bar:
+    watched = keep_scores or intervention is not None or bool(maps)
+    recording = capture(loaded.model, maps=maps, intervention=intervention, layer_names=loaded.layer_names,
+                        keep_steps=keep_scores) if watched else contextlib.nullcontext(None)
+    with torch.no_grad(), recording as rec, tqdm(total=total, desc=f"{loaded.family.name} steps", disable=not progress, leave=False) as bar:
         def forward(x, attention_mask=None, position_ids=None):
-            rec.query_mask = attention_mask
+            if rec is not None:
+                rec.query_mask = attention_mask
             bar.update(1)
             return loaded.logits(x, attention_mask, position_ids)
 
         def forward_cached(x, attention_mask, position_ids, cache):
-            rec.query_mask = attention_mask if cache is None else None
+            if rec is not None:
+                rec.query_mask = attention_mask if cache is None else None
             bar.update(1)
             return loaded.step_with_cache(x, attention_mask, position_ids, cache)
 
@@ -135,13 +145,18 @@ def _split(loaded, rec, canvases, encoded, settings, seed, intervention, chat, p
     fill = loaded.mask_id if diffusion else loaded.pad_id
     tokens = torch.stack([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=fill) for c in canvases]).cpu()
     lengths = torch.tensor([c.shape[1] for c in canvases])
+    forwards = len(canvases) - 1
+    layer_names = list(rec.layer_names) if rec is not None else \
+        [layer.name for layer in attention_layers(loaded.model, loaded.layer_names)]
     if diffusion:
         is_masked = tokens[:-1] == loaded.mask_id
     else:
         is_masked = (torch.arange(width)[None, :] >= lengths[:-1, None])[:, None, :].expand(-1, batch, -1)
-    scores = rec.scores[:, :, :batch]  # classifier-free guidance doubles the batch: keep the conditional half
-    scores = torch.nn.functional.pad(scores, (0, width - scores.shape[-1]), value=float("nan"))
-    masked = rec.masked_keys
+    scores = masked = None
+    if rec is not None and rec.keep_steps:
+        scores = rec.scores[:, :, :batch]  # classifier-free guidance doubles the batch: keep the conditional half
+        scores = torch.nn.functional.pad(scores, (0, width - scores.shape[-1]), value=float("nan"))
+        masked = rec.masked_keys
     if masked is not None:
         masked = torch.nn.functional.pad(masked[:, :, :batch], (0, width - masked.shape[-1]), value=False)
     padding = tokens.shape[-1] - settings.gen_length - torch.tensor([len(e) for e in encoded]) if diffusion else \
@@ -156,17 +171,17 @@ def _split(loaded, rec, canvases, encoded, settings, seed, intervention, chat, p
         else:
             keep = seq_tokens.shape[1]
         trace_maps = {}
-        for (step, layer, head), full in rec.maps.items():
+        for (step, layer, head), full in (rec.maps.items() if rec is not None else ()):
             one = full[b]
             one = one[start:, start:] if one.shape[0] == one.shape[1] else one[:, start:]
             trace_maps[(step, layer, head)] = one
-        n_steps = scores.shape[0] if diffusion else min(scores.shape[0], keep - len(encoded[b]))
+        n_steps = forwards if diffusion else min(forwards, keep - len(encoded[b]))
         traces.append(Trace(
-            scores=scores[:n_steps, :, b, :, start:start + keep].contiguous(),
+            scores=None if scores is None else scores[:n_steps, :, b, :, start:start + keep].contiguous(),
             tokens=seq_tokens[:n_steps + 1, :keep].contiguous(),
             is_masked=is_masked[:n_steps, b, start:start + keep].contiguous(),
             prompt_len=len(encoded[b]),
-            layer_names=list(rec.layer_names),
+            layer_names=layer_names,
             text=_decode(loaded, seq_tokens[n_steps, len(encoded[b]):keep]),
             masked_keys=None if masked is None else masked[:n_steps, :, b, :, start:start + keep].contiguous(),
             maps=trace_maps,

@@ -2,7 +2,8 @@
 
 Shapes (one prompt; padding already removed):
   scores       [steps, layers, heads, seq] float32, sum units (Σ over queries); NaN where a key did not
-               exist yet (autoregressive steps before that token was written)
+               exist yet (autoregressive steps before that token was written); None when generated with
+               keep_scores=False
   tokens       [steps + 1, seq] int64: the canvas before each step, and at the end
   is_masked    [steps, seq] bool: still masked (diffusion) / not yet written (autoregressive) at that step
   unmasked_at  [seq] int64: the step whose forward committed each position; −1 for prompt positions and
@@ -26,7 +27,7 @@ import torch
 
 @dataclass
 class Trace:
-    scores: torch.Tensor
+    scores: torch.Tensor | None
     tokens: torch.Tensor
     is_masked: torch.Tensor
     prompt_len: int
@@ -39,7 +40,14 @@ class Trace:
 
     @property
     def n_steps(self) -> int:
-        return self.scores.shape[0]
+        return self.tokens.shape[0] - 1
+
+    def require_scores(self) -> torch.Tensor:
+        """The scores, or a clear error for a trace generated with keep_scores=False."""
+        if self.scores is None:
+            raise ValueError("this Trace has no attention scores: it was generated with keep_scores=False "
+                             "(generate again with keep_scores=True to analyse its attention)")
+        return self.scores
 
     @property
     def unmasked_at(self) -> torch.Tensor:
@@ -54,10 +62,11 @@ class Trace:
     def to_frame(self, steps=None, layers=None, heads=None) -> pd.DataFrame:
         """Tidy scores: one row per (step, layer, head, position) with the token at that position and step.
         Filter with lists of steps / layers / heads to keep it small."""
-        s_idx = _pick(steps, self.scores.shape[0])
-        l_idx = _pick(layers, self.scores.shape[1])
-        h_idx = _pick(heads, self.scores.shape[2])
-        block = self.scores[s_idx][:, l_idx][:, :, h_idx]
+        scores = self.require_scores()
+        s_idx = _pick(steps, scores.shape[0])
+        l_idx = _pick(layers, scores.shape[1])
+        h_idx = _pick(heads, scores.shape[2])
+        block = scores[s_idx][:, l_idx][:, :, h_idx]
         grid = np.meshgrid(s_idx, l_idx, h_idx, np.arange(block.shape[-1]), indexing="ij")
         frame = pd.DataFrame({"step": grid[0].ravel(), "layer": grid[1].ravel(), "head": grid[2].ravel(),
                               "position": grid[3].ravel(), "score": block.numpy().ravel()})
@@ -71,12 +80,13 @@ class Trace:
     # -- persistence: parquet for tensors, json for metadata ----------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the trace to a folder: scores.parquet, canvas.parquet, maps.parquet, meta.json."""
+        scores = self.require_scores()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        steps, layers, heads, seq = self.scores.shape
+        steps, layers, heads, seq = scores.shape
         s, l, h = np.meshgrid(np.arange(steps), np.arange(layers), np.arange(heads), indexing="ij")
         columns = {"step": s.ravel(), "layer": l.ravel(), "head": h.ravel(),
-                   "scores": _fixed_list(self.scores.reshape(-1, seq).numpy(), pa.float32())}
+                   "scores": _fixed_list(scores.reshape(-1, seq).numpy(), pa.float32())}
         if self.masked_keys is not None:
             columns["masked"] = _fixed_list(self.masked_keys.reshape(-1, seq).numpy(), pa.bool_())
         pq.write_table(pa.table(columns), folder / "scores.parquet")

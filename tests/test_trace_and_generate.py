@@ -5,6 +5,7 @@ import torch
 import transformers
 
 import sinklib
+from sinklib.dynamics import sink_mask
 from tests.models import MASK_ID, diffusion_llama, llama
 
 PROMPT = [5, 9, 2, 33, 17, 8]
@@ -161,3 +162,56 @@ def test_declared_bidirectional_attention_is_honoured_on_every_transformers_vers
     causal = sinklib.load(llama(causal=True))
     with torch.no_grad():
         assert torch.equal(causal.logits(ids, mask)[0, 3], causal.logits(changed, mask)[0, 3])
+
+
+PROMPTS = [PROMPT, [7, 3, 11]]  # batched with left padding
+
+
+@pytest.mark.parametrize("family", ["llada", "arm"])
+@pytest.mark.parametrize("watched", [dict(), dict(intervention="sinks", maps=[(1, 0, 1)])])
+def test_keep_scores_false_keeps_tokens_text_and_maps_and_stores_no_scores(family, watched):
+    loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID) if family == "llada" else sinklib.load(llama())
+    options = dict(steps=6, gen_length=6, block_length=3) if family == "llada" else dict(gen_length=6)
+    def run(keep_scores):
+        kwargs = dict(watched)
+        if "intervention" in kwargs:
+            kwargs["intervention"] = sinklib.MaskSinks(top_k=1, threshold=False)
+        return sinklib.generate(loaded, PROMPTS, progress=False, keep_scores=keep_scores, **options, **kwargs)
+
+    captured_during_forward = []
+    handle = loaded.model.register_forward_pre_hook(
+        lambda module, args: captured_during_forward.append(getattr(module, "_sinklib_capture_active", False)))
+    try:
+        bare = run(False)
+    finally:
+        handle.remove()
+    full = run(True)
+    # Without an intervention or maps nothing needs the attention: the model runs with no capture at all.
+    assert set(captured_during_forward) == {bool(watched)}
+    for b, f in zip(bare, full):
+        assert b.scores is None and b.masked_keys is None
+        assert torch.equal(b.tokens, f.tokens) and torch.equal(b.is_masked, f.is_masked) and b.text == f.text
+        assert b.n_steps == f.scores.shape[0] and b.layer_names == f.layer_names
+        assert b.maps.keys() == f.maps.keys() and all(torch.equal(b.maps[k], f.maps[k]) for k in f.maps)
+
+
+def test_a_trace_without_scores_says_so_when_asked_for_them(loaded, tmp_path):
+    bare = sinklib.generate(loaded, PROMPT, steps=4, gen_length=4, progress=False, keep_scores=False)
+    message = r"this Trace has no attention scores: it was generated with keep_scores=False"
+    for use in (bare.to_frame, lambda: bare.save(tmp_path / "t"), lambda: sink_mask(bare)):
+        with pytest.raises(ValueError, match=message):
+            use()
+
+
+def test_capture_without_kept_steps_still_counts_steps_and_feeds_the_intervention(loaded):
+    ids = torch.tensor([PROMPT + [MASK_ID] * 4])
+    outputs = {}
+    for keep in (True, False):
+        with torch.no_grad(), sinklib.capture(loaded.model, intervention=sinklib.MaskSinks(top_k=1, threshold=False),
+                                              keep_steps=keep) as rec:
+            outputs[keep] = [loaded.model(input_ids=ids).logits for _ in range(3)]
+        assert rec.n_steps == 3
+    assert all(torch.equal(a, b) for a, b in zip(outputs[True], outputs[False]))
+    assert not torch.equal(outputs[False][0], outputs[False][1]), "step 1 on must differ: its top sink is masked"
+    with pytest.raises(ValueError, match=r"keep_steps=False: it kept no per-step scores"):
+        rec.scores

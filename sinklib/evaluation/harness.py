@@ -84,7 +84,8 @@ class SinklibLM(LM):
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start:start + self.batch_size]
                 traces = sinklib.generate(self.loaded, [requests[i].args[0] for i in chunk], chat=False, progress=False,
-                                          seed=self.seed, intervention=self.intervention, **self.settings)
+                                          seed=self.seed, intervention=self.intervention, keep_scores=False,
+                                          **self.settings)
                 for index, trace in zip(chunk, traces):
                     text = cut_at_stops(trace.text, stops)
                     outputs[index] = text

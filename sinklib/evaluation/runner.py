@@ -116,7 +116,7 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
                 batch = todo[start:start + batch_size]
                 began = time.perf_counter()
                 traces = sinklib.generate(model, [s.prompt for s in batch], seed=seed, chat=spec.chat, progress=False,
-                                          intervention=intervention, **settings)
+                                          intervention=intervention, keep_scores=False, **settings)
                 seconds = (time.perf_counter() - began) / len(batch)
                 for sample, trace in zip(batch, traces):
                     record = {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,

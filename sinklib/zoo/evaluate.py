@@ -40,7 +40,7 @@ def accuracy(loaded: LoadedModel, items: list[Problem], batch_size: int = 50, pr
     for start in tqdm(range(0, len(items), batch_size), desc=f"accuracy {loaded.name}", disable=not progress):
         chunk = items[start:start + batch_size]
         traces = sinklib.generate(loaded, [p.question for p in chunk], chat=False, progress=False,
-                                  intervention=intervention, **settings)
+                                  intervention=intervention, keep_scores=False, **settings)
         for problem, trace in zip(chunk, traces):
             predicted = extract_answer(trace.text)
             correct += predicted == problem.answer
