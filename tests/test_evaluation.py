@@ -123,3 +123,27 @@ def test_a_line_cut_by_an_interruption_is_rerun_and_the_file_stays_valid(tmp_pat
     again = evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
     assert _strip(again.records) == _strip(first.records)
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in first.records]
+
+
+@pytest.mark.parametrize("name, settings, intervention", [
+    ("tiny-llada", dict(temperature=1.0), None),  # Gumbel noise in every step
+    ("tiny-llada", dict(), sinklib.MaskRandomKeys(k=2, seed=3)),  # draws per batch row, at temperature 0
+])
+def test_a_resumed_stochastic_run_writes_the_uninterrupted_records(tmp_path, name, settings, intervention):
+    loaded = sinklib.load(name)
+    run = dict(limit=10, batch_size=4, progress=False, intervention=intervention, seed=5, steps=16, gen_length=16,
+               block_length=8, **settings)
+    clean = evaluate(loaded, "arithmetic", out=tmp_path / "clean.jsonl", **run)
+    assert len({r["output"] for r in clean.records}) > 1
+    out = tmp_path / "resumed.jsonl"
+    out.write_text("".join(line + "\n" for line in (tmp_path / "clean.jsonl").read_text().splitlines()[:5]))
+    resumed = evaluate(loaded, "arithmetic", out=out, **run)  # samples 0-4 done: batch 1 is half finished
+    assert _strip(resumed.records) == _strip(clean.records)
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in clean.records]
+
+
+def test_batches_get_seeds_of_their_own():
+    from sinklib.evaluation.runner import batch_seed
+
+    assert batch_seed(0, 0) == batch_seed(0, 0)
+    assert len({batch_seed(seed, index) for seed in range(3) for index in range(50)}) == 150

@@ -81,13 +81,21 @@ def _drop_cut_line(out: Path) -> None:
             handle.truncate(data.rfind(b"\n") + 1)
 
 
+def batch_seed(seed: int, index: int) -> int:
+    """The generation seed of batch `index` of a run with `seed`: distinct per batch, independent of resumes."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:7], "little")
+
+
 def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None = None, batch_size: int = 8,
              out: str | Path | None = None, seed: int = 0, progress: bool = True, task_path: str | None = None,
              allow_code_execution: bool = False, sandbox: SandboxLimits | None = None, **settings) -> EvalSummary:
     """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
 
     Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
-    seconds, config_hash) and resumes from it. Returns mean ± standard error over the samples.
+    seconds, config_hash) and resumes from it: batches are fixed slices of the task with a seed of their own, so
+    an interrupted and resumed run writes the same records as an uninterrupted one, sampled decoding (temperature
+    > 0) and MaskRandomKeys included. batch_size is part of the configuration for that reason.
+    Returns mean ± standard error over the samples.
     HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
     process (sinklib.evaluation.sandbox; `sandbox` sets its limits)."""
     spec = get_task(task)
@@ -96,29 +104,37 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
     check_int(batch_size, "batch_size", 1)
     require_code_execution_opt_in(spec, allow_code_execution, "evaluate")
     samples = spec.load(task_path)[:limit]
-    config = {"model": model.name, "weights": model_fingerprint(model), "family": model.family.name, "task": task, "limit": limit, "seed": seed,
-              "intervention": repr(intervention), "settings": settings, "task_path": task_path}
+    config = {"model": model.name, "weights": model_fingerprint(model), "family": model.family.name, "task": task,
+              "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": repr(intervention),
+              "settings": settings, "task_path": task_path}
     if spec.executes_code:
         sandbox = sandbox or SandboxLimits()
         config["sandbox"] = asdict(sandbox)
     digest = config_hash(config)
     out_path = Path(out) if out is not None else None
     done = _read_done(out_path, digest) if out_path else {}
-    todo = [s for s in samples if s.id not in done]
+    # Batches are fixed slices of the task, each with its own seed, so a sample's output never depends on
+    # which samples an interrupted run had finished: sampled decoding and random-key masking resume exactly.
+    batches = [samples[start:start + batch_size] for start in range(0, len(samples), batch_size)]
     if out_path:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         if out_path.exists():
             _drop_cut_line(out_path)
     handle = out_path.open("a") if out_path else None
     try:
-        with tqdm(total=len(samples), initial=len(samples) - len(todo), desc=f"{task} {model.name}", disable=not progress) as bar:
-            for start in range(0, len(todo), batch_size):
-                batch = todo[start:start + batch_size]
+        with tqdm(total=len(samples), initial=sum(s.id in done for s in samples), desc=f"{task} {model.name}",
+                  disable=not progress) as bar:
+            for index, batch in enumerate(batches):
+                missing = [s for s in batch if s.id not in done]
+                if not missing:
+                    continue
                 began = time.perf_counter()
-                traces = sinklib.generate(model, [s.prompt for s in batch], seed=seed, chat=spec.chat, progress=False,
-                                          intervention=intervention, keep_scores=False, **settings)
+                traces = sinklib.generate(model, [s.prompt for s in batch], seed=batch_seed(seed, index), chat=spec.chat,
+                                          progress=False, intervention=intervention, keep_scores=False, **settings)
                 seconds = (time.perf_counter() - began) / len(batch)
                 for sample, trace in zip(batch, traces):
+                    if sample.id in done:
+                        continue  # finished before an interruption; regenerated only to keep the batch whole
                     record = {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,
                               **spec.score(trace.text, sample, sandbox), "seconds": round(seconds, 4), "config_hash": digest}
                     done[sample.id] = record
@@ -126,7 +142,7 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
                         handle.write(json.dumps(record) + "\n")
                         handle.flush()
                         os.fsync(handle.fileno())
-                bar.update(len(batch))
+                bar.update(len(missing))
     finally:
         if handle:
             handle.close()
