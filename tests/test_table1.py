@@ -48,6 +48,14 @@ def test_cells_equal_the_zoo_accuracy_under_the_same_interventions(models, tmp_p
     assert again.frame.equals(frame)
 
 
+def test_a_changed_configuration_starts_new_files_beside_the_old(models, tmp_path):
+    first = masking_table(models[1:], ks=[0], random_control=False, limit=3, batch_size=3, out_dir=tmp_path, progress=False)
+    assert len(list(tmp_path.glob("tiny-arm-arithmetic-unmasked-*.jsonl"))) == 1
+    second = masking_table(models[1:], ks=[0], random_control=False, limit=2, batch_size=3, out_dir=tmp_path, progress=False)
+    assert len(list(tmp_path.glob("tiny-arm-arithmetic-unmasked-*.jsonl"))) == 2
+    assert first.frame["n"].tolist() == [3] and second.frame["n"].tolist() == [2]
+
+
 def test_bad_input(models):
     with pytest.raises(ValueError, match=r"ks=-1 is not allowed"):
         masking_table(models, ks=[0, -1])

@@ -55,6 +55,17 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def run_config(model: LoadedModel, task: str, intervention, limit: int | None, seed: int, batch_size: int,
+               task_path: str | None, sandbox: SandboxLimits | None, settings: dict[str, Any]) -> dict[str, Any]:
+    """Everything a run's records depend on; its config_hash is written into every record."""
+    config = {"model": model.name, "weights": model_fingerprint(model), "family": model.family.name, "task": task,
+              "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": repr(intervention),
+              "settings": settings, "task_path": task_path}
+    if get_task(task).executes_code:
+        config["sandbox"] = asdict(sandbox or SandboxLimits())
+    return config
+
+
 def _read_done(out: Path, digest: str) -> dict[str, dict]:
     done: dict[str, dict] = {}
     if not out.exists():
@@ -104,12 +115,9 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
     check_int(batch_size, "batch_size", 1)
     require_code_execution_opt_in(spec, allow_code_execution, "evaluate")
     samples = spec.load(task_path)[:limit]
-    config = {"model": model.name, "weights": model_fingerprint(model), "family": model.family.name, "task": task,
-              "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": repr(intervention),
-              "settings": settings, "task_path": task_path}
     if spec.executes_code:
         sandbox = sandbox or SandboxLimits()
-        config["sandbox"] = asdict(sandbox)
+    config = run_config(model, task, intervention, limit, seed, batch_size, task_path, sandbox, settings)
     digest = config_hash(config)
     out_path = Path(out) if out is not None else None
     done = _read_done(out_path, digest) if out_path else {}

@@ -13,7 +13,7 @@ import pandas as pd
 
 import sinklib
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
-from sinklib.evaluation.runner import evaluate
+from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.interventions import MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel
@@ -118,7 +118,8 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                   settings: dict[str, Any] | None = None) -> MaskingTable:
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
     masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
-    (default: table1_settings). Each run is written to out_dir/<model>-<task>-<condition>.jsonl and resumes."""
+    (default: table1_settings). Each run is written to out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
+    a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
     require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
     if not ks:
         raise bad_value("ks", ks, "a non-empty list of integers >= 0")
@@ -134,9 +135,10 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
         run_settings = {**table1_settings(loaded, task), **(settings or {})}
         for condition, k, intervention in conditions(loaded.family.kind, ks, random_control, eps, source, seed):
             out = None
-            if out_dir is not None:
-                label = _column(condition, k)
-                out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{task}-{label}.jsonl"
+            if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh
+                digest = config_hash(run_config(loaded, task, intervention, limit, seed, batch_size, task_path, None,
+                                                run_settings))
+                out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{task}-{_column(condition, k)}-{digest}.jsonl"
             summary = evaluate(loaded, task, intervention=intervention, limit=limit, batch_size=batch_size, out=out,
                                seed=seed, progress=progress, task_path=task_path,
                                allow_code_execution=allow_code_execution, **run_settings)
