@@ -48,7 +48,7 @@ class ZooSpec:
 
 
 ZOO = {
-    "tiny-llada": ZooSpec("tiny-llada", "llada", "llada", causal=False, seed=11, steps=3600, stratified_t=True),
+    "tiny-llada": ZooSpec("tiny-llada", "llada", "llada", causal=False, seed=11, steps=5000, lr=5e-4, stratified_t=True),
     "tiny-arm": ZooSpec("tiny-arm", "arm", "arm", causal=True, seed=12, steps=1200),
     "tiny-dream": ZooSpec("tiny-dream", "dream", "dream", causal=False, seed=13, steps=2600, init_from="tiny-arm",
                           stratified_t=True),
