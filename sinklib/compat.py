@@ -8,8 +8,24 @@ Their code was written for transformers 4.46–4.56 and runs unchanged there; no
 - rotary_inv_freq: transformers 5 builds models on the meta device and re-initialises only what the
   model's own _init_weights covers; a remote rotary module's non-persistent `inv_freq` buffer is left as
   uninitialised memory — garbage, with no error. We recompute it after loading.
+- config_use_cache: transformers 5's PretrainedConfig drops generation parameters, `use_cache` among
+  them, from the keyword arguments a config passes up; LLaDA's config does exactly that and its forward
+  then reads `config.use_cache` (AttributeError). We restore the value config.json holds (LLaDA: false).
+- post_init: transformers 5's loader reads what `post_init()` sets (`all_tied_weights_keys`, …); LLaDA's
+  and MMaDA's model classes never call it (AttributeError: 'LLaDAModelLM' object has no attribute
+  'all_tied_weights_keys'). We call it at the end of such a class's __init__, as 5.x expects of a model.
+- tie_weights_signature: transformers 5 calls `tie_weights(missing_keys=…, recompute_mapping=…)`; LLaDA's
+  `tie_weights(self)` takes no arguments (TypeError). We accept and ignore them: LLaDA ties by assignment.
+- generation_config_validate: transformers 5 calls `GenerationConfig.validate(user_set_attributes=…)`;
+  Dream's DreamGenerationConfig overrides `validate(self, is_init=False)` (TypeError inside Dream's own
+  from_pretrained). We let it accept and ignore the new keyword.
 """
 from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from typing import Any
 
 import torch
 from torch import nn
@@ -93,3 +109,83 @@ def bidirectional_key_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, S] 0/1 key-padding mask → [B, 1, S, S] bool: every query may see every real key."""
     keys = attention_mask.bool()[:, None, None, :]
     return keys.expand(-1, 1, attention_mask.shape[-1], -1)
+
+
+def restore_use_cache(config, raw: dict[str, Any] | None) -> bool:
+    """Fix `config_use_cache`; returns whether anything was changed."""
+    if config is None or "use_cache" in vars(config):
+        return False
+    config.use_cache = bool((raw or {}).get("use_cache", False))
+    return True
+
+
+def _accepts(function, keyword: str) -> bool:
+    parameters = inspect.signature(function).parameters
+    return keyword in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def _remote_classes(cls: type) -> list[type]:
+    """cls and its bases that are not transformers' own (the remote code's classes)."""
+    return [c for c in cls.__mro__ if c.__module__ and not c.__module__.startswith(("transformers.", "torch.", "builtins"))
+            and c is not object]
+
+
+def prepare_remote_class(cls: type) -> list[str]:
+    """Fix `post_init`, `tie_weights_signature` and `generation_config_validate` on a remote model class
+    before transformers 5 loads it; returns the names of the fixes applied (also when already applied)."""
+    fixes: list[str] = []
+    for klass in _remote_classes(cls):
+        init = klass.__dict__.get("__init__")
+        if init is not None and not getattr(init, "_sinklib_post_init", False) and not _calls_post_init(init):
+            klass.__init__ = _with_post_init(init)
+        if getattr(klass.__dict__.get("__init__"), "_sinklib_post_init", False):
+            fixes.append("post_init")
+        tie = klass.__dict__.get("tie_weights")
+        if tie is not None and not _accepts(tie, "missing_keys"):
+            klass.tie_weights = _ignoring_keywords(tie)
+        if getattr(klass.__dict__.get("tie_weights"), "_sinklib_ignores", False):
+            fixes.append("tie_weights_signature")
+        for config_class in _generation_config_classes(sys.modules.get(klass.__module__)):
+            if not _accepts(config_class.validate, "user_set_attributes"):
+                config_class.validate = _ignoring_keywords(config_class.validate, keep=("is_init",))
+            if getattr(config_class.validate, "_sinklib_ignores", False):
+                fixes.append("generation_config_validate")
+    return sorted(set(fixes))
+
+
+def _calls_post_init(init) -> bool:
+    try:
+        return "post_init()" in inspect.getsource(init)
+    except (OSError, TypeError):
+        return False
+
+
+def _with_post_init(init):
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if not hasattr(self, "all_tied_weights_keys"):  # the outermost wrapped __init__ does it once
+            self.post_init()
+
+    __init__._sinklib_post_init = True
+    return __init__
+
+
+def _ignoring_keywords(method, keep: tuple[str, ...] = ()):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        return method(self, *args, **{k: v for k, v in kwargs.items() if k in keep})
+
+    wrapper._sinklib_ignores = True
+    return wrapper
+
+
+def _generation_config_classes(module) -> list[type]:
+    from transformers import GenerationConfig
+
+    found = []
+    for value in vars(module).values() if module is not None else ():
+        if isinstance(value, type) and issubclass(value, GenerationConfig) and value is not GenerationConfig \
+                and not value.__module__.startswith("transformers."):
+            found.append(value)
+    return found

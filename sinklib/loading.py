@@ -80,6 +80,12 @@ def infer_family(config: Any) -> str | None:
     return None
 
 
+def infer_family_from_dict(raw: dict[str, Any]) -> str | None:
+    """The remote families a config.json declares by model_type or architectures (before any code is imported)."""
+    text = " ".join([str(raw.get("model_type", ""))] + [str(a) for a in raw.get("architectures") or []]).lower()
+    return next((name for name in ("mmada", "llada", "dream") if name in text), None)
+
+
 def _calling_for(model: nn.Module, family: str) -> str:
     native = type(model).__module__.startswith("transformers.models.")
     if native or family == "arm":
@@ -128,7 +134,8 @@ def load(
     """Load a model by hub id, local folder or zoo name (e.g. "tiny-llada"), or wrap a model object.
 
     family: "llada", "mmada", "dream", "arm" (inferred from the config when omitted). dtype: "bfloat16",
-    "float16", "float32", "auto" or a torch dtype. trust_remote_code: needed for LLaDA/Dream/MMaDA
+    "float16", "float32", "auto" (the checkpoint's own) or a torch dtype; None loads float32 on every
+    transformers version. trust_remote_code: needed for LLaDA/Dream/MMaDA
     checkpoints, never turned on silently. tokenizer / mask_id / eos_ids: for model objects without them.
     """
     if family is not None:
@@ -145,10 +152,21 @@ def load(
         if not name:
             raise bad_value("name_or_model", name, "a hub id, a local folder, a zoo name or an nn.Module")
         path = _resolve_path(name)
+        raw = _raw_config(path)
+        declared = family or infer_family_from_dict(raw)
+        if declared == "mmada" and "auto_map" not in raw:
+            if not trust_remote_code:
+                raise ValueError(f"{name!r} is an MMaDA checkpoint, which runs the MMaDA repository's modelling code: pass "
+                                 "trust_remote_code=True to sinklib.load if you trust it (sinklib never turns it on by itself)")
+            from sinklib import mmada_repo
+
+            mmada_repo.import_classes()  # registers the "mmada" config type before AutoConfig reads config.json
         if trust_remote_code and compat.needs_fixes() and compat.apply_default_rope():
             fixes.append("default_rope")
         config = _load_config(path, trust_remote_code)
-        model = _load_model(path, config, family or infer_family(config), dtype, trust_remote_code)
+        if compat.needs_fixes() and not type(config).__module__.startswith("transformers.") and compat.restore_use_cache(config, raw):
+            fixes.append("config_use_cache")
+        model = _load_model(path, config, family or infer_family(config), dtype, trust_remote_code, fixes)
         remote = not type(model).__module__.startswith("transformers.models.")
         if remote and compat.needs_fixes() and compat.recompute_rotary_inv_freq(model):
             fixes.append("rotary_inv_freq")
@@ -182,27 +200,66 @@ def load(
                        extra={"compat": fixes, "bidirectional": bidirectional})
 
 
-def _load_model(path: str, config, family: str | None, dtype, trust_remote_code: bool) -> nn.Module:
+def _load_model(path: str, config, family: str | None, dtype, trust_remote_code: bool, fixes: list[str]) -> nn.Module:
     import transformers
 
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    if dtype is not None:
-        kwargs["dtype"] = dtype
+    # None means float32 on every transformers version: 5.x would otherwise load a checkpoint in the dtype its
+    # config declares (Dream: bfloat16) where 4.x loads float32, and the same call would give other numbers.
+    kwargs: dict[str, Any] = {"dtype" if compat.transformers_major() >= 5 else "torch_dtype": dtype or torch.float32}
     native = type(config).__module__.startswith("transformers.models.")
     if native:
         kwargs["attn_implementation"] = "sdpa"
-    if family == "mmada" and not native:
         try:
-            from models import MMadaModelLM  # the MMaDA repository's package, installed by the user
-        except ImportError:
-            raise ImportError("MMaDA checkpoints load through the MMaDA repository's MMadaModelLM class: install that "
-                              "repository (so that `from models import MMadaModelLM` works) and load again") from None
-        return MMadaModelLM.from_pretrained(path, **kwargs)
-    auto = transformers.AutoModelForCausalLM if native else transformers.AutoModel
+            return transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        except OSError as error:
+            raise OSError(_offline_hint(path)) from error
+    model_class = _remote_class(path, config, family)
+    if compat.needs_fixes():
+        fixes.extend(f for f in compat.prepare_remote_class(model_class) if f not in fixes)
     try:
-        return auto.from_pretrained(path, **kwargs)
+        return model_class.from_pretrained(path, config=config, **kwargs)
     except OSError as error:
         raise OSError(_offline_hint(path)) from error
+
+
+def _remote_class(path: str, config, family: str | None) -> type:
+    """The remote code's model class, resolved as AutoModel would (so that compat can prepare it first)."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    reference = auto_map.get("AutoModel") or auto_map.get("AutoModelForCausalLM") or auto_map.get("AutoModelForMaskedLM")
+    if reference is None:
+        if family == "mmada":
+            from sinklib import mmada_repo
+
+            return mmada_repo.import_classes().model
+        raise ValueError(f"{path!r} declares model_type={getattr(config, 'model_type', None)!r}, which is not a transformers "
+                         "model, and its config.json has no auto_map naming the modelling code to run")
+    if isinstance(reference, (list, tuple)):
+        reference = reference[0]
+    return get_class_from_dynamic_module(reference, path)
+
+
+def _raw_config(path: str) -> dict[str, Any]:
+    """config.json as written (transformers 5 drops some of its keys when it builds the config object)."""
+    import json
+
+    local = Path(path) / "config.json"
+    if not local.is_file():
+        try:
+            from transformers.utils import cached_file
+
+            found = cached_file(path, "config.json", _raise_exceptions_for_missing_entries=False)
+        except (OSError, ValueError):
+            return {}
+        if found is None:
+            return {}
+        local = Path(found)
+    try:
+        raw = json.loads(local.read_text())
+    except ValueError as error:
+        raise ValueError(f"{str(local)!r} is not valid JSON ({error}): the checkpoint's config.json is damaged") from None
+    return raw if isinstance(raw, dict) else {}
 
 
 def _load_tokenizer(path: str, trust_remote_code: bool):
