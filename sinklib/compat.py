@@ -66,6 +66,11 @@ def apply_default_rope() -> bool:
     return True
 
 
+def uses_default_rope(model: nn.Module) -> bool:
+    """Whether any module of the model took its RoPE frequencies from the `default_rope` fix."""
+    return any(getattr(module, "rope_init_fn", None) is default_rope_parameters for module in model.modules())
+
+
 def recompute_rotary_inv_freq(model: nn.Module) -> list[str]:
     """Fix `rotary_inv_freq`: recompute every `inv_freq` buffer from its module's config; returns the
     names of the modules fixed."""
@@ -130,27 +135,37 @@ def _remote_classes(cls: type) -> list[type]:
             and c is not object]
 
 
+def _fix_post_init(klass: type) -> bool:
+    init = klass.__dict__.get("__init__")
+    if init is not None and not getattr(init, "_sinklib_post_init", False) and not _calls_post_init(init):
+        klass.__init__ = _with_post_init(init)
+    return getattr(klass.__dict__.get("__init__"), "_sinklib_post_init", False)
+
+
+def _fix_tie_weights_signature(klass: type) -> bool:
+    tie = klass.__dict__.get("tie_weights")
+    if tie is not None and not _accepts(tie, "missing_keys"):
+        klass.tie_weights = _ignoring_keywords(tie)
+    return getattr(klass.__dict__.get("tie_weights"), "_sinklib_ignores", False)
+
+
+def _fix_generation_config_validate(klass: type) -> bool:
+    fixed = False
+    for config_class in _generation_config_classes(sys.modules.get(klass.__module__)):
+        if not _accepts(config_class.validate, "user_set_attributes"):
+            config_class.validate = _ignoring_keywords(config_class.validate, keep=("is_init",))
+        fixed = fixed or getattr(config_class.validate, "_sinklib_ignores", False)
+    return fixed
+
+
+CLASS_FIXES = {"post_init": _fix_post_init, "tie_weights_signature": _fix_tie_weights_signature,
+               "generation_config_validate": _fix_generation_config_validate}
+
+
 def prepare_remote_class(cls: type) -> list[str]:
-    """Fix `post_init`, `tie_weights_signature` and `generation_config_validate` on a remote model class
-    before transformers 5 loads it; returns the names of the fixes applied (also when already applied)."""
-    fixes: list[str] = []
-    for klass in _remote_classes(cls):
-        init = klass.__dict__.get("__init__")
-        if init is not None and not getattr(init, "_sinklib_post_init", False) and not _calls_post_init(init):
-            klass.__init__ = _with_post_init(init)
-        if getattr(klass.__dict__.get("__init__"), "_sinklib_post_init", False):
-            fixes.append("post_init")
-        tie = klass.__dict__.get("tie_weights")
-        if tie is not None and not _accepts(tie, "missing_keys"):
-            klass.tie_weights = _ignoring_keywords(tie)
-        if getattr(klass.__dict__.get("tie_weights"), "_sinklib_ignores", False):
-            fixes.append("tie_weights_signature")
-        for config_class in _generation_config_classes(sys.modules.get(klass.__module__)):
-            if not _accepts(config_class.validate, "user_set_attributes"):
-                config_class.validate = _ignoring_keywords(config_class.validate, keep=("is_init",))
-            if getattr(config_class.validate, "_sinklib_ignores", False):
-                fixes.append("generation_config_validate")
-    return sorted(set(fixes))
+    """Apply the class fixes (CLASS_FIXES) to a remote model class and its remote bases before transformers 5
+    loads it; returns the names of those that apply to it (also when an earlier load applied them)."""
+    return sorted({name for klass in _remote_classes(cls) for name, fix in CLASS_FIXES.items() if fix(klass)})
 
 
 def _calls_post_init(init) -> bool:

@@ -161,13 +161,15 @@ def load(
             from sinklib import mmada_repo
 
             mmada_repo.import_classes()  # registers the "mmada" config type before AutoConfig reads config.json
-        if trust_remote_code and compat.needs_fixes() and compat.apply_default_rope():
-            fixes.append("default_rope")
+        if trust_remote_code and compat.needs_fixes():
+            compat.apply_default_rope()
         config = _load_config(path, trust_remote_code)
         if compat.needs_fixes() and not type(config).__module__.startswith("transformers.") and compat.restore_use_cache(config, raw):
             fixes.append("config_use_cache")
         model = _load_model(path, config, family or infer_family(config), dtype, trust_remote_code, fixes)
         remote = not type(model).__module__.startswith("transformers.models.")
+        if remote and compat.needs_fixes() and compat.uses_default_rope(model):
+            fixes.append("default_rope")
         if remote and compat.needs_fixes() and compat.recompute_rotary_inv_freq(model):
             fixes.append("rotary_inv_freq")
         if tokenizer is None:
