@@ -154,10 +154,14 @@ def load(
         path = _resolve_path(name)
         raw = _raw_config(path)
         declared = family or infer_family_from_dict(raw)
-        if declared == "mmada" and "auto_map" not in raw:
-            if not trust_remote_code:
-                raise ValueError(f"{name!r} is an MMaDA checkpoint, which runs the MMaDA repository's modelling code: pass "
-                                 "trust_remote_code=True to sinklib.load if you trust it (sinklib never turns it on by itself)")
+        mmada_without_code = declared == "mmada" and "auto_map" not in raw
+        # checked here, not left to transformers: once a process has imported a model type's code (an earlier
+        # trusted load), transformers would run it for any folder of that type without asking again
+        if not trust_remote_code and ("auto_map" in raw or mmada_without_code):
+            code = "the MMaDA repository's modelling code" if mmada_without_code else "its own modelling code"
+            raise ValueError(f"{name!r} ships or needs {code}: pass trust_remote_code=True to sinklib.load if you trust it "
+                             "(sinklib never turns it on by itself)")
+        if mmada_without_code:
             from sinklib import mmada_repo
 
             mmada_repo.import_classes()  # registers the "mmada" config type before AutoConfig reads config.json
