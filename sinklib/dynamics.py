@@ -69,6 +69,15 @@ def greatest_sinks(trace: Trace, eps: float = 3.0, layers: Sequence[int] | None 
     return frame.reset_index(drop=True)
 
 
+EVENT_COLUMNS = ["step", "layer", "head", "position_before", "position", "shift", "token_before", "token", "score_before",
+                 "score", "frontier"]
+
+
+def empty_events() -> pd.DataFrame:
+    """No moving-sink event (e.g. an autoregressive-only run): the same columns, and a `model` and `trace` column."""
+    return pd.DataFrame(columns=["model", "trace", *EVENT_COLUMNS])
+
+
 def moving_sink_events(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
     """(step, layer, head) where the greatest sink moved: a sink at step−1 and at step, at different
     positions (paper Fig. 4, 8). Sorted by the size of the jump in score."""
@@ -78,9 +87,7 @@ def moving_sink_events(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
     pairs = top.merge(previous, on=["step", "layer", "head"], suffixes=("", "_before"))
     moved = pairs[pairs["is_sink"] & pairs["is_sink_before"] & (pairs["position"] != pairs["position_before"])]
     moved = moved.assign(shift=moved["position"] - moved["position_before"])
-    columns = ["step", "layer", "head", "position_before", "position", "shift", "token_before", "token",
-               "score_before", "score", "frontier"]
-    return moved[columns].sort_values(["score", "step"], ascending=[False, True]).reset_index(drop=True)
+    return moved[EVENT_COLUMNS].sort_values(["score", "step"], ascending=[False, True]).reset_index(drop=True)
 
 
 def transient_sinks(trace: Trace, eps: float = 3.0) -> pd.DataFrame:

@@ -36,13 +36,29 @@ def is_zoo(loaded: LoadedModel) -> bool:
 
 def sampling(loaded: LoadedModel, steps: int | None = None, gen_length: int | None = None,
              block_length: int | None = None) -> dict[str, Any]:
-    """The family's settings (zoo or paper), with any given value overriding; options that do not apply to
-    the family are dropped (block_length for dream/arm, steps for arm)."""
-    preset = dict((ZOO if is_zoo(loaded) else PAPER)[loaded.family.name])
+    """The family's settings (zoo or paper) with any given value overriding, by fit_layout's rule."""
+    return fit_layout((ZOO if is_zoo(loaded) else PAPER)[loaded.family.name], steps, gen_length, block_length)
+
+
+def fit_layout(preset: dict[str, Any], steps: int | None = None, gen_length: int | None = None,
+               block_length: int | None = None) -> dict[str, Any]:
+    """`preset` with the given values overriding; options the preset does not have are dropped (block_length
+    for dream/arm, steps for arm).
+
+    A gen_length given alone keeps a valid layout: block_length becomes the largest divisor of gen_length not
+    above the preset's block (32 → 16 for gen_length 16), and steps keep the preset's steps per token,
+    rounded up to a multiple of the number of blocks."""
+    fitted = dict(preset)
     for key, value in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)):
         if value is not None and key in preset:
-            preset[key] = value
-    return preset
+            fitted[key] = value
+    if gen_length is not None and block_length is None and "block_length" in preset:
+        fitted["block_length"] = max(d for d in range(1, min(preset["block_length"], gen_length) + 1) if gen_length % d == 0)
+    if gen_length is not None and steps is None and "steps" in preset:
+        blocks = gen_length // fitted.get("block_length", gen_length)
+        wanted = max(1, -(-gen_length * preset["steps"] // preset["gen_length"]))
+        fitted["steps"] = -(-wanted // blocks) * blocks
+    return fitted
 
 
 def prompts(loaded: LoadedModel, n: int) -> list[str]:

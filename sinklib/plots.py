@@ -2,6 +2,8 @@
 (Σ over queries); every axis says so. Palettes are colour-blind safe (seaborn "colorblind", cividis)."""
 from __future__ import annotations
 
+import itertools
+
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -159,14 +161,22 @@ def transient_sink(trace: Trace, step: int, layer: int, head: int, position: int
     return fig
 
 
-def sink_token_bars(frame: pd.DataFrame) -> plt.Figure:
-    """Table 2 as bars: relative frequency of the most frequent sink tokens, per model."""
-    models = list(dict.fromkeys(frame["model"]))
+def sink_token_bars(frame: pd.DataFrame, models: Sequence[str] | None = None, eps: float | None = None) -> plt.Figure:
+    """Table 2 as bars: relative frequency of the most frequent sink tokens, per model. A model without any
+    sink at ε gets a labelled empty panel that says so."""
+    models = list(models) if models is not None else list(dict.fromkeys(frame["model"]))
+    if not models:
+        models = ["(no model)"]
     fig, axes = plt.subplots(1, len(models), figsize=(3.8 * len(models), 3.2), squeeze=False)
-    for ax, model, colour in zip(axes[0], models, PALETTE):
-        part = frame[frame["model"] == model]
-        ax.barh(part["token"][::-1], part["share"][::-1], color=colour)
-        ax.set_title(model)
+    for ax, model, colour in zip(axes[0], models, itertools.cycle(PALETTE)):
+        part = frame[frame["model"] == model] if len(frame) else frame
+        if len(part):
+            ax.barh(part["token"][::-1], part["share"][::-1], color=colour)
+        else:
+            at = f" at ε = {eps:g}" if eps is not None else ""
+            ax.text(0.5, 0.5, f"no sink detected{at}", ha="center", va="center", transform=ax.transAxes)
+            ax.set_yticks([])
+        ax.set_title(Path(str(model)).name)
         ax.set_xlabel("share of sink detections")
     fig.tight_layout()
     return fig

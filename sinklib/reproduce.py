@@ -3,7 +3,9 @@
     python -m sinklib.reproduce                                   # the tiny zoo on CPU (the default)
     python -m sinklib.reproduce --params notebooks/params/paper-llada.yaml   # a real checkpoint on a GPU
 
-Executed copies go to notebooks/executed/; figures to figures/ (PNG + PDF); numbers to data/results/.
+Executed copies go to notebooks/executed/; figures to figures/ (PNG + PDF); numbers to data/results/. A run
+on models outside the zoo writes into figures/<model names>/ and data/results/<model names>/ unless the
+parameters name figures_dir / results_dir. Unknown or mistyped parameters are refused before anything runs.
 """
 from __future__ import annotations
 
@@ -26,6 +28,59 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
     return paths
 
 
+def declared_parameters(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """name → papermill's description of it (default, type) over the notebooks that declare it."""
+    import papermill
+
+    declared: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        for name, info in papermill.inspect_notebook(str(path)).items():
+            declared.setdefault(name, dict(info))
+    return declared
+
+
+def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
+    """Refuse, before anything runs, a key no notebook declares and a value whose type the notebook's default
+    does not have (numbers may be int or float; None is always allowed)."""
+    import ast
+    import difflib
+
+    declared = declared_parameters(paths)
+    for key, value in given.items():
+        if key not in declared:
+            hint = difflib.get_close_matches(key, list(declared), n=1)
+            raise ValueError(f"parameter {key!r} is not allowed: no notebook declares it"
+                             + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; allowed: {sorted(declared)}")
+        try:
+            default = ast.literal_eval(declared[key]["default"])
+        except (ValueError, SyntaxError):
+            continue
+        if value is None or default is None:
+            continue
+        numbers = (int, float)
+        same = isinstance(value, numbers) and isinstance(default, numbers) and not isinstance(value, bool) and \
+            not isinstance(default, bool) or type(value) is type(default)
+        if not same:
+            raise ValueError(f"parameter {key}={value!r} is not allowed: {key} must be a {type(default).__name__} "
+                             f"like its default {default!r}")
+
+
+def is_zoo_name(name: str) -> bool:
+    from sinklib.loading import ZOO_DIR
+
+    return (ZOO_DIR / str(name)).is_dir()
+
+
+def output_folders(given: dict[str, Any]) -> dict[str, str]:
+    """Runs on models outside the zoo write into figures/<models>/ and data/results/<models>/ unless told
+    otherwise, never over the committed zoo outputs."""
+    names = list(given.get("models") or []) + ([given["model"]] if given.get("model") else [])
+    if not names or all(is_zoo_name(n) for n in names):
+        return {}
+    slug = "+".join(dict.fromkeys(Path(str(n).rstrip("/")).name for n in names))
+    return {"figures_dir": str(ROOT / "figures" / slug), "results_dir": str(ROOT / "data" / "results" / slug)}
+
+
 def parameters_for(path: Path, given: dict[str, Any]) -> dict[str, Any]:
     """The given parameters that this notebook declares (a `models` list also fills a single `model`)."""
     import papermill
@@ -42,6 +97,9 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     import papermill
 
     given = dict(params or {})
+    paths = notebook_paths(only)
+    check_parameters(given, paths)
+    given = {**output_folders(given), **given}
     if figures_dir is not None:
         given["figures_dir"] = str(Path(figures_dir).resolve())
     if results_dir is not None:
@@ -49,7 +107,7 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     out = Path(out or NOTEBOOKS / "executed")
     out.mkdir(parents=True, exist_ok=True)
     executed = []
-    for path in notebook_paths(only):
+    for path in paths:
         target = out / path.name
         papermill.execute_notebook(str(path), str(target), parameters=parameters_for(path, given), cwd=str(NOTEBOOKS),
                                    progress_bar=progress, kernel_name="python3",

@@ -64,12 +64,14 @@ class SinklibLM(LM):
 
         if gen_length is not None and steps is None and self.loaded.family.kind == "diffusion":
             steps = gen_length  # one token per denoising step unless told otherwise
+        self._layout = (steps, gen_length, block_length)  # as given; a task's max_gen_toks fills gen_length when unset
         self.settings: dict[str, Any] = sampling(self.loaded, steps, gen_length, block_length)
         self.settings["temperature"] = float(temperature)
         self.settings.update({key: value for key, value in (("alg", alg), ("remasking", remasking)) if value is not None})
         self.intervention = (paper_masking(self.loaded.family.kind, mask_top_k, mask_eps, mask_source) if mask_top_k
                              else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else None)
         self.seed = seed
+        self._overridden: set[int] = set()
 
     # -- requests --------------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -78,14 +80,15 @@ class SinklibLM(LM):
         groups: dict[tuple, list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
             _, gen_kwargs = request.args
-            groups[tuple(_stops(gen_kwargs))].append(index)
+            groups[(tuple(_stops(gen_kwargs)), gen_kwargs.get("max_gen_toks"))].append(index)
         bar = tqdm(total=len(requests), desc="sinklib generate_until", disable=disable_tqdm or self.rank != 0)
-        for stops, indices in groups.items():
+        for (stops, max_gen_toks), indices in groups.items():
+            settings = self.settings_for(max_gen_toks)
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start:start + self.batch_size]
                 traces = sinklib.generate(self.loaded, [requests[i].args[0] for i in chunk], chat=False, progress=False,
                                           seed=self.seed, intervention=self.intervention, keep_scores=False,
-                                          **self.settings)
+                                          **settings)
                 for index, trace in zip(chunk, traces):
                     text = cut_at_stops(trace.text, stops)
                     outputs[index] = text
@@ -93,6 +96,23 @@ class SinklibLM(LM):
                 bar.update(len(chunk))
         bar.close()
         return outputs  # type: ignore[return-value]
+
+    def settings_for(self, max_gen_toks: int | None) -> dict[str, Any]:
+        """A task's max_gen_toks is the generation length unless model_args set gen_length, which then wins
+        (said once in the log); the block layout follows sampling()'s rule."""
+        steps, gen_length, block_length = self._layout
+        if max_gen_toks is None or max_gen_toks == self.settings["gen_length"]:
+            return self.settings
+        if gen_length is not None:
+            if max_gen_toks not in self._overridden:
+                self._overridden.add(max_gen_toks)
+                logger.warning("the task asks for max_gen_toks=%s; model_args gen_length=%s is used instead",
+                               max_gen_toks, gen_length)
+            return self.settings
+        from sinklib.experiments import sampling
+
+        fitted = sampling(self.loaded, steps, int(max_gen_toks), block_length)
+        return {**self.settings, **fitted}
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError("the sinklib lm-eval model runs generate_until tasks only: a masked diffusion model "

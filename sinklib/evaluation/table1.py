@@ -15,6 +15,7 @@ import sinklib
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
+from sinklib.experiments import fit_layout
 from sinklib.interventions import MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel
 
@@ -115,10 +116,12 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                   random_control: bool = True, eps: float = 3.0, source: str = "previous_step", limit: int | None = None,
                   out_dir: str | Path | None = None, batch_size: int = 8, seed: int = 0,
                   allow_code_execution: bool = False, progress: bool = True, task_path: str | None = None,
-                  settings: dict[str, Any] | None = None) -> MaskingTable:
+                  settings: dict[str, Any] | None = None, steps: int | None = None, gen_length: int | None = None,
+                  block_length: int | None = None) -> MaskingTable:
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
     masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
-    (default: table1_settings). Each run is written to out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
+    (default: table1_settings); steps / gen_length / block_length refit each model's layout (experiments.fit_layout,
+    block_length for LLaDA/MMaDA only). Each run is written to out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
     a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
     require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
     if not ks:
@@ -132,7 +135,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     rows = []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else sinklib.load(model)
-        run_settings = {**table1_settings(loaded, task), **(settings or {})}
+        run_settings = {**fit_layout(table1_settings(loaded, task), steps, gen_length, block_length), **(settings or {})}
         for condition, k, intervention in conditions(loaded.family.kind, ks, random_control, eps, source, seed):
             out = None
             if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh
