@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 VENV4 ?= .venv-tf4
 PY4 := $(VENV4)/bin/python
 # The unit tests also run on the last transformers 4.x the remote-code checkpoints were written for.
-UNIT_ON_TF4 := --ignore=tests/test_zoo.py --ignore=tests/test_notebooks.py --ignore=tests/test_explorer.py --ignore=tests/test_table1.py
+UNIT_ON_TF4 := --ignore=tests/test_zoo.py --ignore=tests/test_notebooks.py --ignore=tests/test_explorer.py --ignore=tests/test_table1.py --ignore=tests/test_reproduce_checkpoints.py
 
 .PHONY: setup test figures benchmark
 

@@ -57,7 +57,9 @@ class Trace:
         return torch.where(first == self.n_steps, torch.full_like(first, -1), first)
 
     def token_text(self, token_id: int) -> str:
-        return self.token_strings.get(int(token_id), str(int(token_id)))
+        """The token's text, or its id where the tokenizer has none (ids past a tokenizer in a padded vocabulary)."""
+        text = self.token_strings.get(int(token_id))
+        return str(int(token_id)) if text is None else text
 
     def to_frame(self, steps=None, layers=None, heads=None) -> pd.DataFrame:
         """Tidy scores: one row per (step, layer, head, position) with the token at that position and step.
