@@ -93,7 +93,7 @@ def _write_tokenizer(family: str, folder: Path) -> None:
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     # written by hand, as 4.x-era checkpoints hold them: both transformers majors read these files alike
-    raw = Tokenizer(models.WordLevel({w: i for w, i in ids.items() if w not in specials[2:] and w != specials[0]}, unk_token=specials[1]))
+    raw = Tokenizer(models.WordLevel(ids, unk_token=specials[1]))  # specials keep these ids when marked special below
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     raw.save(str(folder / "tokenizer.json"))

@@ -64,7 +64,7 @@ def test_load_gives_the_model_its_own_code_builds(folders, family, mmada_env):
     assert trace.tokens.tolist() == expected.tokens.tolist()
     torch.testing.assert_close(trace.scores, expected.scores, rtol=0, atol=1e-6)
     chat_start = {"dream": "<|im_start|>", "llada": "<|startoftext|>", "mmada": "<|startoftext|>"}[family]
-    assert trace.tokens[0, 0].item() == ids[chat_start]  # the family's chat template was applied
+    assert trace.tokens[0, 0].item() == ids[chat_start], trace.tokens[0].tolist()  # the chat template was applied
 
 
 def test_native_llama_folder_is_the_autoregressive_family(folders):
