@@ -113,6 +113,26 @@ def attention_statistics(
     return AttentionStats(scores, query_count, key_valid, maps, last_row)
 
 
+def _base_allowed(attn_mask: torch.Tensor | None, is_causal: bool, shape: tuple[int, int, int, int], device) -> torch.Tensor:
+    """The model's own [B, H, Sq, Sk] allowed pattern (its mask and/or is_causal)."""
+    batch, heads, n_queries, n_keys = shape
+    base = as_4d(attn_mask) if attn_mask is not None else torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    allowed = allowed_from_mask(base)
+    if is_causal:
+        allowed = allowed & causal_allowed(n_queries, n_keys, device)
+    return allowed.expand(batch, heads, n_queries, n_keys)
+
+
+def heads_left_without_keys(attn_mask: torch.Tensor | None, is_causal: bool, key_mask: torch.Tensor, n_queries: int) -> torch.Tensor:
+    """[B, H] bool: (batch, head) pairs where masking key_mask [B, H, Sk] leaves no query row any key — a mask
+    that cannot be applied (softmax over nothing), which the capture refuses rather than silently skipping."""
+    batch, heads, n_keys = key_mask.shape
+    allowed = _base_allowed(attn_mask, is_causal, (batch, heads, n_queries, n_keys), key_mask.device)
+    had_keys = allowed.any(-1).any(-1)
+    keeps_keys = (allowed & ~key_mask[:, :, None, :]).any(-1).any(-1)
+    return had_keys & ~keeps_keys
+
+
 def mask_keys(
     attn_mask: torch.Tensor | None,
     is_causal: bool,
@@ -122,20 +142,17 @@ def mask_keys(
     """A [B, H, Sq, Sk] mask equal to the model's own plus −∞ at key_mask [B, H, Sk] for every query.
 
     A query row that the extra keys would leave with nothing to attend to keeps its original row, so the
-    intervention never produces NaN (e.g. a causal first token whose only key is a chosen sink)."""
+    intervention never produces NaN (e.g. a causal first token whose only key is a chosen sink). A mask that
+    would leave *every* row of a head without keys is refused earlier (heads_left_without_keys)."""
     batch, heads, n_keys = key_mask.shape
     device = key_mask.device
-    base = as_4d(attn_mask) if attn_mask is not None else torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
-    base_allowed = allowed_from_mask(base)
-    if is_causal:
-        base_allowed = base_allowed & causal_allowed(n_queries, n_keys, device)
-    base_allowed = base_allowed.expand(batch, heads, n_queries, n_keys)
+    base_allowed = _base_allowed(attn_mask, is_causal, (batch, heads, n_queries, n_keys), device)
     kill = key_mask[:, :, None, :].expand(batch, heads, n_queries, n_keys)
     dead_rows = ~(base_allowed & ~kill).any(-1, keepdim=True)
     kill = kill & ~dead_rows
-    if attn_mask is None or base.dtype == torch.bool:
+    if attn_mask is None or attn_mask.dtype == torch.bool:
         return base_allowed & ~kill
-    additive = base.expand(batch, heads, n_queries, n_keys)
+    additive = as_4d(attn_mask).expand(batch, heads, n_queries, n_keys)
     if is_causal:
         additive = additive.masked_fill(~causal_allowed(n_queries, n_keys, device), float("-inf"))
     return additive.masked_fill(kill, float("-inf"))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sinklib._checks import check_int
-from sinklib.attention_math import AttentionStats, attention_statistics, mask_keys
+from sinklib.attention_math import AttentionStats, attention_statistics, heads_left_without_keys, mask_keys
 from sinklib.layers import AttentionLayer, attention_layers
 
 MapRequest = tuple[int, "int | str", int]
@@ -181,7 +181,14 @@ class Recorder:
         return wanted
 
     # -- step bookkeeping (hooks) ------------------------------------------------------------------
-    def _begin_step(self, module, args) -> None:
+    def _begin_step(self, module, args, kwargs) -> None:
+        wants_maps = kwargs.get("output_attentions")
+        if wants_maps is None:
+            wants_maps = getattr(getattr(module, "config", None), "output_attentions", False)
+        if wants_maps:
+            raise CaptureError("output_attentions=True is not allowed under sinklib.capture: it switches the model to "
+                               "eager attention, which the capture cannot see; ask the capture for maps=[(step, layer, "
+                               "head), ...] instead")
         if self._open is not None:
             raise CaptureError("the captured model's forward was re-entered before it returned; one forward = one step")
         self._open = {"scores": {}, "masked": {}, "query_count": {}, "layers_ran": set()}
@@ -260,6 +267,12 @@ class Recorder:
         if key_mask is not None:
             key_mask = _checked_key_mask(key_mask, batch, heads, n_keys, q.device)
         if key_mask is not None and bool(key_mask.any()):
+            stranded = heads_left_without_keys(mask, is_causal, key_mask, n_queries)
+            if bool(stranded.any()):
+                b, h = (int(i) for i in stranded.nonzero()[0])
+                raise ValueError(f"intervention={self.intervention!r} is not allowed here: at step {step}, {layer.name} "
+                                 f"(batch {b}, head {h}) it masks every key a query may attend to, which would leave "
+                                 "the softmax nothing; it must leave at least one key per head")
             eff_mask = mask_keys(mask, is_causal, key_mask, n_queries)
             output = _original_sdpa(q, key, value, attn_mask=eff_mask.to(q.dtype) if eff_mask.dtype != torch.bool else eff_mask,
                                     dropout_p=dropout_p, is_causal=False, scale=scale,
@@ -331,6 +344,31 @@ def _check_sdpa_visible(model: nn.Module) -> None:
                            "model.set_attn_implementation('sdpa')")
 
 
+def _as_module(model, layer_names):
+    """A LoadedModel (sinklib.load's result) stands for its module and its layer names; anything else must be an
+    nn.Module."""
+    from sinklib.loading import LoadedModel
+
+    if isinstance(model, LoadedModel):
+        return model.model, layer_names if layer_names is not None else model.layer_names
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model={type(model).__name__} is not allowed: capture takes a torch nn.Module or the "
+                        "LoadedModel that sinklib.load returns")
+    return model, layer_names
+
+
+def check_intervention(intervention) -> None:
+    """An intervention is None or an object with reset(), keys_to_mask(call) and observe(call, stats) — e.g.
+    sinklib.MaskSinks(top_k=1); refused here, before any forward, rather than failing inside one."""
+    if intervention is None:
+        return
+    missing = [name for name in ("reset", "keys_to_mask", "observe") if not callable(getattr(intervention, name, None))]
+    if missing:
+        raise TypeError(f"intervention={intervention!r} is not allowed: it must be None or a sinklib Intervention "
+                        f"(MaskSinks, MaskRandomKeys, MaskKeys, or an object with reset, keys_to_mask and observe); "
+                        f"it lacks {missing}")
+
+
 @contextlib.contextmanager
 def capture(
     model: nn.Module,
@@ -351,6 +389,8 @@ def capture(
     keep_steps: False keeps no per-step scores (steps are still counted, maps and the intervention still
     work): for long evaluation runs that only need the tokens.
     """
+    model, layer_names = _as_module(model, layer_names)
+    check_intervention(intervention)
     if getattr(model, "_sinklib_capture_active", False):
         raise CaptureError("capture is already active on this model; nesting captures of one model is not supported "
                            "(ask one capture for all maps and the intervention you need)")
@@ -360,8 +400,11 @@ def capture(
     layers = attention_layers(model, layer_names)
     recorder = Recorder(model, layers, maps, intervention, chunk_size, store_device, keep_steps)
     if intervention is not None:
+        check_fits = getattr(intervention, "check", None)
+        if callable(check_fits):
+            check_fits(layers, None)
         intervention.reset()
-    handles = [model.register_forward_pre_hook(recorder._begin_step),
+    handles = [model.register_forward_pre_hook(recorder._begin_step, with_kwargs=True),
                model.register_forward_hook(recorder._end_step, always_call=True)]
     for layer in layers:
         handles.append(layer.module.register_forward_pre_hook(lambda module, args, layer=layer: recorder._enter_layer(layer)))

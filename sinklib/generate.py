@@ -6,11 +6,12 @@ import dataclasses
 import platform
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from sinklib._checks import bad_value, check_int
-from sinklib.capture import capture
+from sinklib.capture import capture, check_intervention
 from sinklib.layers import attention_layers
 from sinklib.families.base import left_pad
 from sinklib.loading import LoadedModel, load
@@ -22,7 +23,11 @@ _FAMILY_ONLY = {"alg": "dream", "alg_temp": "dream", "top_p": "dream", "top_k": 
 
 def encode(loaded: LoadedModel, prompt, chat: bool) -> list[int]:
     """Text through the chat template (when asked and available) or plain tokenisation; ids pass through."""
+    if isinstance(prompt, np.ndarray):
+        prompt = torch.from_numpy(prompt)
     if isinstance(prompt, torch.Tensor):
+        if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+            raise bad_value("prompt", f"a {prompt.dtype} tensor", "token ids as an integer tensor")
         ids = prompt.flatten().tolist()
     elif isinstance(prompt, str):
         if loaded.tokenizer is None:
@@ -35,11 +40,26 @@ def encode(loaded: LoadedModel, prompt, chat: bool) -> list[int]:
             ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         else:
             ids = loaded.tokenizer(prompt)["input_ids"]
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = list(prompt)
     else:
-        ids = [int(t) for t in prompt]
+        raise bad_value("prompt", prompt, "a text, a list of token ids (ints), a 1-d tensor of ids, or a list of these")
     if not ids:
         raise bad_value("prompt", prompt, "a non-empty text or a non-empty list of token ids")
+    vocab = _vocab_size(loaded)
+    outside = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+    if outside:
+        raise bad_value("prompt", outside[:5], f"token ids in 0..{vocab - 1 if vocab else 'vocab'} (the vocabulary of {loaded.name})")
     return list(ids)
+
+
+def _vocab_size(loaded: LoadedModel) -> int | None:
+    config = getattr(loaded.model, "config", None)
+    size = getattr(config, "vocab_size", None) or getattr(config, "embedding_size", None)
+    if isinstance(size, int):
+        return size
+    embeddings = loaded.model.get_input_embeddings() if hasattr(loaded.model, "get_input_embeddings") else None
+    return getattr(embeddings, "num_embeddings", None)
 
 
 def _settings(loaded: LoadedModel, options: dict[str, Any]):
@@ -60,9 +80,9 @@ def _settings(loaded: LoadedModel, options: dict[str, Any]):
 def _is_single(prompt) -> bool:
     if isinstance(prompt, str):
         return True
-    if isinstance(prompt, torch.Tensor):
-        return prompt.dim() == 1
-    return len(prompt) == 0 or not isinstance(prompt[0], (str, list, tuple, torch.Tensor))
+    if isinstance(prompt, (torch.Tensor, np.ndarray)):
+        return prompt.ndim == 1
+    return len(prompt) == 0 or not isinstance(prompt[0], (str, list, tuple, torch.Tensor, np.ndarray))
 
 
 def generate(
@@ -99,12 +119,15 @@ def generate(
     """
     loaded = model if isinstance(model, LoadedModel) else load(model)
     check_int(seed, "seed", 0)
+    check_intervention(intervention)
     diffusion = loaded.family.kind == "diffusion"
     if diffusion and steps is None:
         raise bad_value("steps", steps, "an integer >= 1 (the number of denoising forwards)")
     settings = _settings(loaded, dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
                                       remasking=remasking, cfg_scale=cfg_scale, alg=alg, alg_temp=alg_temp, top_p=top_p,
                                       top_k=top_k, eps=eps))
+    if prompt is None or isinstance(prompt, (int, float)):
+        raise bad_value("prompt", prompt, "a text, a list of token ids, or a list of texts / id lists")
     single = _is_single(prompt)
     prompts = [prompt] if single else list(prompt)
     if not prompts:
@@ -118,6 +141,7 @@ def generate(
     ids, prompt_mask = ids.to(loaded.device), prompt_mask.to(loaded.device)
     generator = torch.Generator(device=loaded.device).manual_seed(seed)
     total = settings.steps if diffusion else gen_length
+    _check_fits_run(loaded, maps, intervention, total)
     watched = keep_scores or intervention is not None or bool(maps)
     recording = capture(loaded.model, maps=maps, intervention=intervention, layer_names=loaded.layer_names,
                         keep_steps=keep_scores) if watched else contextlib.nullcontext(None)
@@ -137,6 +161,19 @@ def generate(
         canvases = loaded.family.sample(forward if diffusion else forward_cached, ids, prompt_mask, settings, generator)
     traces = _split(loaded, rec, canvases, encoded, settings, seed, intervention, chat, prompts, diffusion)
     return traces[0] if single else traces
+
+
+def _check_fits_run(loaded: LoadedModel, maps, intervention, total: int) -> None:
+    """Map requests and intervention settings this run can never reach are refused before it starts (an
+    autoregressive run makes at most gen_length forwards; it may stop earlier at an end token)."""
+    late = sorted({item[0] for item in maps or () if isinstance(item, (tuple, list)) and len(item) == 3
+                   and isinstance(item[0], int) and item[0] >= total})
+    if late:
+        raise bad_value("maps", [m for m in maps if m[0] in late][:5], f"(step, layer, head) triples with step < {total}, "
+                        "the number of forwards this run makes")
+    check_fits = getattr(intervention, "check", None)
+    if callable(check_fits):
+        check_fits(attention_layers(loaded.model, loaded.layer_names), total)
 
 
 def _split(loaded, rec, canvases, encoded, settings, seed, intervention, chat, prompts, diffusion) -> list[Trace]:

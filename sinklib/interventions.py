@@ -10,6 +10,7 @@ import torch
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.attention_math import AttentionStats
 from sinklib.capture import AttentionCall
+from sinklib.layers import AttentionLayer
 from sinklib.sinks import positions_to_mask, top_sinks
 
 
@@ -18,6 +19,10 @@ class Intervention:
 
     def reset(self) -> None:
         """Forget all state; called when a capture starts."""
+
+    def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
+        """Refuse, before any forward runs, settings this model (its attention layers) or this run (n_steps
+        forwards; None when unknown) could never apply — an out-of-range layer would otherwise mask nothing."""
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
         """bool [batch, heads, keys] (or broadcastable), or None for nothing."""
@@ -116,6 +121,11 @@ class MaskRandomKeys(Intervention):
     def __repr__(self) -> str:
         return f"MaskRandomKeys(k={self.k}, seed={self.seed}, start_step={self.start_step})"
 
+    def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
+        if n_steps is not None and self.k and self.start_step >= n_steps:
+            raise bad_value("start_step", self.start_step, f"< {n_steps}, the number of forwards this run makes "
+                            "(from start_step on keys are masked; later than the last step masks nothing)")
+
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
         if self.k == 0 or call.step < self.start_step:
             return None
@@ -143,6 +153,18 @@ class MaskKeys(Intervention):
 
     def __repr__(self) -> str:
         return f"MaskKeys(positions={self.positions}, layers={self.layers}, heads={self.heads}, steps={self.steps})"
+
+    def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
+        too_deep = sorted(x for x in self.layers or () if x >= len(layers))
+        if too_deep:
+            raise bad_value("layers", too_deep, f"layer indices < {len(layers)} (this model's attention layers)")
+        known = [layer.n_heads for layer in layers if layer.n_heads is not None]
+        bad_heads = sorted(h for h in self.heads or () if known and h >= min(known))
+        if bad_heads:
+            raise bad_value("heads", bad_heads, f"head indices < {min(known)} (heads per attention layer)")
+        late = sorted(x for x in self.steps or () if n_steps is not None and x >= n_steps)
+        if late:
+            raise bad_value("steps", late, f"step indices < {n_steps}, the number of forwards this run makes")
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
         if (self.layers is not None and call.layer not in self.layers) or (self.steps is not None and call.step not in self.steps):

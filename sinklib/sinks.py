@@ -5,8 +5,9 @@ pass the mean over keys is exactly 1). The last dimension is always the key axis
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -15,12 +16,36 @@ from sinklib._checks import bad_value, check_choice, check_eps, check_int
 UNITS = ("sum", "mean")
 
 
+def as_scores(scores: Any, param: str = "scores") -> torch.Tensor:
+    """A float tensor [..., keys] from a tensor, a numpy array or a (nested) list of numbers; anything else is
+    refused naming the parameter. Integer inputs become float32."""
+    if isinstance(scores, torch.Tensor):
+        tensor = scores
+    elif isinstance(scores, (np.ndarray, list, tuple)):
+        try:
+            tensor = torch.as_tensor(np.asarray(scores, dtype=np.float32))
+        except (ValueError, TypeError):
+            raise bad_value(param, type(scores).__name__, "a tensor, numpy array or rectangular list of numbers") from None
+    else:
+        raise bad_value(param, type(scores).__name__, "a tensor, numpy array or rectangular list of numbers [..., keys]")
+    if tensor.dim() == 0 or tensor.shape[-1] == 0:
+        raise bad_value(param, f"a tensor of shape {tuple(tensor.shape)}", "at least one key on the last axis")
+    if not (tensor.is_floating_point() or tensor.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)):
+        raise bad_value(param, f"a {tensor.dtype} tensor", "a real-valued tensor")
+    return tensor if tensor.is_floating_point() else tensor.float()
+
+
 def _valid_mask(scores: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """Where keys count: `valid` (default all) and never where the score is NaN — an autoregressive trace holds
+    NaN for keys a step could not see."""
+    present = ~torch.isnan(scores)
     if valid is None:
-        return torch.ones_like(scores, dtype=torch.bool)
+        return present
+    if not isinstance(valid, torch.Tensor):
+        valid = torch.as_tensor(np.asarray(valid, dtype=bool))
     valid = valid.to(torch.bool)
     try:
-        return valid.expand_as(scores)
+        return valid.expand_as(scores) & present
     except RuntimeError:
         raise bad_value("valid", tuple(valid.shape), f"a bool tensor broadcastable to the scores' shape {tuple(scores.shape)}") from None
 
@@ -31,7 +56,7 @@ def in_units(
     """Scores expressed in `units`: "sum" returns them as given; "mean" divides by the number of query rows
     (the paper's (1/S)·Σ_i A_ij). n_queries defaults to the number of valid keys (a square pass)."""
     check_choice(units, "units", UNITS)
-    scores = scores.float()
+    scores = as_scores(scores).float()
     if units == "sum":
         return scores
     if n_queries is None:
@@ -42,8 +67,9 @@ def in_units(
 
 
 def sink_margin(scores: torch.Tensor, *, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """s_j − mean_{k≠j} s_k over valid keys (same units as `scores`); −inf where j is invalid or alone."""
-    scores = scores.float()
+    """s_j − mean_{k≠j} s_k over valid keys (same units as `scores`); −inf where j is invalid or alone.
+    NaN scores count as invalid keys."""
+    scores = as_scores(scores).float()
     valid = _valid_mask(scores, valid)
     zeroed = torch.where(valid, scores, torch.zeros_like(scores))
     total = zeroed.sum(-1, keepdim=True)
@@ -65,10 +91,13 @@ def find_sinks(
 
     scores: [..., keys], sum units (sum over queries). eps is compared in `units` ("sum", the default, or
     "mean" = divided by the number of query rows). valid: optional bool [..., keys]; invalid keys (padding)
-    are never sinks and do not enter the mean. Returns a bool tensor shaped like scores.
+    are never sinks and do not enter the mean; NaN scores (keys a step could not see) are invalid too.
+    Returns a bool tensor shaped like scores.
     """
     eps = check_eps(eps)
     check_choice(units, "units", UNITS)
+    scores = as_scores(scores)
+    valid = _valid_mask(scores, valid)
     return sink_margin(in_units(scores, units, valid=valid, n_queries=n_queries), valid=valid) > eps
 
 
@@ -88,6 +117,7 @@ def top_sinks(
     Returns int64 [..., k].
     """
     eps = check_eps(eps)
+    scores = as_scores(scores)
     check_int(k, "k", 0, scores.shape[-1])
     eligible = find_sinks(scores, eps, units, valid=valid) if threshold else _valid_mask(scores, valid)
     if k == 0:
@@ -121,7 +151,8 @@ def threshold_sweep(
     if len(eps_values) == 0:
         raise bad_value("eps_values", list(eps_values), "a non-empty sequence of finite numbers >= 0")
     eps_list = [check_eps(e, "eps_values[]") for e in eps_values]
-    parts = [scores] if isinstance(scores, torch.Tensor) else list(scores)
+    parts = [as_scores(scores)] if not isinstance(scores, (list, tuple)) or not scores or not isinstance(scores[0], (torch.Tensor, np.ndarray)) \
+        else [as_scores(part, "scores[]") for part in scores]
     if valid is not None and len(parts) > 1:
         raise bad_value("valid", "a tensor", "None when scores is a list (mark invalid keys with NaN instead)")
     margins, tokens = [], 0
