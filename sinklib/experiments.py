@@ -82,13 +82,27 @@ def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | 
     for index, text in enumerate(tqdm(texts, desc=f"traces {loaded.name}", disable=not progress)):
         folder = Path(out) / f"trace-{index:04d}" if out is not None else None
         if folder is not None and (folder / "meta.json").exists():
-            traces.append(Trace.load(folder))
+            traces.append(_resumed(Trace.load(folder), folder, loaded, text, seed + index, intervention, settings))
             continue
         trace = sinklib.generate(loaded, text, seed=seed + index, chat=chat, progress=False, intervention=intervention, **settings)
         if folder is not None:
             trace.save(folder)
         traces.append(trace)
     return traces
+
+
+def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: int, intervention, settings: dict) -> Trace:
+    """A trace saved by an earlier run is reused only if that run asked for the same thing."""
+    meta = trace.meta
+    saved = meta.get("settings", {})
+    differs = {key: (meta.get(key), want) for key, want in (("model", loaded.name), ("prompt", text), ("seed", seed),
+               ("intervention", repr(intervention) if intervention is not None else None)) if meta.get(key) != want}
+    differs.update({key: (saved.get(key), value) for key, value in settings.items()
+                    if value is not None and key in saved and saved[key] != value})
+    if differs:
+        raise ValueError(f"out={str(folder.parent)!r} is not allowed: {folder.name} was written by another run "
+                         f"(saved vs asked: {differs}); use a new folder or delete it")
+    return trace
 
 
 def replay_map(loaded: LoadedModel, trace: Trace, step: int, layer: int, head: int) -> torch.Tensor:

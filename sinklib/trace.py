@@ -13,7 +13,9 @@ Shapes (one prompt; padding already removed):
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,33 +106,120 @@ class Trace:
                                                   ("rows", pa.int64()), ("map", pa.list_(pa.float32()))])),
                        folder / "maps.parquet")
         meta = {"prompt_len": self.prompt_len, "layer_names": self.layer_names, "text": self.text,
-                "token_strings": {str(k): v for k, v in self.token_strings.items()}, "meta": self.meta,
-                "shape": [steps, layers, heads, seq], "has_masked_keys": self.masked_keys is not None}
-        (folder / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+                "token_strings": {str(k): v for k, v in self.token_strings.items()}, "meta": _to_json(self.meta),
+                "shape": [steps, layers, heads, seq], "has_masked_keys": self.masked_keys is not None,
+                "format": FORMAT}
+        meta["sha256"] = {name: _sha256_file(folder / name) for name in _DATA_FILES}
+        meta["sha256"]["meta.json"] = _sha256_meta(meta)
+        # meta.json last and atomically: its presence means the folder is complete (resumed runs rely on it)
+        partial = folder / "meta.json.partial"
+        partial.write_text(json.dumps(meta, indent=1, sort_keys=True))
+        os.replace(partial, folder / "meta.json")
         return folder
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
+        """Read a folder written by save(), refusing one whose files were changed or cut since (each file's
+        SHA-256 is in meta.json) or whose tables do not have the shape meta.json declares."""
         folder = Path(path)
         if not (folder / "meta.json").exists():
             raise FileNotFoundError(f"path={str(path)!r} is not a saved Trace (no meta.json in it)")
-        meta = json.loads((folder / "meta.json").read_text())
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+        except ValueError as error:
+            raise ValueError(f"path={str(path)!r} is not a readable Trace: meta.json is not valid JSON ({error})") from None
+        _verify(folder, meta)
         steps, layers, heads, seq = meta["shape"]
         table = pq.read_table(folder / "scores.parquet")
+        _expect(folder, "scores.parquet", table, steps * layers * heads, seq, "scores")
+        expected = np.meshgrid(np.arange(steps), np.arange(layers), np.arange(heads), indexing="ij")
+        for name, grid in zip(("step", "layer", "head"), expected):
+            if not np.array_equal(table[name].to_numpy(), grid.ravel()):
+                raise ValueError(f"path={str(path)!r} is not a consistent Trace: scores.parquet's {name} column does not "
+                                 f"match the shape {meta['shape']} in meta.json")
         scores = torch.from_numpy(_unlist(table["scores"], np.float32, seq)).reshape(steps, layers, heads, seq)
         masked = None
         if meta["has_masked_keys"]:
             masked = torch.from_numpy(_unlist(table["masked"], np.bool_, seq)).reshape(steps, layers, heads, seq)
         canvas = pq.read_table(folder / "canvas.parquet")
+        _expect(folder, "canvas.parquet", canvas, steps + 1, seq, "tokens")
         tokens = torch.from_numpy(_unlist(canvas["tokens"], np.int64, seq))
         is_masked = torch.from_numpy(_unlist(canvas["is_masked"], np.bool_, seq))[:-1]
         maps = {}
         for row in pq.read_table(folder / "maps.parquet").to_pylist():
             flat = torch.tensor(row["map"], dtype=torch.float32)
+            if row["rows"] < 1 or flat.numel() % row["rows"]:
+                raise ValueError(f"path={str(path)!r} is not a consistent Trace: map {row['step'], row['layer'], row['head']} "
+                                 f"has {flat.numel()} values for {row['rows']} rows")
             maps[(row["step"], row["layer"], row["head"])] = flat.reshape(row["rows"], -1)
         return cls(scores=scores, tokens=tokens, is_masked=is_masked, prompt_len=meta["prompt_len"],
                    layer_names=meta["layer_names"], text=meta["text"], masked_keys=masked, maps=maps,
-                   token_strings={int(k): v for k, v in meta["token_strings"].items()}, meta=meta["meta"])
+                   token_strings={int(k): v for k, v in meta["token_strings"].items()}, meta=_from_json(meta["meta"]))
+
+
+FORMAT = 2  # 2: SHA-256 of every file in meta.json, tuples and non-string keys kept in meta
+_DATA_FILES = ("scores.parquet", "canvas.parquet", "maps.parquet")
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sha256_meta(meta: dict) -> str:
+    """The digest of meta.json's content other than the meta.json digest itself."""
+    body = {**meta, "sha256": {k: v for k, v in meta.get("sha256", {}).items() if k != "meta.json"}}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _verify(folder: Path, meta: dict) -> None:
+    digests = meta.get("sha256") if isinstance(meta, dict) else None
+    if not isinstance(digests, dict):
+        raise ValueError(f"path={str(folder)!r} is not a verifiable Trace: meta.json has no checksums (written by an "
+                         "older sinklib, or edited); generate it again")
+    if digests.get("meta.json") != _sha256_meta(meta):
+        raise ValueError(f"path={str(folder)!r} is a damaged Trace: meta.json was changed after it was written")
+    for name in _DATA_FILES:
+        if not (folder / name).exists():
+            raise ValueError(f"path={str(folder)!r} is an incomplete Trace: {name} is missing")
+        if _sha256_file(folder / name) != digests.get(name):
+            raise ValueError(f"path={str(folder)!r} is a damaged Trace: {name} does not match its SHA-256 in meta.json "
+                             "(changed or cut after it was written)")
+
+
+def _expect(folder: Path, name: str, table: pa.Table, rows: int, width: int, column: str) -> None:
+    list_width = getattr(table.schema.field(column).type, "list_size", None)
+    if table.num_rows != rows or list_width != width:
+        raise ValueError(f"path={str(folder)!r} is not a consistent Trace: {name} holds {table.num_rows} rows of "
+                         f"{list_width} values, meta.json's shape needs {rows} of {width}")
+
+
+def _to_json(value: Any) -> Any:
+    """JSON that keeps tuples and non-string dict keys (plain json turns both into something else)."""
+    if isinstance(value, tuple):
+        return {"__tuple__": [_to_json(v) for v in value]}
+    if isinstance(value, list):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and "__tuple__" not in value and "__items__" not in value:
+            return {k: _to_json(v) for k, v in value.items()}
+        return {"__items__": [[_to_json(k), _to_json(v)] for k, v in value.items()]}
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"__tuple__"}:
+            return tuple(_from_json(v) for v in value["__tuple__"])
+        if set(value) == {"__items__"}:
+            return {_hashable(_from_json(k)): _from_json(v) for k, v in value["__items__"]}
+        return {k: _from_json(v) for k, v in value.items()}
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
 def _next_masked(tokens: torch.Tensor, is_masked: torch.Tensor) -> torch.Tensor:

@@ -143,9 +143,19 @@ def test_random_control_masks_k_valid_keys_from_step_one_reproducibly():
 def test_random_control_never_picks_padding():
     model = StandInLM()
     padding = torch.tensor([[1] * 12, [0] * 6 + [1] * 6])
-    with torch.no_grad(), sinklib.capture(model, intervention=sinklib.MaskRandomKeys(k=6, seed=0, start_step=0)) as rec:
+    with torch.no_grad(), sinklib.capture(model, intervention=sinklib.MaskRandomKeys(k=5, seed=0, start_step=0)) as rec:
         model(IDS, attention_mask=padding)
-    assert not rec.masked_keys[0, :, 1, :, :6].any() and rec.masked_keys[0, :, 1, :, 6:].all()
+    assert not rec.masked_keys[0, :, 1, :, :6].any() and (rec.masked_keys[0, :, 1, :, 6:].sum(-1) == 5).all()
+
+
+@pytest.mark.parametrize("policy", [sinklib.MaskRandomKeys(k=6, start_step=0), sinklib.MaskKeys(list(range(6, 12)))])
+def test_masking_every_key_of_a_row_is_refused_not_silently_skipped(policy):
+    """Before: rows left without a key kept their own row, so nothing was masked while the trace said all was."""
+    model = StandInLM()
+    padding = torch.tensor([[1] * 12, [0] * 6 + [1] * 6])
+    with pytest.raises(ValueError, match=r"intervention=Mask.*batch 1, head 0\) it masks every key"):
+        with torch.no_grad(), sinklib.capture(model, intervention=policy):
+            model(IDS, attention_mask=padding)
 
 
 @pytest.mark.parametrize("make, message", [
