@@ -5,7 +5,9 @@ only when the caller passes trust_remote_code=True.
 """
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,11 +101,67 @@ def _offline_hint(name: str) -> str:
             f"`huggingface-cli download {name} --local-dir /path/to/{name.split('/')[-1]}` and pass that folder.")
 
 
-def _resolve_path(name: str) -> str:
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def zoo_names() -> list[str]:
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file()) if ZOO_DIR.is_dir() else []
+
+
+def resolve_name(name: str) -> str:
+    """A zoo name, a local folder or a hub id → what transformers should open, settled offline where it can be:
+    a mistyped zoo name, a missing folder or a folder without config.json is refused at once (with "did you
+    mean"), never after a minute of hub retries."""
     zoo = ZOO_DIR / name
-    if zoo.is_dir():
+    if "/" not in name and os.sep not in name and zoo.is_dir():
         return str(zoo)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise bad_value("name_or_model", name, "a model folder (this is a file), a zoo name or a hub id")
+        if not (path / "config.json").is_file():
+            raise bad_value("name_or_model", name, "a model folder with a config.json (this folder has none)")
+        return str(path)
+    close = difflib.get_close_matches(name, zoo_names(), n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
+    if looks_like_path or not _HUB_ID.match(name) or close:
+        raise bad_value("name_or_model", name, f"a zoo name {zoo_names()}, an existing local folder or a hub id "
+                        f"'org/name'{hint}")
+    if not _hub_cached(name) and not _hub_reachable():
+        raise OSError(_offline_hint(name))
     return name
+
+
+def _hub_cached(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an id the cache cannot even parse is simply not cached
+        return False
+
+
+def _hub_reachable() -> bool:
+    """One DNS lookup instead of the hub client's five retries with back-off."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+        return True
+    except OSError:
+        return False
+
+
+def _check_family(given: str | None, declared: str | None, name: str) -> None:
+    """family= may name a family the config does not declare only when the config declares none: LLaDA weights
+    run as an autoregressive model would silently generate garbage."""
+    if given is not None and declared is not None and given != declared:
+        raise bad_value("family", given, f"{declared!r} or None for {name!r}, whose config declares the {declared} family")
 
 
 def _load_config(path: str, trust_remote_code: bool):
@@ -151,8 +209,9 @@ def load(
         name = str(name_or_model)
         if not name:
             raise bad_value("name_or_model", name, "a hub id, a local folder, a zoo name or an nn.Module")
-        path = _resolve_path(name)
+        path = resolve_name(name)
         raw = _raw_config(path)
+        _check_family(family, infer_family_from_dict(raw), name)
         declared = family or infer_family_from_dict(raw)
         mmada_without_code = declared == "mmada" and "auto_map" not in raw
         # checked here, not left to transformers: once a process has imported a model type's code (an earlier
@@ -168,6 +227,7 @@ def load(
         if trust_remote_code and compat.needs_fixes():
             compat.apply_default_rope()
         config = _load_config(path, trust_remote_code)
+        _check_family(family, infer_family(config), name)
         if compat.needs_fixes() and not type(config).__module__.startswith("transformers.") and compat.restore_use_cache(config, raw):
             fixes.append("config_use_cache")
         model = _load_model(path, config, family or infer_family(config), dtype, trust_remote_code, fixes)
@@ -178,6 +238,7 @@ def load(
             fixes.append("rotary_inv_freq")
         if tokenizer is None:
             tokenizer = _load_tokenizer(path, trust_remote_code)
+    _check_family(family, infer_family(config) if config is not None else None, name)
     family = family or infer_family(config)
     if family is None:
         raise ValueError(f"cannot tell the family of {name!r} from its config: pass family= one of {family_names()}")
@@ -264,7 +325,8 @@ def _raw_config(path: str) -> dict[str, Any]:
     try:
         raw = json.loads(local.read_text())
     except ValueError as error:
-        raise ValueError(f"{str(local)!r} is not valid JSON ({error}): the checkpoint's config.json is damaged") from None
+        raise ValueError(f"name_or_model={path!r} is not allowed: its config.json ({str(local)!r}) is not valid JSON "
+                         f"({error}); the checkpoint is damaged") from None
     return raw if isinstance(raw, dict) else {}
 
 

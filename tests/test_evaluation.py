@@ -147,3 +147,67 @@ def test_batches_get_seeds_of_their_own():
 
     assert batch_seed(0, 0) == batch_seed(0, 0)
     assert len({batch_seed(seed, index) for seed in range(3) for index in range(50)}) == 150
+
+
+def test_a_complete_record_missing_only_its_newline_is_kept_in_place(tmp_path):
+    """Before: read as done, then deleted as a cut line; a second resume re-added it out of order."""
+    loaded = sinklib.load("tiny-arm")
+    out = tmp_path / "run.jsonl"
+    first = evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:2]) + "\n" + lines[2])  # killed between the record and its newline
+    calls = []
+    hook = loaded.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        again = evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    finally:
+        hook.remove()
+    assert calls == [], "every sample was finished: nothing may run again"
+    assert out.read_text() == "\n".join(lines) + "\n"
+    assert _strip(again.records) == _strip(first.records)
+    evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    assert out.read_text() == "\n".join(lines) + "\n", "a second resume changes nothing"
+
+
+def test_a_second_writer_of_the_same_file_is_refused_while_the_first_runs(tmp_path):
+    out = tmp_path / "run.jsonl"
+    code = ("import sinklib; from sinklib.evaluation import evaluate; "
+            f"evaluate(sinklib.load('tiny-arm'), 'arithmetic', out={str(out)!r}, progress=False, gen_length=16, batch_size=1)")
+    first = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    try:
+        deadline = time.time() + 120
+        while (not out.exists() or not out.read_text().strip()) and time.time() < deadline:
+            time.sleep(0.2)
+        assert first.poll() is None, "the first run must still be writing for this test to mean anything"
+        with pytest.raises(RuntimeError, match=r"out=.*run.jsonl' is being written by another evaluation run"):
+            evaluate(sinklib.load("tiny-arm"), "arithmetic", out=out, progress=False, gen_length=16, batch_size=1)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines() if line.endswith("}")]
+    assert len(ids) == len(set(ids))
+
+
+def test_a_file_holding_a_sample_twice_is_refused(tmp_path):
+    loaded = sinklib.load("tiny-arm")
+    out = tmp_path / "run.jsonl"
+    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines + [lines[0]]) + "\n")  # what two unlocked writers used to leave
+    with pytest.raises(ValueError, match=r"sample '.*' is written twice \(lines 1 and 3\)"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+
+
+def test_evaluate_takes_a_name_uses_the_family_presets_and_leaves_no_empty_file(tmp_path):
+    from sinklib.experiments import sampling
+
+    loaded = sinklib.load("tiny-llada")
+    by_name = evaluate("tiny-llada", "arithmetic", limit=2, progress=False)
+    explicit = evaluate(loaded, "arithmetic", limit=2, progress=False, **sampling(loaded))
+    assert _strip(by_name.records) == _strip(explicit.records)
+    out = tmp_path / "bad.jsonl"
+    with pytest.raises(ValueError, match=r"alg='entropy' is not allowed for the llada family"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, alg="entropy")
+    with pytest.raises(TypeError, match=r"unknown settings \['gen_lenght'\]"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_lenght=8)
+    assert not out.exists()

@@ -4,6 +4,7 @@ Rerunning with the same `out` skips finished samples; a file written under anoth
 clear error, never a silent mix."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -67,7 +68,10 @@ def run_config(model: LoadedModel, task: str, intervention, limit: int | None, s
 
 
 def _read_done(out: Path, digest: str) -> dict[str, dict]:
+    """The finished records of `out` by id. A line without its newline is an interruption's cut (repair_tail
+    settles it first); a record of another configuration or an id written twice is refused, never mixed."""
     done: dict[str, dict] = {}
+    lines: dict[str, int] = {}
     if not out.exists():
         return done
     for number, line in enumerate(out.read_text().splitlines(), 1):
@@ -76,20 +80,62 @@ def _read_done(out: Path, digest: str) -> dict[str, dict]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a line cut by an interruption: that sample runs again
-        if record.get("config_hash") != digest:
+            raise ValueError(f"out={str(out)!r} is not allowed: line {number} is not a JSON record (the file was edited "
+                             "or damaged); use a new file") from None
+        if not isinstance(record, dict) or record.get("config_hash") != digest:
+            found = record.get("config_hash") if isinstance(record, dict) else None
             raise ValueError(f"out={str(out)!r} is not allowed: line {number} was written by another configuration "
-                             f"(config_hash {record.get('config_hash')} ≠ {digest}); use a new file")
+                             f"(config_hash {found} ≠ {digest}); use a new file")
+        if record.get("id") in done:
+            raise ValueError(f"out={str(out)!r} is not allowed: sample {record['id']!r} is written twice (lines "
+                             f"{lines[record['id']]} and {number}), so two runs wrote it at once; use a new file")
         done[record["id"]] = record
+        lines[record["id"]] = number
     return done
 
 
-def _drop_cut_line(out: Path) -> None:
-    """A line an interruption cut short has no newline; remove it so that appending starts a fresh line."""
+def repair_tail(out: Path, digest: str) -> None:
+    """Settle a last line without its newline: a complete record of this configuration keeps its place and gets
+    the newline; anything else is a line cut mid-write and is removed, so that sample runs again."""
     data = out.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with out.open("r+b") as handle:
-            handle.truncate(data.rfind(b"\n") + 1)
+    if not data or data.endswith(b"\n"):
+        return
+    start = data.rfind(b"\n") + 1
+    try:
+        record = json.loads(data[start:])
+        complete = isinstance(record, dict) and record.get("config_hash") == digest and "id" in record
+    except ValueError:
+        complete = False
+    with out.open("r+b") as handle:
+        if complete:
+            handle.seek(0, os.SEEK_END)
+            handle.write(b"\n")
+        else:
+            handle.truncate(start)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _lock(out: Path):
+    """An exclusive lock held for the whole run: a second process writing the same file is refused at once."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    handle = out.open("a")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RuntimeError(f"out={str(out)!r} is being written by another evaluation run right now; wait for it to "
+                           "finish or choose another file") from None
+    return handle
+
+
+def _close(handle, out_path: Path | None) -> None:
+    """Release the lock; a file this run created and never wrote to is removed (no empty results file)."""
+    if handle is None:
+        return
+    if out_path.exists() and out_path.stat().st_size == 0:
+        out_path.unlink()  # while the lock is held: nobody else can be writing to it
+    handle.close()
 
 
 def batch_seed(seed: int, index: int) -> int:
@@ -97,7 +143,28 @@ def batch_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:7], "little")
 
 
-def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None = None, batch_size: int = 8,
+SAMPLER_OPTIONS = ("steps", "gen_length", "block_length", "temperature", "remasking", "cfg_scale", "alg", "alg_temp",
+                   "top_p", "top_k", "eps")
+
+
+def sampler_settings(model: LoadedModel, settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings a run generates with: the given ones, checked now (before any file is written or model run),
+    over the family's presets (as the notebooks use them) for whatever is not given."""
+    from sinklib.experiments import sampling
+    from sinklib.generate import _settings
+
+    unknown = sorted(set(settings) - set(SAMPLER_OPTIONS))
+    if unknown:
+        raise TypeError(f"evaluate() got unknown settings {unknown}: allowed are {list(SAMPLER_OPTIONS)} (as for "
+                        "sinklib.generate)")
+    if settings.get("gen_length") is None:
+        settings = {**sampling(model, settings.get("steps"), None, settings.get("block_length")),
+                    **{k: v for k, v in settings.items() if v is not None}}
+    _settings(model, dict(settings))  # raises on a bad value or an option of another family
+    return settings
+
+
+def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int | None = None, batch_size: int = 8,
              out: str | Path | None = None, seed: int = 0, progress: bool = True, task_path: str | None = None,
              allow_code_execution: bool = False, sandbox: SandboxLimits | None = None, **settings) -> EvalSummary:
     """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
@@ -109,26 +176,39 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
     Returns mean ± standard error over the samples.
     HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
     process (sinklib.evaluation.sandbox; `sandbox` sets its limits)."""
+    from sinklib.capture import check_intervention
+    from sinklib.loading import load
+
+    if isinstance(model, (str, os.PathLike)):
+        model = load(model)
+    elif not isinstance(model, LoadedModel):
+        raise TypeError(f"model={type(model).__name__} is not allowed: pass sinklib.load(...)'s result, a zoo name, "
+                        "a local folder or a hub id")
     spec = get_task(task)
     if limit is not None:
         check_int(limit, "limit", 1)
     check_int(batch_size, "batch_size", 1)
+    check_int(seed, "seed", 0)
+    check_intervention(intervention)
     require_code_execution_opt_in(spec, allow_code_execution, "evaluate")
+    settings = sampler_settings(model, settings)
     samples = spec.load(task_path)[:limit]
     if spec.executes_code:
         sandbox = sandbox or SandboxLimits()
     config = run_config(model, task, intervention, limit, seed, batch_size, task_path, sandbox, settings)
     digest = config_hash(config)
     out_path = Path(out) if out is not None else None
-    done = _read_done(out_path, digest) if out_path else {}
+    handle = _lock(out_path) if out_path else None
+    try:
+        if out_path:
+            repair_tail(out_path, digest)
+        done = _read_done(out_path, digest) if out_path else {}
+    except BaseException:
+        _close(handle, out_path)
+        raise
     # Batches are fixed slices of the task, each with its own seed, so a sample's output never depends on
     # which samples an interrupted run had finished: sampled decoding and random-key masking resume exactly.
     batches = [samples[start:start + batch_size] for start in range(0, len(samples), batch_size)]
-    if out_path:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        if out_path.exists():
-            _drop_cut_line(out_path)
-    handle = out_path.open("a") if out_path else None
     try:
         with tqdm(total=len(samples), initial=sum(s.id in done for s in samples), desc=f"{task} {model.name}",
                   disable=not progress) as bar:
@@ -152,8 +232,7 @@ def evaluate(model: LoadedModel, task: str, intervention=None, limit: int | None
                         os.fsync(handle.fileno())
                 bar.update(len(missing))
     finally:
-        if handle:
-            handle.close()
+        _close(handle, out_path)
     records = [done[s.id] for s in samples]
     if not records:
         raise bad_value("limit", limit, "a number that leaves at least one sample")
