@@ -65,6 +65,19 @@ def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
                              f"like its default {default!r}")
 
 
+def check_model_names(given: dict[str, Any]) -> None:
+    """Every model a run names must resolve (zoo name, existing folder, reachable or cached hub id) before the
+    first notebook starts: a typo would otherwise fail an hour in, or not at all."""
+    from sinklib.loading import resolve_name
+
+    names = list(given.get("models") or []) + ([given["model"]] if given.get("model") else [])
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"parameter models={given.get('models')!r} is not allowed: models are names (str), "
+                             f"got {name!r}")
+        resolve_name(name)
+
+
 def is_zoo_name(name: str) -> bool:
     from sinklib.loading import ZOO_DIR
 
@@ -99,6 +112,7 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     given = dict(params or {})
     paths = notebook_paths(only)
     check_parameters(given, paths)
+    check_model_names(given)
     given = {**output_folders(given), **given}
     if figures_dir is not None:
         given["figures_dir"] = str(Path(figures_dir).resolve())
@@ -116,14 +130,34 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     return executed
 
 
+def read_params(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """A YAML mapping of parameter names to values; anything else is refused with the file named."""
+    if not path.is_file():
+        parser.error(f"--params={str(path)!r} is not allowed: no such file")
+    try:
+        params = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        parser.error(f"--params={str(path)!r} is not valid YAML: {error}")
+    if params is None:
+        return {}
+    if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+        parser.error(f"--params={str(path)!r} is not allowed: it must hold a mapping of parameter names to values "
+                     f"(name: value), not a {type(params).__name__}")
+    return params
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sinklib.reproduce", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, help="a YAML file of notebook parameters (notebooks/params/*.yaml)")
     parser.add_argument("--only", nargs="*", help="notebook prefixes to run, e.g. 01 03")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    params = yaml.safe_load(args.params.read_text()) if args.params else {}
-    for path in run(params, args.out, args.only):
+    params = read_params(args.params, parser) if args.params else {}
+    try:
+        executed = run(params, args.out, args.only)
+    except (ValueError, OSError) as error:
+        parser.error(str(error))
+    for path in executed:
         print(f"executed {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 

@@ -5,6 +5,7 @@ Every (model, condition) is one resumable run of the evaluation runner, written 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -124,7 +125,12 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     block_length for LLaDA/MMaDA only). Each run is written to out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
     a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
     require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
-    if not ks:
+    if isinstance(models, (str, os.PathLike, LoadedModel)):
+        models = [models]  # one model, not a sequence of characters
+    models = list(models)
+    if not models or not all(isinstance(m, (str, os.PathLike, LoadedModel)) for m in models):
+        raise bad_value("models", models, "a non-empty list of loaded models or model names")
+    if isinstance(ks, (str, int)) or not ks:
         raise bad_value("ks", ks, "a non-empty list of integers >= 0")
     for k in ks:
         check_int(k, "ks", 0)

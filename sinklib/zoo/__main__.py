@@ -11,14 +11,25 @@ from sinklib.zoo.data import held_out, write_jsonl
 from sinklib.zoo.train import ZOO, save, train
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed: it must be an integer >= 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sinklib.zoo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train_cmd = sub.add_parser("train", help="train a zoo model")
     train_cmd.add_argument("name", choices=sorted(ZOO))
-    train_cmd.add_argument("--steps", type=int, default=None)
+    train_cmd.add_argument("--steps", type=positive_int, default=None)
     train_cmd.add_argument("--out", type=Path, default=ZOO_DIR)
-    train_cmd.add_argument("--eval-n", type=int, default=600)
+    train_cmd.add_argument("--eval-n", type=positive_int, default=600)
     sub.add_parser("data", help="write the held-out JSONL")
     args = parser.parse_args(argv)
     if args.command == "data":
