@@ -137,7 +137,7 @@ def read_params(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     try:
         params = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
-        parser.error(f"--params={str(path)!r} is not valid YAML: {error}")
+        parser.error(f"--params={str(path)!r} is not valid YAML: {' '.join(str(error).split())}")
     if params is None:
         return {}
     if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         executed = run(params, args.out, args.only)
     except (ValueError, OSError) as error:
-        parser.error(str(error))
+        parser.error(" ".join(str(error).split()))
     for path in executed:
         print(f"executed {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 

@@ -67,9 +67,9 @@ class Trace:
         """Tidy scores: one row per (step, layer, head, position) with the token at that position and step.
         Filter with lists of steps / layers / heads to keep it small."""
         scores = self.require_scores()
-        s_idx = _pick(steps, scores.shape[0])
-        l_idx = _pick(layers, scores.shape[1])
-        h_idx = _pick(heads, scores.shape[2])
+        s_idx = _pick(steps, scores.shape[0], "steps")
+        l_idx = _pick(layers, scores.shape[1], "layers")
+        h_idx = _pick(heads, scores.shape[2], "heads")
         block = scores[s_idx][:, l_idx][:, :, h_idx]
         grid = np.meshgrid(s_idx, l_idx, h_idx, np.arange(block.shape[-1]), indexing="ij")
         frame = pd.DataFrame({"step": grid[0].ravel(), "layer": grid[1].ravel(), "head": grid[2].ravel(),
@@ -229,13 +229,15 @@ def _next_masked(tokens: torch.Tensor, is_masked: torch.Tensor) -> torch.Tensor:
     return after
 
 
-def _pick(selection, size: int) -> list[int]:
+def _pick(selection, size: int, param: str) -> list[int]:
     if selection is None:
         return list(range(size))
+    if isinstance(selection, (int, str)) or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in selection):
+        raise ValueError(f"{param}={selection!r} is not allowed: {param} must be a list of integers in 0..{size - 1}")
     picked = [int(i) for i in selection]
     bad = [i for i in picked if not 0 <= i < size]
     if bad:
-        raise ValueError(f"indices {bad} are not allowed: they must lie in 0..{size - 1}")
+        raise ValueError(f"{param}={bad} is not allowed: {param} must lie in 0..{size - 1}")
     return picked
 
 

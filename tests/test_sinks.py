@@ -92,3 +92,37 @@ def test_unknown_units_suggests_the_closest():
         sinklib.find_sinks(torch.ones(4), units="means")
     with pytest.raises(ValueError, match=r"eps_values"):
         sinklib.threshold_sweep(torch.ones(4), [])
+
+
+def test_nan_scores_are_invalid_keys_in_every_sink_function():
+    """An autoregressive trace holds NaN for keys a step cannot see; before, find_sinks found no sink in such a row
+    and top_sinks ranked NaN first (returning −1 as the top sink)."""
+    scores = heavy_tailed(5, 30, seed=4)
+    scores[:, 20:] = float("nan")
+    unseen = ~torch.isnan(scores)
+    expected = [reference_sinks(row[:20], 3.0) + [False] * 10 for row in scores.tolist()]
+    assert sinklib.find_sinks(scores, 3.0).tolist() == expected
+    assert torch.equal(sinklib.find_sinks(scores, 3.0), sinklib.find_sinks(torch.nan_to_num(scores), 3.0, valid=unseen))
+    assert torch.equal(sinklib.top_sinks(scores, 3), sinklib.top_sinks(torch.nan_to_num(scores), 3, valid=unseen))
+    assert torch.equal(sinklib.top_sinks(scores, 3, threshold=False),
+                       torch.nan_to_num(scores, nan=-1.0).topk(3, dim=-1).indices)
+    assert int(sinklib.find_sinks(scores, 3.0).sum()) == int(sinklib.threshold_sweep(scores, [3.0])["selected"][0]) > 0
+
+
+def test_an_autoregressive_trace_gives_the_same_sinks_to_find_sinks_and_threshold_sweep():
+    loaded = sinklib.load("tiny-arm")
+    trace = sinklib.generate(loaded, "12+7=", gen_length=8, progress=False)
+    assert torch.isnan(trace.scores).any(), "the test needs unseen keys"
+    for eps in (3.0, 0.2):
+        found = int(sinklib.find_sinks(trace.scores, eps).sum())
+        assert found == int(sinklib.threshold_sweep(trace.scores, [eps])["selected"][0])
+    assert found > 0
+    assert (sinklib.top_sinks(trace.scores, 1, eps=0.2)[..., 0] >= 0).any()
+
+
+def test_numpy_arrays_and_lists_are_scores_too():
+    scores = heavy_tailed(3, 12, seed=5)
+    assert torch.equal(sinklib.find_sinks(scores.numpy(), 1.0), sinklib.find_sinks(scores, 1.0))
+    assert torch.equal(sinklib.top_sinks(scores.tolist(), 2), sinklib.top_sinks(scores, 2))
+    assert sinklib.threshold_sweep([scores[0].numpy(), scores[1].numpy()], [1.0]).equals(
+        sinklib.threshold_sweep([scores[0], scores[1]], [1.0]))

@@ -215,3 +215,32 @@ def test_capture_without_kept_steps_still_counts_steps_and_feeds_the_interventio
     assert not torch.equal(outputs[False][0], outputs[False][1]), "step 1 on must differ: its top sink is masked"
     with pytest.raises(ValueError, match=r"keep_steps=False: it kept no per-step scores"):
         rec.scores
+
+
+def test_every_changed_byte_of_a_saved_trace_is_caught(trace, tmp_path):
+    """Before: 33 of 35 single-byte flips in scores.parquet loaded silently."""
+    trace.save(tmp_path / "t")
+    for name in ("scores.parquet", "canvas.parquet", "maps.parquet", "meta.json"):
+        path = tmp_path / "t" / name
+        original = path.read_bytes()
+        for offset in range(0, len(original), max(1, len(original) // 12)):
+            changed = bytearray(original)
+            changed[offset] ^= 0x20
+            path.write_bytes(bytes(changed))
+            with pytest.raises(ValueError, match=r"path=.* (is a damaged|is not a readable|is not a verifiable)"):
+                sinklib.Trace.load(tmp_path / "t")
+        path.write_bytes(original)
+    assert torch.equal(sinklib.Trace.load(tmp_path / "t").scores, trace.scores)
+
+
+def test_an_edited_shape_is_refused_not_used_to_reshape(trace, tmp_path):
+    folder = trace.save(tmp_path / "t")
+    meta = json.loads((folder / "meta.json").read_text())
+    steps, layers, heads, seq = meta["shape"]
+    meta["shape"] = [steps, heads, layers, seq]  # same product: a plain reshape would accept it
+    from sinklib.trace import _sha256_meta
+
+    meta["sha256"]["meta.json"] = _sha256_meta(meta)  # even with its checksum recomputed
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"scores.parquet's layer column does not match the shape"):
+        sinklib.Trace.load(folder)
