@@ -210,3 +210,14 @@ def test_fully_masked_query_rows_contribute_nothing_without_a_query_mask():
     reference = (torch.stack(attentions) * PADDING[None, :, None, :, None]).sum(-2)
     torch.testing.assert_close(rec.step_scores(0), reference, atol=1e-5, rtol=0)
     torch.testing.assert_close(rec.query_counts[0, 0], torch.tensor([10.0, 7.0]))
+
+
+def test_capture_takes_the_loaded_model_that_load_returns():
+    """Before: capture(sinklib.load(...)) failed with AttributeError: named_modules."""
+    loaded = sinklib.load("tiny-llada")
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad(), sinklib.capture(loaded) as wrapped:
+        loaded.logits(ids)
+    with torch.no_grad(), sinklib.capture(loaded.model, layer_names=loaded.layer_names) as bare:
+        loaded.logits(ids)
+    assert torch.equal(wrapped.scores, bare.scores) and wrapped.layer_names == bare.layer_names
