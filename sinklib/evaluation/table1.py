@@ -31,6 +31,11 @@ TABLE1_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     ("dream", "humaneval"): dict(steps=512, gen_length=512, alg="entropy"),
     ("arm", "gsm8k"): dict(gen_length=256),
     ("arm", "humaneval"): dict(gen_length=512),
+    # short factual answers ("The capital of France is Paris."): 16 new tokens suffice
+    ("llada", "capitals"): dict(steps=16, gen_length=16, block_length=16),
+    ("mmada", "capitals"): dict(steps=16, gen_length=16, block_length=16),
+    ("dream", "capitals"): dict(steps=16, gen_length=16, alg="entropy"),
+    ("arm", "capitals"): dict(gen_length=16),
 }
 
 

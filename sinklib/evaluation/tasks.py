@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from sinklib._checks import check_choice
-from sinklib.evaluation.extract import cut_at_stops, flexible_answer, normalise_number, strict_answer
+from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
+                                        strict_answer)
 
 # lm-eval's humaneval task (and the Codex paper) cut a completion at the first of these.
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
@@ -41,6 +42,13 @@ def score_final_number(output: str, sample: Sample) -> dict:
             "correct": strict == sample.target, "correct_flexible": flexible == sample.target}
 
 
+def score_short_answer(output: str, sample: Sample) -> dict:
+    """Strict: the answer's words in the first sentence of the output; flexible: anywhere in it."""
+    sentence = first_sentence(output)
+    return {"extracted_strict": sentence, "correct": contains_phrase(sentence, sample.target),
+            "correct_flexible": contains_phrase(output, sample.target)}
+
+
 def humaneval_completion(output: str) -> str:
     """The generated function body up to the first stop sequence."""
     return cut_at_stops(output, HUMANEVAL_STOP)
@@ -64,6 +72,17 @@ def _arithmetic(path: str | None = None) -> list[Sample]:
     from sinklib.zoo import DATA_DIR
 
     file = Path(path) if path else DATA_DIR / "arithmetic_test.jsonl"
+    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    return [Sample(r["id"], r["question"], str(r["answer"])) for r in rows]
+
+
+def _capitals(path: str | None = None) -> list[Sample]:
+    """Short factual questions in plain English ("What is the capital of France?"), for real instruct models on a
+    laptop (the zoo's arithmetic is in the zoo's own format): data/tasks/capitals.jsonl, or a JSONL at `path` with
+    id, question and answer."""
+    from sinklib.zoo import DATA_DIR
+
+    file = Path(path) if path else DATA_DIR / "tasks" / "capitals.jsonl"
     rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
     return [Sample(r["id"], r["question"], str(r["answer"])) for r in rows]
 
@@ -95,6 +114,7 @@ def _humaneval(path: str | None = None) -> list[Sample]:
 
 _TASKS = {
     "arithmetic": Task("arithmetic", _arithmetic, chat=False, scorer=score_final_number),
+    "capitals": Task("capitals", _capitals, chat=True, scorer=score_short_answer),
     "gsm8k": Task("gsm8k", _gsm8k, chat=True, scorer=score_final_number),
     "humaneval": Task("humaneval", _humaneval, chat=False, scorer=score_humaneval, executes_code=True),
 }

