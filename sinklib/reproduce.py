@@ -156,6 +156,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     params = read_params(args.params, parser) if args.params else {}
     try:
+        import papermill  # noqa: F401
+    except ImportError:
+        parser.error("running the notebooks needs papermill and jupyter: pip install -e '.[notebooks]'")
+    try:
         executed = run(params, args.out, args.only)
     except (ValueError, OSError) as error:
         parser.error(" ".join(str(error).split()))
