@@ -73,7 +73,7 @@ def test_to_frame_is_tidy(trace):
     assert len(frame) == 2 * 1 * 2 * 14
     row = frame[(frame["step"] == 7) & (frame["head"] == 3) & (frame["position"] == 10)].iloc[0]
     assert row.score == pytest.approx(float(trace.scores[7, 1, 3, 10])) and row.token_id == int(trace.tokens[7, 10])
-    with pytest.raises(ValueError, match=r"indices \[9\] are not allowed"):
+    with pytest.raises(ValueError, match=r"steps=\[9\] is not allowed: steps must lie in 0..7"):
         trace.to_frame(steps=[9])
 
 
