@@ -36,6 +36,7 @@ figures: $(VENV)/.installed
 	$(PY) -m sinklib.reproduce
 
 benchmark: setup
+	$(PY) benchmarks/capture_routes.py
 	$(PY) benchmarks/capture_overhead.py
 	$(PY) benchmarks/generate_overhead.py
 	$(PY) benchmarks/eval_throughput.py

@@ -56,8 +56,12 @@ def attention_statistics(
     map_heads: tuple[int, ...] = (),
     want_last_row: bool = False,
     chunk_size: int | None = None,
+    lse: torch.Tensor | None = None,
 ) -> AttentionStats:
     """Scores s_j = Σ_i A_ij of softmax(q kᵀ·scale + mask) for q [B,H,Sq,D], k [B,Hk,Sk,D] (Hk divides H).
+
+    lse: optional [B, H, Sq] log-sum-exp of each row, as the fused kernel that computed the output returned it;
+    then A_ij = exp(logit_ij − lse_i) and the softmax's max and sum passes are not repeated.
 
     Fully masked query rows contribute nothing. query_weight: optional [B, Sq] weights (0 drops a row,
     e.g. left padding). map_heads: heads whose full [B, Sq, Sk] map is kept.
@@ -65,8 +69,12 @@ def attention_statistics(
     batch, heads, n_queries, head_dim = q.shape
     n_keys = k.shape[-2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    keys_t = repeat_heads(k, heads).float().transpose(-1, -2)
     mask = as_4d(attn_mask) if attn_mask is not None else None
+    key_only = mask is None or (mask.shape[-2] == 1 and not is_causal)
+    if (lse is not None and key_only and not map_heads and query_weight is None and chunk_size is None
+            and (not is_causal or n_queries == n_keys)):
+        return _statistics_by_transposed_lse(q, k, mask, is_causal, scale, lse, want_last_row)
+    keys_t = repeat_heads(k, heads).float().transpose(-1, -2)
     if chunk_size is None:
         chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // max(1, batch * heads * n_keys))
     scores = torch.zeros(batch, heads, n_keys, dtype=torch.float32, device=q.device)
@@ -90,7 +98,10 @@ def attention_statistics(
             causal = causal_allowed(n_queries, n_keys, q.device, start, stop)
             logits.masked_fill_(~causal, float("-inf"))
             allowed = causal[None, None] if allowed is None else allowed & causal
-        probs = torch.softmax(logits, dim=-1)
+        if lse is None:
+            probs = torch.softmax(logits, dim=-1)
+        else:
+            probs = logits.sub_(lse[:, :, start:stop, None].float()).exp_()
         if mask is not None:
             probs.nan_to_num_(0.0)  # a fully masked row (bool or −inf mask) attends to nothing
             if part.dtype != torch.bool:  # a row masked with finfo.min softmaxes to uniform: drop it too
@@ -113,6 +124,67 @@ def attention_statistics(
     return AttentionStats(scores, query_count, key_valid, maps, last_row)
 
 
+def _statistics_by_transposed_lse(q, k, mask, is_causal: bool, scale: float, lse: torch.Tensor,
+                                  want_last_row: bool) -> AttentionStats:
+    """Column sums from a second fused call instead of an S×S recompute.
+
+    s_j = Σ_i exp(scale·q_i·k_j − lse_i) is, read the other way, the exp of the log-sum-exp of an attention whose
+    queries are the keys k_j and whose keys are the queries q_i with a bias −lse_i. The bias rides in one extra
+    dimension ([q_i, −lse_i]·[k_j, 1/scale]), so the fused kernel runs with no mask, blockwise in cache, and
+    returns that log-sum-exp. Causal attention (key j is seen by queries i ≥ j) becomes causal again with both
+    sequences reversed. A key-only mask (the same row for every query) adds its bias b_j to key j's log-sum-exp
+    (−∞ and transformers' finfo.min: the key gets 0)."""
+    batch, heads, n_queries, head_dim = q.shape
+    n_keys = k.shape[-2]
+    keys = repeat_heads(k, heads).float()
+    queries = q.float()
+    pad = (-(head_dim + 1)) % 8  # the kernel is fastest on widths that are multiples of 8; zeros change no product
+    rows = torch.cat([keys, keys.new_full((batch, heads, n_keys, 1), 1.0 / scale), keys.new_zeros(batch, heads, n_keys, pad)], -1)
+    cols = torch.cat([queries, -lse.float()[..., None], queries.new_zeros(batch, heads, n_queries, pad)], -1)
+    if is_causal:
+        rows, cols = rows.flip(-2), cols.flip(-2)
+    _, column_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(rows, cols, cols, 0.0, is_causal, scale=scale)
+    if is_causal:
+        column_lse = column_lse.flip(-1)
+    if mask is None:
+        scores = column_lse.exp()
+        key_valid = torch.ones(batch, n_keys, dtype=torch.bool, device=q.device)
+    else:  # a key's own bias (the same for every query) multiplies its column by exp(bias)
+        allowed = allowed_from_mask(mask)[:, :, 0, :].expand(batch, heads, n_keys)
+        if mask.dtype != torch.bool:
+            column_lse = column_lse + mask[:, :, 0, :].float()
+        scores = torch.where(allowed, column_lse.exp(), torch.zeros_like(column_lse))
+        key_valid = allowed.any(1)
+    query_count = torch.full((batch,), float(n_queries), device=q.device)
+    last_row = None
+    if want_last_row:  # causal with as many queries as keys: the last row sees every key
+        logits = torch.matmul(queries[:, :, -1:] * scale, keys.transpose(-1, -2))
+        if mask is not None:
+            logits = logits.masked_fill(~allowed_from_mask(mask)[:, :, -1:, :].expand_as(logits), float("-inf")) \
+                if mask.dtype == torch.bool else logits + mask[:, :, -1:, :].float()
+        last_row = logits.sub_(lse[:, :, -1:, None].float()).exp_()[:, :, 0]
+    return AttentionStats(scores, query_count, key_valid, {}, last_row)
+
+
+def sdpa_with_lse(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool, kwargs: dict):
+    """(output, lse) from the fused CPU kernel that F.scaled_dot_product_attention itself would run for these
+    arguments, so the output is the same bits; None where it would run another kernel, on other devices, and for
+    16-bit inputs: the kernel's lse from bf16 inputs is off by up to ~4e-5 relative (measured), more than the 1e-5
+    parity the scores keep, so those rows get a float32 softmax of their own."""
+    if (query.device.type != "cpu" or dropout_p or kwargs or enable_gqa or key.shape[1] != query.shape[1]
+            or query.dtype != torch.float32):
+        return None
+    if int(torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)) != 1:  # FLASH
+        return None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~attn_mask, float("-inf"))
+    elif attn_mask is not None and attn_mask.dtype != query.dtype:
+        return None
+    output, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
+                                                                             attn_mask=attn_mask, scale=scale)
+    return output, lse
+
+
 def _base_allowed(attn_mask: torch.Tensor | None, is_causal: bool, shape: tuple[int, int, int, int], device) -> torch.Tensor:
     """The model's own [B, H, Sq, Sk] allowed pattern (its mask and/or is_causal)."""
     batch, heads, n_queries, n_keys = shape
@@ -127,6 +199,8 @@ def heads_left_without_keys(attn_mask: torch.Tensor | None, is_causal: bool, key
     """[B, H] bool: (batch, head) pairs where masking key_mask [B, H, Sk] leaves no query row any key — a mask
     that cannot be applied (softmax over nothing), which the capture refuses rather than silently skipping."""
     batch, heads, n_keys = key_mask.shape
+    if attn_mask is None:  # every key is visible to the last row (causal or not): stranded iff all are masked
+        return key_mask.all(-1)
     allowed = _base_allowed(attn_mask, is_causal, (batch, heads, n_queries, n_keys), key_mask.device)
     had_keys = allowed.any(-1).any(-1)
     keeps_keys = (allowed & ~key_mask[:, :, None, :]).any(-1).any(-1)
@@ -146,6 +220,8 @@ def mask_keys(
     would leave *every* row of a head without keys is refused earlier (heads_left_without_keys)."""
     batch, heads, n_keys = key_mask.shape
     device = key_mask.device
+    if attn_mask is None and not is_causal:  # no row can be left empty (refused earlier): one row serves all queries
+        return ~key_mask[:, :, None, :]
     base_allowed = _base_allowed(attn_mask, is_causal, (batch, heads, n_queries, n_keys), device)
     kill = key_mask[:, :, None, :].expand(batch, heads, n_queries, n_keys)
     dead_rows = ~(base_allowed & ~kill).any(-1, keepdim=True)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sinklib._checks import check_int
-from sinklib.attention_math import AttentionStats, attention_statistics, heads_left_without_keys, mask_keys
+from sinklib.attention_math import AttentionStats, attention_statistics, heads_left_without_keys, mask_keys, sdpa_with_lse
 from sinklib.layers import AttentionLayer, attention_layers
 
 MapRequest = tuple[int, "int | str", int]
@@ -274,16 +274,27 @@ class Recorder:
                                  f"(batch {b}, head {h}) it masks every key a query may attend to, which would leave "
                                  "the softmax nothing; it must leave at least one key per head")
             eff_mask = mask_keys(mask, is_causal, key_mask, n_queries)
-            output = _original_sdpa(q, key, value, attn_mask=eff_mask.to(q.dtype) if eff_mask.dtype != torch.bool else eff_mask,
-                                    dropout_p=dropout_p, is_causal=False, scale=scale,
-                                    enable_gqa=enable_gqa or key.shape[1] != heads, **kwargs)
+            sdpa_mask = eff_mask.to(q.dtype) if eff_mask.dtype != torch.bool else eff_mask
+            gqa = enable_gqa or key.shape[1] != heads
+            fused = sdpa_with_lse(q, key, value, sdpa_mask, dropout_p, False, scale, gqa, kwargs)
+            if fused is None:
+                output = _original_sdpa(q, key, value, attn_mask=sdpa_mask, dropout_p=dropout_p, is_causal=False, scale=scale,
+                                        enable_gqa=gqa, **kwargs)
+            else:
+                output = fused[0]
             if packed:
                 output = output.reshape(query.shape[0], query.shape[1], query.shape[2], output.shape[-1])
-            stats = attention_statistics(q, key, eff_mask, False, scale, map_heads=wanted_heads, want_last_row=True, **stats_kwargs)
+            stats = attention_statistics(q, key, eff_mask, False, scale, map_heads=wanted_heads, want_last_row=True,
+                                         lse=None if fused is None else fused[1], **stats_kwargs)
         else:
-            output = _original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                                    scale=scale, enable_gqa=enable_gqa, **kwargs)
-            stats = attention_statistics(q, key, mask, is_causal, scale, map_heads=wanted_heads, want_last_row=True, **stats_kwargs)
+            fused = None if packed else sdpa_with_lse(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, kwargs)
+            if fused is None:
+                output = _original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                        scale=scale, enable_gqa=enable_gqa, **kwargs)
+            else:
+                output = fused[0]
+            stats = attention_statistics(q, key, mask, is_causal, scale, map_heads=wanted_heads, want_last_row=True,
+                                         lse=None if fused is None else fused[1], **stats_kwargs)
             cache["clean"] = stats
             key_mask = torch.zeros(batch, heads, n_keys, dtype=torch.bool, device=q.device)
         if self.intervention is not None:

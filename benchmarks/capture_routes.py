@@ -1,0 +1,151 @@
+"""Capture against the routes other tools take, across sequence lengths and widths, measured side by side.
+
+    python benchmarks/capture_routes.py                 # CPU: S in 128..2048, d 256 and 512 (about 10 minutes)
+    python benchmarks/capture_routes.py --quick         # S in 256, 1024; d 256
+
+Routes, each one forward of a bidirectional Llama-shaped model (4 layers, 8 heads, fp32 on CPU):
+  plain      the model alone (SDPA)
+  capture    sinklib.capture: scores per layer, head and key, reduced at the source
+  masking    sinklib.capture with MaskSinks(top_k=5, threshold=False)
+  eager      eager attention with output_attentions=True, reduced to the same scores afterwards (most tools)
+  hooks      eager attention with forward hooks keeping every layer's full map (the usual notebook approach)
+Time: median over interleaved rounds (drift hits every route alike). Peak memory: each route in a fresh process,
+the growth of its peak resident set over the model's own (CPU), or torch's peak allocated bytes (GPU).
+Writes benchmarks/results/capture_routes.{csv,md,png}. Goals (issue 16, CPU): capture ≤ 1.25× plain and faster
+than eager at every S, masking ≤ 1.3× plain.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+ROOT = Path(__file__).resolve().parent
+ROUTES = ("plain", "capture", "masking", "eager", "hooks")
+
+
+def build(width: int, seq: int, attn: str) -> transformers.PreTrainedModel:
+    config = transformers.LlamaConfig(hidden_size=width, intermediate_size=width * 8 // 3, num_hidden_layers=4,
+                                      num_attention_heads=8, num_key_value_heads=8, vocab_size=512,
+                                      max_position_embeddings=max(4096, seq), is_causal=False, attn_implementation=attn)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def route(name: str, width: int, seq: int):
+    """A zero-argument function running one forward of `name` (its model built once, outside the timing)."""
+    import sinklib
+
+    model = build(width, seq, "eager" if name in ("eager", "hooks") else "sdpa")
+    ids = torch.randint(0, 512, (1, seq), generator=torch.Generator().manual_seed(0))
+    if name == "plain":
+        return lambda: model(input_ids=ids)
+    if name in ("capture", "masking"):
+        policy = sinklib.MaskSinks(top_k=5, threshold=False) if name == "masking" else None
+
+        def captured():
+            with sinklib.capture(model, intervention=policy) as rec:
+                model(input_ids=ids)
+            return rec.scores
+        return captured
+    if name == "eager":
+        return lambda: torch.stack([a.sum(-2) for a in model(input_ids=ids, output_attentions=True).attentions])
+    kept: list[torch.Tensor] = []
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_hook(lambda module, args, out: kept.append(out[1]))
+
+    def hooked():
+        kept.clear()
+        model(input_ids=ids, output_attentions=True)
+        return torch.stack([m.sum(-2) for m in kept])
+    return hooked
+
+
+def timings(width: int, seq: int, rounds: int) -> dict[str, float]:
+    runs = {name: route(name, width, seq) for name in ROUTES}
+    times: dict[str, list[float]] = {name: [] for name in ROUTES}
+    with torch.no_grad():
+        for name in ROUTES:
+            runs[name]()  # warm-up
+        for _ in range(rounds):
+            for name in ROUTES:
+                began = time.perf_counter()
+                runs[name]()
+                times[name].append(time.perf_counter() - began)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def peak_growth(name: str, width: int, seq: int) -> float:
+    """MiB: the route's peak memory above its model's, measured in a fresh process."""
+    code = (f"import resource, sys, torch; sys.path.insert(0, {str(ROOT)!r}); import capture_routes as b; "
+            f"run = b.route({name!r}, {width}, {seq}); base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+            "torch.set_grad_enabled(False); run(); "
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-memory", action="store_true")
+    args = parser.parse_args()
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    lengths = (256, 1024) if args.quick else (128, 256, 512, 1024, 2048)
+    widths = (256,) if args.quick else (256, 512)
+    rows = []
+    for width in widths:
+        for seq in tqdm(lengths, desc=f"d {width}"):
+            rounds = args.rounds if seq <= 1024 else max(3, args.rounds - 2)
+            times = timings(width, seq, rounds)
+            for name in ROUTES:
+                row = {"device": "cpu", "threads": torch.get_num_threads(), "width": width, "seq": seq, "route": name,
+                       "ms": round(times[name] * 1000, 2), "x_plain": round(times[name] / times["plain"], 3),
+                       "x_eager": round(times[name] / times["eager"], 3)}
+                if not args.no_memory:
+                    row["peak_mib_over_model"] = round(peak_growth(name, width, seq), 1)
+                rows.append(row)
+    frame = pd.DataFrame(rows)
+    out = ROOT / "results"
+    out.mkdir(exist_ok=True)
+    stem = "capture_routes_quick" if args.quick else "capture_routes"
+    frame.to_csv(out / f"{stem}.csv", index=False)
+    wide = frame.pivot_table(index=["width", "seq"], columns="route", values="x_plain")[list(ROUTES)]
+    (out / f"{stem}.md").write_text(f"{torch.get_num_threads()} threads, torch {torch.__version__}\n\n"
+                                    "time ÷ plain forward\n\n" + wide.to_markdown() + "\n\n" + frame.to_markdown(index=False) + "\n")
+    print(wide.to_string())
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(widths), figsize=(5 * len(widths), 3.6), squeeze=False)
+    for ax, width in zip(axes[0], widths):
+        part = frame[frame["width"] == width]
+        for name in ROUTES[1:]:
+            line = part[part["route"] == name]
+            ax.plot(line["seq"], line["x_plain"], marker="o", label=name)
+        ax.axhline(1.25, color="grey", linestyle=":", label="goal 1.25×")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length S")
+        ax.set_ylabel("time ÷ plain forward")
+        ax.set_title(f"d {width}, 4 layers, 8 heads, CPU fp32")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"{stem}.png", dpi=120, metadata={"Software": None})
+    print(json.dumps({"written": [str(out / f"{stem}.{ext}") for ext in ("csv", "md", "png")]}))
+
+
+if __name__ == "__main__":
+    main()
