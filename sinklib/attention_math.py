@@ -82,10 +82,18 @@ def attention_statistics(
     key_valid = torch.zeros(batch, n_keys, dtype=torch.bool, device=q.device)
     maps = {h: torch.empty(batch, n_queries, n_keys, dtype=torch.float32, device=q.device) for h in map_heads}
     probs = None
-    q_scaled = q.float() * scale  # scale the small [Sq, D] side, not the [Sq, Sk] logits
+    # A bf16 model on a GPU: every bf16 value is exact in TF32, so q·kᵀ in TF32 forms each product exactly and
+    # accumulates in fp32 — an fp32 result at tensor-core speed — provided the scale is applied afterwards
+    # (q·scale would no longer be a bf16 value). Elsewhere scale the small [Sq, D] side, not the logits.
+    tf32 = q.is_cuda and q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16
+    q_scaled = q.float() if tf32 else q.float() * scale
     for start in range(0, n_queries, chunk_size):
         stop = min(start + chunk_size, n_queries)
-        logits = torch.matmul(q_scaled[:, :, start:stop], keys_t)
+        if tf32:
+            with _tf32_matmul():
+                logits = torch.matmul(q_scaled[:, :, start:stop], keys_t).mul_(scale)
+        else:
+            logits = torch.matmul(q_scaled[:, :, start:stop], keys_t)
         allowed = None
         if mask is not None:
             part = mask if mask.shape[-2] == 1 else mask[..., start:stop, :]
@@ -122,6 +130,17 @@ def attention_statistics(
             maps[h][:, start:stop] = probs[:, h]
     last_row = probs[:, :, -1].clone() if (want_last_row and probs is not None) else None
     return AttentionStats(scores, query_count, key_valid, maps, last_row)
+
+
+class _tf32_matmul:
+    """Allow TF32 in CUDA matmuls for the block, restoring the caller's setting after."""
+
+    def __enter__(self):
+        self.before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.before
 
 
 def _statistics_by_transposed_lse(q, k, mask, is_causal: bool, scale: float, lse: torch.Tensor,

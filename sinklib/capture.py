@@ -4,7 +4,8 @@ While `capture(model)` is active, `torch.nn.functional.scaled_dot_product_attent
 sinklib *only inside the model's attention modules* (entered and left through forward hooks, so layer
 identity is explicit, never inferred from call counts). Each call is passed to the real SDPA with the
 model's own arguments (outputs stay bit-identical) and, beside it, the attention probabilities are
-recomputed in float32, one query chunk at a time, and summed over queries. One forward of `model` is one
+summed over queries (from the fused kernel's log-sum-exp where it applies, else recomputed in float32 one
+query chunk at a time; see attention_math). One forward of `model` is one
 step. Nothing else is kept unless asked for: full maps only for requested (step, layer, head) triples.
 
 This sees native transformers models running with attn_implementation="sdpa" and remote-code models
