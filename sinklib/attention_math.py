@@ -190,11 +190,15 @@ def sdpa_with_lse(query, key, value, attn_mask, dropout_p: float, is_causal: boo
     arguments, so the output is the same bits; None where it would run another kernel, on other devices, and for
     16-bit inputs: the kernel's lse from bf16 inputs is off by up to ~4e-5 relative (measured), more than the 1e-5
     parity the scores keep, so those rows get a float32 softmax of their own."""
-    if (query.device.type != "cpu" or dropout_p or kwargs or enable_gqa or key.shape[1] != query.shape[1]
-            or query.dtype != torch.float32):
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if (query.device.type != "cpu" or dropout_p or kwargs or query.dtype != torch.float32 or heads % kv_heads
+            or (kv_heads != heads and not enable_gqa)):
         return None
-    if int(torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)) != 1:  # FLASH
+    choice = torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    if int(choice) != 1:  # FLASH_ATTENTION
         return None
+    if kv_heads != heads:  # grouped KV heads: the kernel on repeated keys and values gives the same bits (tested)
+        key, value = repeat_heads(key, heads), repeat_heads(value, heads)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~attn_mask, float("-inf"))
     elif attn_mask is not None and attn_mask.dtype != query.dtype:
