@@ -10,7 +10,7 @@ Routes, each one forward of a bidirectional Llama-shaped model (4 layers, 8 head
   eager      eager attention with output_attentions=True, reduced to the same scores afterwards (most tools)
   hooks      eager attention with forward hooks keeping every layer's full map (the usual notebook approach)
 Time: median over interleaved rounds (drift hits every route alike). Peak memory: each route in a fresh process,
-the growth of its peak resident set over the model's own (CPU), or torch's peak allocated bytes (GPU).
+the growth of its peak resident set over what the process held with the model built (Linux).
 Writes benchmarks/results/capture_routes.{csv,md,png}. Goals (issue 16, CPU): capture ≤ 1.25× plain and faster
 than eager at every S, masking ≤ 1.3× plain.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -84,11 +83,13 @@ def timings(width: int, seq: int, rounds: int) -> dict[str, float]:
 
 
 def peak_growth(name: str, width: int, seq: int) -> float:
-    """MiB: the route's peak memory above its model's, measured in a fresh process."""
-    code = (f"import resource, sys, torch; sys.path.insert(0, {str(ROOT)!r}); import capture_routes as b; "
-            f"run = b.route({name!r}, {width}, {seq}); base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
-            "torch.set_grad_enabled(False); run(); "
-            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)")
+    """MiB: the route's peak resident memory above what the process held before it ran, in a fresh process
+    (Linux: the peak, VmHWM, is reset through /proc/self/clear_refs after the model is built)."""
+    code = (f"import sys, torch; sys.path.insert(0, {str(ROOT)!r}); import capture_routes as b; "
+            f"run = b.route({name!r}, {width}, {seq}); torch.set_grad_enabled(False); "
+            "status = lambda key: int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]); "
+            "before = status('VmRSS:'); open('/proc/self/clear_refs', 'w').write('5'); run(); "
+            "print((status('VmHWM:') - before) / 1024)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(done.stdout.strip().splitlines()[-1])
 
