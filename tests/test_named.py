@@ -2,7 +2,6 @@
 offline. Skipped with a reason where the package is not installed (`make setup` installs it)."""
 import importlib.util
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,8 @@ def test_loads_by_name_offline_from_the_users_cache_not_the_repository(smollm2):
     assert config._attn_implementation == "sdpa" and smollm2.model.dtype == torch.float32
     weights = folder / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
-    began = time.perf_counter()
     sinklib.load(NAME)
     assert weights.stat().st_mtime_ns == stamp, "a second load reuses the cached conversion"
-    assert time.perf_counter() - began < 15
 
 
 def test_the_chat_template_is_applied(smollm2):
