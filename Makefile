@@ -6,11 +6,19 @@ PY := $(VENV)/bin/python
 VENV4 ?= .venv-tf4
 PY4 := $(VENV4)/bin/python
 # The unit tests also run on the last transformers 4.x the remote-code checkpoints were written for.
-UNIT_ON_TF4 := --ignore=tests/test_zoo.py --ignore=tests/test_notebooks.py --ignore=tests/test_explorer.py --ignore=tests/test_table1.py --ignore=tests/test_reproduce_checkpoints.py
+UNIT_ON_TF4 := --ignore=tests/test_zoo.py --ignore=tests/test_notebooks.py --ignore=tests/test_explorer.py --ignore=tests/test_explorer_browser.py --ignore=tests/test_table1.py --ignore=tests/test_reproduce_checkpoints.py
 
-.PHONY: setup test figures benchmark
+.PHONY: setup browser test figures benchmark
 
-setup: $(VENV)/.installed $(VENV4)/.installed
+setup: $(VENV)/.installed $(VENV4)/.installed browser
+
+# The browser tests drive the system Chromium (Debian's package; playwright's own browser download needs a
+# network this project does not assume). Installed with apt where we may; elsewhere those tests skip, saying why.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "no Chromium and no root apt-get: the browser tests will skip (apt-get install chromium)"; fi
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,3 +48,4 @@ benchmark: setup
 	$(PY) benchmarks/capture_overhead.py
 	$(PY) benchmarks/generate_overhead.py
 	$(PY) benchmarks/eval_throughput.py
+	$(PY) benchmarks/explorer_latency.py

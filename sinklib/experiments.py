@@ -112,6 +112,14 @@ def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: i
     return trace
 
 
+def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, steps: int | None = None,
+               gen_length: int | None = None, block_length: int | None = None) -> Trace:
+    """One generation of `prompt` with the family's settings (sampling()), as the explorer shows it: the zoo
+    reads plain text, real checkpoints get their chat template."""
+    return sinklib.generate(loaded, prompt, seed=seed, chat=not is_zoo(loaded), progress=False,
+                            **sampling(loaded, steps, gen_length, block_length))
+
+
 def replay_map(loaded: LoadedModel, trace: Trace, step: int, layer: int, head: int) -> torch.Tensor:
     """The full [queries, keys] attention map of (step, layer, head), recomputed by running the model once
     on the canvas the sampler saw at that step (exact for runs without an intervention or guidance)."""

@@ -39,6 +39,13 @@ def test_every_paper_figure_has_png_and_pdf(executed, stem):
         assert list((root / "figures").glob(stem + suffix)), f"{stem}{suffix} was not written"
 
 
+def test_explorer_notebook_exports_a_page_per_diffusion_zoo_model(executed):
+    root, _ = executed
+    pages = sorted(p.name for p in (root / "figures").glob("explorer_*.html"))
+    assert pages == ["explorer_tiny-dream.html", "explorer_tiny-llada.html"]
+    assert all((root / "figures" / name).stat().st_size < 2_000_000 for name in pages)
+
+
 def test_nbval_reexecution_matches_and_results_are_byte_identical(executed):
     root, paths = executed
     before = _hashes(root / "results")
@@ -53,7 +60,7 @@ def test_nbval_reexecution_matches_and_results_are_byte_identical(executed):
 def test_parameters_follow_what_each_notebook_declares():
     explorer = reproduce.NOTEBOOKS / "05_explorer.ipynb"
     params = reproduce.parameters_for(explorer, {"models": ["GSAI-ML/LLaDA-8B-Instruct"], "n_prompts": 30, "dtype": "bfloat16"})
-    assert params == {"model": "GSAI-ML/LLaDA-8B-Instruct", "dtype": "bfloat16"}
+    assert params == {"models": ["GSAI-ML/LLaDA-8B-Instruct"], "dtype": "bfloat16"}
     with pytest.raises(ValueError, match=r"only=\['09'\] is not allowed"):
         reproduce.notebook_paths(["09"])
 

@@ -1,0 +1,38 @@
+"""One exported explorer page per model: what notebook 05 and `make figures` write into figures/."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from tqdm.auto import tqdm
+
+from sinklib.explorer.page import to_html
+from sinklib.trace import Trace
+
+
+def page_name(model: str) -> str:
+    """explorer_<model>.html; a hub id or folder keeps only its last part (GSAI-ML/LLaDA-8B-Instruct →
+    explorer_LLaDA-8B-Instruct.html)."""
+    return f"explorer_{Path(str(model).rstrip('/')).name}.html"
+
+
+def export_pages(models: Sequence[str], folder: str | Path, prompt: str, *, traces: Mapping[str, Trace] | None = None,
+                 eps: float = 3.0, seed: int = 0, load_options: Mapping[str, Any] | None = None,
+                 sampling: Mapping[str, Any] | None = None, progress: bool = True) -> list[Path]:
+    """Write folder/explorer_<model>.html for each model. A model with a trace in `traces` reuses it; the others
+    are loaded one at a time (load_options → sinklib.load) and generate `prompt` with experiments.demo_trace."""
+    import sinklib
+    from sinklib.experiments import demo_trace
+
+    if isinstance(models, str):
+        models = [models]
+    traces = dict(traces or {})
+    written = []
+    for name in tqdm(models, desc="explorer pages", disable=not progress):
+        trace = traces.get(name)
+        if trace is None:
+            loaded = sinklib.load(name, **dict(load_options or {}))
+            trace = demo_trace(loaded, prompt, seed, **dict(sampling or {}))
+            del loaded
+        written.append(to_html(trace, Path(folder) / page_name(name), eps=eps))
+    return written
