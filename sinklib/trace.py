@@ -81,13 +81,6 @@ class Trace:
         frame["is_prompt"] = frame["position"] < self.prompt_len
         return frame.dropna(subset=["score"]).reset_index(drop=True)
 
-    def to_html(self, path: str | Path, eps: float = 3.0, title: str | None = None, **options: Any) -> Path:
-        """A self-contained explorer page for this trace (sinklib.explorer.to_html; options: layers, max_mb):
-        steps to play, heads to click, ε to adjust; data embedded, nothing fetched."""
-        from sinklib.explorer import to_html
-
-        return to_html(self, path, eps, title, **options)
-
     # -- persistence: parquet for tensors, json for metadata ----------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the trace to a folder: scores.parquet, canvas.parquet, maps.parquet, meta.json."""

@@ -128,7 +128,7 @@ def _embedded(page: str) -> dict:
 
 def test_page_embeds_every_step_fetches_nothing_and_is_deterministic(setup, tmp_path):
     _, trace = setup
-    first = trace.to_html(tmp_path / "a.html")
+    first = explorer.to_html(trace, tmp_path / "a.html")
     second = explorer.to_html(trace, tmp_path / "b.html")
     assert first.read_bytes() == second.read_bytes()
     page = first.read_text()
@@ -143,7 +143,7 @@ def test_page_escapes_token_text_that_would_end_the_script(setup, tmp_path):
     _, trace = setup
     trace.token_strings[5] = "</script><b>"
     try:
-        page = trace.to_html(tmp_path / "p.html").read_text()
+        page = explorer.to_html(trace, tmp_path / "p.html").read_text()
     finally:
         del trace.token_strings[5]
     assert "</script><b>" not in page and _embedded(page)["header"]["vocab"]["5"] == "</script><b>"

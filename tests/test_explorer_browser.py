@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import sinklib
-from sinklib import experiments, reproduce
+from sinklib import experiments, explorer, reproduce
 from tests.browser import chromium_page, jupyterlab, screenshot_folder, shown
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -26,12 +26,21 @@ def python_sinks(trace, state: dict, eps: float) -> list[int]:
     return sinklib.find_sinks(scores, eps).nonzero().flatten().tolist()
 
 
-def other_head(state: dict) -> tuple[int, int]:
-    return (state["layer"] + 1) % 4, (state["head"] + 2) % 4
+def play_then_click_another_head(page, first: dict, timeout_ms: float) -> tuple[int, int]:
+    """Press play until the shown step reaches 2, pause, click a head other than the first one shown."""
+    page.click("[data-role=play]")
+    page.wait_for_function("Number(document.querySelector('[data-role=step-label]').dataset.step) >= 2",
+                           timeout=timeout_ms)
+    page.click("[data-role=play]")  # pause
+    layer, head = (first["layer"] + 1) % 4, (first["head"] + 2) % 4
+    page.click(f"[data-role=grid] td[data-layer='{layer}'][data-head='{head}']")
+    page.wait_for_function(f"document.querySelector('[data-role=head-label]').dataset.head === '{head}'",
+                           timeout=timeout_ms)
+    return layer, head
 
 
 def test_exported_page_plays_selects_and_marks_the_same_sinks(llada_trace, tmp_path):
-    path = llada_trace.to_html(tmp_path / "explorer_tiny-llada.html")
+    path = explorer.to_html(llada_trace, tmp_path / "explorer_tiny-llada.html")
     assert path.stat().st_size < 2_000_000
     with chromium_page() as page:
         requests = []
@@ -41,12 +50,7 @@ def test_exported_page_plays_selects_and_marks_the_same_sinks(llada_trace, tmp_p
         first = shown(page)
         assert first["step"] == 0 and first["sinks"] == python_sinks(llada_trace, first, 3.0)
 
-        page.click("[data-role=play]")
-        page.wait_for_function("Number(document.querySelector('[data-role=step-label]').dataset.step) >= 2")
-        page.click("[data-role=play]")  # pause
-        layer, head = other_head(first)
-        page.click(f"[data-role=grid] td[data-layer='{layer}'][data-head='{head}']")
-        page.wait_for_function(f"document.querySelector('[data-role=head-label]').dataset.head === '{head}'")
+        layer, head = play_then_click_another_head(page, first, 10_000)
         now = shown(page)
         assert now["step"] >= 2 and (now["layer"], now["head"]) == (layer, head)
         assert now["sinks"] == python_sinks(llada_trace, now, 3.0)
@@ -78,12 +82,7 @@ def test_notebook_05_in_jupyterlab_plays_and_replays_the_clicked_head(llada_trac
         first = shown(page)
         assert first["step"] == 0 and first["sinks"] == python_sinks(llada_trace, first, 3.0)
 
-        page.click("[data-role=play]")
-        page.wait_for_function("Number(document.querySelector('[data-role=step-label]').dataset.step) >= 2",
-                               timeout=30_000)
-        page.click("[data-role=play]")  # pause
-        layer, head = other_head(first)
-        page.click(f"[data-role=grid] td[data-layer='{layer}'][data-head='{head}']")
+        layer, head = play_then_click_another_head(page, first, 30_000)
         # the kernel replays the clicked head's map on that step's canvas and sends it back
         page.wait_for_function(f"document.querySelector('[data-role=attention-caption]').textContent"
                                f".includes('layer {layer}, head {head}, replayed')", timeout=30_000)

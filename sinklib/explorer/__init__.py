@@ -9,7 +9,15 @@ payload.py turns a Trace into what the front end (static/explorer.js) reads; wid
 """
 from sinklib.explorer.figures import View, canvas_text, check_view, render
 from sinklib.explorer.page import page_html, page_layers, to_html
-from sinklib.explorer.widget import Explorer
 from sinklib.explorer.pages import export_pages, page_name
+
+
+def __getattr__(name: str):
+    # the widget needs anywidget (the notebooks extra); pages and figures do not
+    if name == "Explorer":
+        from sinklib.explorer.widget import Explorer
+
+        return Explorer
+    raise AttributeError(f"module 'sinklib.explorer' has no attribute {name!r}")
 
 __all__ = ["Explorer", "View", "canvas_text", "check_view", "export_pages", "page_html", "page_layers", "page_name", "render", "to_html"]

@@ -15,7 +15,6 @@ import numpy as np
 
 from sinklib._checks import check_eps
 from sinklib.explorer import payload
-from sinklib.explorer.widget import STATIC
 from sinklib.trace import Trace
 
 _EXPORT = "export default { render };"
@@ -58,14 +57,14 @@ def page_html(trace: Trace, eps: float = 3.0, title: str | None = None, *, layer
     layer, head = payload.strongest_head(trace, 0)
     data = {"header": {**payload.header(trace, kept), "model_layers": model_layers}, "scores": payload.float32_base64(scores),
             "state": {"step": 0, "layer": layer, "head": head, "eps": eps}}
-    script = (STATIC / "explorer.js").read_text()
+    script = (payload.STATIC / "explorer.js").read_text()
     if _EXPORT not in script:
         raise RuntimeError(f"explorer.js must end with {_EXPORT!r} (the page replaces it with its own start-up)")
     # "</" would end the <script> element early; JSON allows it escaped
     embedded = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
     title = title or f"sinklib explorer — {trace.meta.get('model', 'trace')}"
     return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{html.escape(title)}</title>\n<style>\n{(STATIC / 'explorer.css').read_text()}</style>\n</head>\n<body>\n"
+            f"<title>{html.escape(title)}</title>\n<style>\n{(payload.STATIC / 'explorer.css').read_text()}</style>\n</head>\n<body>\n"
             f"<div id=\"sinklib-explorer\"></div>\n"
             f"<script type=\"application/json\" id=\"sinklib-explorer-data\">{embedded}</script>\n"
             f"<script type=\"module\">\n{script.replace(_EXPORT, _BOOT)}</script>\n</body>\n</html>\n")

@@ -6,6 +6,7 @@ at a time, the exported page embeds every step. Nothing here holds an attention 
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from sinklib.trace import Trace
 
 FORMAT = 1
+STATIC = Path(__file__).parent / "static"  # the front end: explorer.js and explorer.css
 
 
 def float32_base64(values: torch.Tensor | np.ndarray) -> str:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from pathlib import Path
-
 import anywidget
 import numpy as np
 import traitlets
@@ -18,7 +16,6 @@ from sinklib.explorer import payload
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace
 
-STATIC = Path(__file__).parent / "static"
 KEPT_MAPS = 8
 
 
@@ -32,8 +29,8 @@ class Explorer(anywidget.AnyWidget):
     """Play through the denoising steps of `trace`; click a head in the layer × head grid; ε is adjustable.
     With `loaded` (the model that made the trace) the selected head's attention map is replayed."""
 
-    _esm = STATIC / "explorer.js"
-    _css = STATIC / "explorer.css"
+    _esm = payload.STATIC / "explorer.js"
+    _css = payload.STATIC / "explorer.css"
 
     header = traitlets.Dict().tag(sync=True)
     step = traitlets.Int(0).tag(sync=True)
