@@ -45,6 +45,7 @@ figures: $(VENV)/.installed
 
 benchmark: setup
 	$(PY) benchmarks/capture_routes.py
+	$(PY) benchmarks/capture_profile.py
 	$(PY) benchmarks/capture_overhead.py
 	$(PY) benchmarks/generate_overhead.py
 	$(PY) benchmarks/eval_throughput.py

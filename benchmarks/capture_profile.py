@@ -1,0 +1,102 @@
+"""Where capture's extra time goes, and the floor any exact recompute beside the model's own attention has.
+
+    python benchmarks/capture_profile.py            # S = 256, 1024, 2048; d 256 (the capture_routes model)
+
+For one forward of the capture_routes model (bidirectional Llama, 4 layers, 8 heads, fp32, CPU), measured in one
+run with torch.profiler: the plain forward, the model's own fused attention calls in it, and capture's extra
+time split into its second fused call (the transposed log-sum-exp that gives column sums) and everything else.
+Then the floor: q·kᵀ and exp over every (query, key) pair — the least any exact column sum beside the model's
+attention must compute, timed as matmul + exp_ + sum on the same tensors, chunked at its fastest — as a share of
+the plain forward, i.e. the best capture ÷ plain ratio such a route could reach. Writes
+benchmarks/results/capture_profile.txt.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from capture_routes import build  # noqa: E402
+
+import sinklib  # noqa: E402
+
+FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
+
+
+def median_ms(run, rounds: int = 7) -> float:
+    run()
+    times = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - began)
+    return 1000 * statistics.median(times)
+
+
+def flash_ms(run, rounds: int = 5) -> float:
+    """ms per forward spent in the fused CPU attention kernel."""
+    run()
+    with profile() as prof:
+        for _ in range(rounds):
+            run()
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == FLASH) / 1000 / rounds
+
+
+def column_floor_ms(layers: int, heads: int, seq: int, head_dim: int) -> float:
+    """ms for `layers` × (q·kᵀ, exp, sum over queries) in float32, the fastest of a few chunk sizes."""
+    q, k = (torch.randn(1, heads, seq, head_dim) / math.sqrt(head_dim) for _ in range(2))
+    keys_t = k.transpose(-1, -2)
+    best = math.inf
+    for rows in (64, 128, 256, 512):
+        def one_layer():
+            total = torch.zeros(1, heads, seq)
+            for start in range(0, seq, rows):
+                total += torch.matmul(q[:, :, start:start + rows], keys_t).exp_().sum(-2)
+            return total
+        best = min(best, median_ms(one_layer, 5))
+    return layers * best
+
+
+def main() -> None:
+    torch.set_grad_enabled(False)
+    lines = []
+
+    def say(line: str) -> None:
+        print(line)
+        lines.append(line)
+
+    say(f"torch {torch.__version__}, {torch.get_num_threads()} threads; d 256, 4 layers, 8 heads (head dim 32)")
+    say(f"{'S':>5} {'plain ms':>9} {'its attention':>14} {'capture ms':>11} {'2nd fused call':>15} {'other':>7} "
+          f"{'capture ÷ plain':>16} {'floor ÷ plain':>14}")
+    for seq in (256, 1024, 2048):
+        model = build(256, seq, "sdpa")
+        ids = torch.randint(0, 512, (1, seq), generator=torch.Generator().manual_seed(0))
+
+        def plain():
+            model(input_ids=ids)
+
+        def captured():
+            with sinklib.capture(model):
+                model(input_ids=ids)
+
+        plain_ms, capture_ms = median_ms(plain), median_ms(captured)
+        own_attention = flash_ms(plain)
+        second_call = flash_ms(captured) - own_attention
+        other = capture_ms - plain_ms - second_call
+        floor = column_floor_ms(4, 8, seq, 32)
+        say(f"{seq:5d} {plain_ms:9.1f} {own_attention:9.1f} ({own_attention / plain_ms:3.0%}) {capture_ms:11.1f} "
+              f"{second_call:15.1f} {other:7.1f} {capture_ms / plain_ms:16.2f} {(plain_ms + floor) / plain_ms:14.2f}")
+
+    out = Path(__file__).resolve().parent / "results" / "capture_profile.txt"
+    out.write_text("\n".join(lines) + "\n")
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()
