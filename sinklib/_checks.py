@@ -24,10 +24,15 @@ def check_int(value: Any, param: str, low: int, high: int | None = None) -> int:
     return value
 
 
+def did_you_mean(value: Any, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices`, or '' when none is close: the one hint every
+    "not allowed" message uses."""
+    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_choice(value: Any, param: str, choices: Iterable[str]) -> str:
     choices = list(choices)
     if value not in choices:
-        hint = difflib.get_close_matches(str(value), choices, n=1)
-        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-        raise ValueError(f"{param}={value!r} is not allowed: {param} must be one of {choices}{extra}")
+        raise ValueError(f"{param}={value!r} is not allowed: {param} must be one of {choices}{did_you_mean(value, choices)}")
     return value

@@ -14,7 +14,6 @@ This sees native transformers models running with attn_implementation="sdpa" and
 from __future__ import annotations
 
 import contextlib
-import difflib
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sinklib._checks import check_int
+from sinklib._checks import check_int, did_you_mean
 from sinklib.attention_math import AttentionStats, attention_statistics, heads_left_without_keys, mask_keys, sdpa_with_lse
 from sinklib.layers import AttentionLayer, attention_layers
 
@@ -126,9 +125,8 @@ class Recorder:
         if isinstance(layer, str):
             if layer in self.layer_names:
                 return self.layer_names.index(layer)
-            hint = difflib.get_close_matches(layer, self.layer_names, n=1)
-            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise ValueError(f"layer={layer!r} is not an attention layer of this model{extra}; layers are {self.layer_names[:3]}…")
+            raise ValueError(f"layer={layer!r} is not an attention layer of this model"
+                             f"{did_you_mean(layer, self.layer_names)}; layers are {self.layer_names[:3]}…")
         return check_int(layer, "layer", 0, self.n_layers - 1)
 
     def step_scores(self, step: int) -> torch.Tensor:

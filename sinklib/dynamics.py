@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sinklib.sinks import find_sinks
+from sinklib.sinks import find_sinks, single_row_scores
 from sinklib.trace import Trace
 
 
@@ -30,7 +30,7 @@ def comparable_scores(trace: Trace) -> torch.Tensor:
         return trace.require_scores()
     keys = _valid(trace).sum(-1, keepdim=True).float()
     scaled = trace.scores.clone()
-    scaled[1:] = scaled[1:] * keys[1:]
+    scaled[1:] = single_row_scores(scaled[1:], keys[1:])
     return scaled
 
 

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 import sinklib
 from sinklib.capture import capture
+from sinklib.interventions import identity
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace
 
@@ -85,11 +86,12 @@ def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | 
     """One trace per prompt. With `out`, each trace is saved as it finishes (out/trace-0007/) and a rerun
     loads the finished ones instead of generating them again."""
     chat = not is_zoo(loaded)
+    recorded = identity(intervention) if intervention is not None else None  # refused before any work if unstable
     traces = []
     for index, text in enumerate(tqdm(texts, desc=f"traces {loaded.name}", disable=not progress)):
         folder = Path(out) / f"trace-{index:04d}" if out is not None else None
         if folder is not None and (folder / "meta.json").exists():
-            traces.append(_resumed(Trace.load(folder), folder, loaded, text, seed + index, intervention, settings))
+            traces.append(_resumed(Trace.load(folder), folder, loaded, text, seed + index, recorded, settings))
             continue
         trace = sinklib.generate(loaded, text, seed=seed + index, chat=chat, progress=False, intervention=intervention, **settings)
         if folder is not None:
@@ -98,12 +100,13 @@ def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | 
     return traces
 
 
-def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: int, intervention, settings: dict) -> Trace:
+def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: int, intervention: str | None,
+             settings: dict) -> Trace:
     """A trace saved by an earlier run is reused only if that run asked for the same thing."""
     meta = trace.meta
     saved = meta.get("settings", {})
     differs = {key: (meta.get(key), want) for key, want in (("model", loaded.name), ("prompt", text), ("seed", seed),
-               ("intervention", repr(intervention) if intervention is not None else None)) if meta.get(key) != want}
+               ("intervention", intervention)) if meta.get(key) != want}
     differs.update({key: (saved.get(key), value) for key, value in settings.items()
                     if value is not None and key in saved and saved[key] != value})
     if differs:

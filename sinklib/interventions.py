@@ -3,6 +3,7 @@ tells `observe(call, stats)` what was computed; masked keys get logit −∞ for
 (batch, layer, head), so they receive exactly 0 attention and the rest renormalises."""
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import torch
@@ -11,11 +12,21 @@ from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.attention_math import AttentionStats
 from sinklib.capture import AttentionCall
 from sinklib.layers import AttentionLayer
-from sinklib.sinks import positions_to_mask, top_sinks
+from sinklib.sinks import positions_to_mask, single_row_scores, top_sinks
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 class Intervention:
-    """Base policy: masks nothing. Subclasses override keys_to_mask and, if they need history, observe."""
+    """Base policy: masks nothing. Subclasses override keys_to_mask and, if they need history, observe.
+    Settings live in public attributes, state in attributes starting with "_" (see __repr__)."""
+
+    def __repr__(self) -> str:
+        """The class and its public settings in the order they were set: what saved runs record and compare,
+        so a policy without a __repr__ of its own still resumes (the default object repr is a memory address)."""
+        settings = ", ".join(f"{name}={value!r}" for name, value in vars(self).items() if not name.startswith("_"))
+        return f"{type(self).__name__}({settings})"
 
     def reset(self) -> None:
         """Forget all state; called when a capture starts."""
@@ -32,6 +43,17 @@ class Intervention:
         """Sees the statistics of the call as it ran (with this intervention's masking applied)."""
 
 
+def identity(intervention) -> str:
+    """The text a resumable run records for `intervention` and compares on resume (its repr); refused, before
+    any work, where that text names a memory address: it differs in every process, so the run could never resume."""
+    text = repr(intervention)
+    if _ADDRESS.search(text):
+        raise ValueError(f"intervention={text} is not allowed: its repr names a memory address, which differs in every "
+                         "process, so a saved run could never be resumed or compared; give the policy a __repr__ of its "
+                         "settings, or keep them in public attributes (Intervention's own __repr__ lists those)")
+    return text
+
+
 def key_normalised(stats: AttentionStats, rows: str) -> torch.Tensor:
     """Scores rescaled so their mean over valid keys is 1, which is exactly the sum units of a square pass.
 
@@ -40,7 +62,7 @@ def key_normalised(stats: AttentionStats, rows: str) -> torch.Tensor:
     and Eq. 3 with ε = 3 could never fire on it unscaled (SPEC §3)."""
     n_valid = stats.key_valid.sum(-1).float()  # [B]
     if rows == "last":
-        return stats.last_row * n_valid[:, None, None]
+        return single_row_scores(stats.last_row, n_valid[:, None, None])
     factor = n_valid / stats.query_count.clamp(min=1)
     return stats.scores * factor[:, None, None]
 

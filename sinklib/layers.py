@@ -6,11 +6,12 @@ Architectures are data: a block's attention is the first submodule whose class n
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Sequence
 
 from torch import nn
+
+from sinklib._checks import did_you_mean
 
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layers", "num_layers")
 _HEAD_COUNT_KEYS = ("num_attention_heads", "n_heads", "num_heads")
@@ -67,9 +68,7 @@ def attention_layers(model: nn.Module, layer_names: Sequence[str] | None = None)
         layers = []
         for index, name in enumerate(layer_names):
             if name not in modules:
-                hint = difflib.get_close_matches(name, list(modules), n=1)
-                extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-                raise ValueError(f"layer_names[{index}]={name!r} is not a module of the model{extra}")
+                raise ValueError(f"layer_names[{index}]={name!r} is not a module of the model{did_you_mean(name, modules)}")
             layers.append(AttentionLayer(index, name, modules[name], _head_count(modules[name], model)))
         return layers
     list_name, blocks = _block_list(model)

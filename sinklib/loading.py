@@ -5,7 +5,6 @@ only when the caller passes trust_remote_code=True.
 """
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -16,10 +15,10 @@ import torch
 from torch import nn
 
 from sinklib import compat, named
-from sinklib._checks import bad_value, check_choice
+from sinklib._checks import bad_value, check_choice, did_you_mean
 from sinklib.families.base import Family, family_names, get_family
+from sinklib.paths import ZOO_DIR
 
-ZOO_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
 CALLING = ("native", "llada_remote", "dream_remote")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "auto": "auto"}
 
@@ -130,8 +129,8 @@ def resolve_name(name: str) -> str:
         if not (path / "config.json").is_file():
             raise bad_value("name_or_model", name, "a model folder with a config.json (this folder has none)")
         return str(path)
-    close = difflib.get_close_matches(name, zoo_names() + named.named_names(), n=1, cutoff=0.75)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(name, zoo_names() + named.named_names(), cutoff=0.75)
+    close = bool(hint)
     looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
     if looks_like_path or not _HUB_ID.match(name) or close:
         raise bad_value("name_or_model", name, f"a zoo name {zoo_names()}, a named real model {named.named_names()}, "

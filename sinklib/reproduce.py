@@ -43,14 +43,14 @@ def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
     """Refuse, before anything runs, a key no notebook declares and a value whose type the notebook's default
     does not have (numbers may be int or float; None is always allowed)."""
     import ast
-    import difflib
+
+    from sinklib._checks import did_you_mean
 
     declared = declared_parameters(paths)
     for key, value in given.items():
         if key not in declared:
-            hint = difflib.get_close_matches(key, list(declared), n=1)
-            raise ValueError(f"parameter {key!r} is not allowed: no notebook declares it"
-                             + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; allowed: {sorted(declared)}")
+            raise ValueError(f"parameter {key!r} is not allowed: no notebook declares it{did_you_mean(key, declared)}; "
+                             f"allowed: {sorted(declared)}")
         try:
             default = ast.literal_eval(declared[key]["default"])
         except (ValueError, SyntaxError):
@@ -80,8 +80,8 @@ def check_model_names(given: dict[str, Any]) -> None:
 
 def is_zoo_name(name: str) -> bool:
     """A model of the CPU default: the tiny zoo or a named real model (sinklib.named)."""
-    from sinklib.loading import ZOO_DIR
     from sinklib.named import NAMED_MODELS
+    from sinklib.paths import ZOO_DIR
 
     return (ZOO_DIR / str(name)).is_dir() or str(name) in NAMED_MODELS
 

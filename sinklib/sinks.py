@@ -168,6 +168,13 @@ def threshold_sweep(
     return pd.DataFrame(rows)
 
 
+def single_row_scores(row: torch.Tensor, n_keys: torch.Tensor | int) -> torch.Tensor:
+    """One query row's attention (it sums to 1: an autoregressive decoding step with a KV cache) in the sum units
+    of a square pass (mean 1 over keys): × its number of keys. Unscaled, Eq. 3 with ε = 3 could never fire on it
+    (SPEC §3). n_keys broadcasts against row's leading dimensions."""
+    return row * n_keys
+
+
 def uniform_scores(allowed: torch.Tensor) -> torch.Tensor:
     """Scores a uniform attention pattern would give under the same mask (the baseline a causal model must
     beat): each query row spreads 1 evenly over its allowed keys. allowed: bool [..., queries, keys] →

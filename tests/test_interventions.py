@@ -198,3 +198,54 @@ def test_masking_all_heads_of_a_gqa_model_equals_a_key_padding_mask_in_eager_att
     torch.testing.assert_close(step.logits, ref_step.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(rec.step_scores(1), torch.stack(ref_step.attentions).sum(-2), atol=1e-5, rtol=0)
     assert torch.all(rec.scores[:, :, :, :, 1:3] == 0)
+
+
+# -- what resumable runs record for a policy ------------------------------------------------------------------
+from sinklib import experiments  # noqa: E402
+from sinklib.interventions import identity  # noqa: E402
+
+
+class EveryOtherKey(sinklib.Intervention):
+    """A user's policy with no __repr__ of its own: settings public, state private."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self._calls = 0
+
+    def keys_to_mask(self, call):
+        self._calls += 1
+        mask = torch.zeros(call.batch, call.heads, call.n_keys, dtype=torch.bool, device=call.device)
+        mask[..., self.offset::2] = True
+        mask[..., 0] = False  # always leave a key
+        return mask
+
+
+class Opaque:
+    pass
+
+
+def test_a_policy_without_repr_is_recorded_by_its_settings_and_resumes(tmp_path):
+    assert repr(EveryOtherKey(1)) == "EveryOtherKey(offset=1)" == identity(EveryOtherKey(1))
+    assert repr(sinklib.MaskSinks(2)) == "MaskSinks(top_k=2, eps=3.0, source='previous_step', rows='all', threshold=True)"
+    loaded = sinklib.load("tiny-llada")
+    first = experiments.collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(1), steps=4,
+                                       gen_length=4, progress=False)
+    again = experiments.collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(1), steps=4,
+                                       gen_length=4, progress=False)  # a new object, same settings: resumed
+    torch.testing.assert_close(again[0].scores, first[0].scores, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"written by another run .*EveryOtherKey\(offset=1\).*EveryOtherKey\(offset=0\)"):
+        experiments.collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(0), steps=4,
+                                   gen_length=4, progress=False)
+
+
+def test_a_policy_whose_record_would_name_a_memory_address_is_refused_before_any_work(tmp_path):
+    policy = EveryOtherKey(1)
+    policy.helper = Opaque()  # a public attribute whose repr is an address
+    with pytest.raises(ValueError, match=r"intervention=EveryOtherKey\(offset=1, helper=<.*Opaque object at 0x.*is not allowed: its repr names a memory address"):
+        experiments.collect_traces(sinklib.load("tiny-llada"), ["1+2="], out=tmp_path, intervention=policy,
+                                   steps=4, gen_length=4, progress=False)
+    assert policy._calls == 0 and not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match=r"its repr names a memory address"):
+        sinklib.evaluate("tiny-llada", "arithmetic", intervention=policy, limit=1, out=tmp_path / "e.jsonl",
+                         progress=False)
+    assert policy._calls == 0 and not (tmp_path / "e.jsonl").exists()

@@ -126,3 +126,10 @@ def test_numpy_arrays_and_lists_are_scores_too():
     assert torch.equal(sinklib.top_sinks(scores.tolist(), 2), sinklib.top_sinks(scores, 2))
     assert sinklib.threshold_sweep([scores[0].numpy(), scores[1].numpy()], [1.0]).equals(
         sinklib.threshold_sweep([scores[0], scores[1]], [1.0]))
+
+
+def test_a_single_row_in_sum_units_has_mean_one_over_its_keys():
+    row = torch.softmax(torch.randn(3, 4, 7), -1)  # [batch, heads, keys]: rows that sum to 1
+    scaled = sinklib.sinks.single_row_scores(row, 7)
+    torch.testing.assert_close(scaled.mean(-1), torch.ones(3, 4))
+    assert bool(sinklib.find_sinks(scaled, 3.0).any()) == bool((scaled - (7 - scaled) / 6 > 3.0).any())

@@ -16,10 +16,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-import sinklib
+from sinklib.generate import generate
 from sinklib._checks import bad_value, check_int
 from sinklib.evaluation.sandbox import SandboxLimits
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
+from sinklib.interventions import identity
 from sinklib.loading import LoadedModel
 
 
@@ -60,7 +61,7 @@ def run_config(model: LoadedModel, task: str, intervention, limit: int | None, s
                task_path: str | None, sandbox: SandboxLimits | None, settings: dict[str, Any]) -> dict[str, Any]:
     """Everything a run's records depend on; its config_hash is written into every record."""
     config = {"model": model.name, "weights": model_fingerprint(model), "family": model.family.name, "task": task,
-              "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": repr(intervention),
+              "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
               "settings": settings, "task_path": task_path}
     if get_task(task).executes_code:
         config["sandbox"] = asdict(sandbox or SandboxLimits())
@@ -217,7 +218,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int 
                 if not missing:
                     continue
                 began = time.perf_counter()
-                traces = sinklib.generate(model, [s.prompt for s in batch], seed=batch_seed(seed, index), chat=spec.chat,
+                traces = generate(model, [s.prompt for s in batch], seed=batch_seed(seed, index), chat=spec.chat,
                                           progress=False, intervention=intervention, keep_scores=False, **settings)
                 seconds = (time.perf_counter() - began) / len(batch)
                 for sample, trace in zip(batch, traces):

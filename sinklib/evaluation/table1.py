@@ -12,13 +12,12 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-import sinklib
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.experiments import fit_layout
 from sinklib.interventions import MaskRandomKeys, MaskSinks
-from sinklib.loading import LoadedModel
+from sinklib.loading import LoadedModel, load
 
 # SPEC §2 (Table 1): LLaDA gen length 256 (GSM8K) / 512 (HumanEval), block 32; Dream and Llama with their own
 # settings: Dream's evaluation decodes one token per step with the entropy order, Llama greedily.
@@ -145,7 +144,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
         check_int(limit, "limit", 1)
     rows = []
     for model in models:
-        loaded = model if isinstance(model, LoadedModel) else sinklib.load(model)
+        loaded = model if isinstance(model, LoadedModel) else load(model)
         run_settings = {**fit_layout(table1_settings(loaded, task), steps, gen_length, block_length), **(settings or {})}
         for condition, k, intervention in conditions(loaded.family.kind, ks, random_control, eps, source, seed):
             out = None

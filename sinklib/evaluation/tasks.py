@@ -69,7 +69,7 @@ def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
 
 
 def _arithmetic(path: str | None = None) -> list[Sample]:
-    from sinklib.zoo import DATA_DIR
+    from sinklib.paths import DATA_DIR
 
     file = Path(path) if path else DATA_DIR / "arithmetic_test.jsonl"
     rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
@@ -80,7 +80,7 @@ def _capitals(path: str | None = None) -> list[Sample]:
     """Short factual questions in plain English ("What is the capital of France?"), for real instruct models on a
     laptop (the zoo's arithmetic is in the zoo's own format): data/tasks/capitals.jsonl, or a JSONL at `path` with
     id, question and answer."""
-    from sinklib.zoo import DATA_DIR
+    from sinklib.paths import DATA_DIR
 
     file = Path(path) if path else DATA_DIR / "tasks" / "capitals.jsonl"
     rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
-ZOO_DIR = DATA_DIR / "models"
+from sinklib.paths import DATA_DIR, ZOO_DIR  # noqa: F401  (the zoo's CLI and callers read them here too)
+
 NAMES = ("tiny-llada", "tiny-dream", "tiny-arm")
 
 
