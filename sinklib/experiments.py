@@ -14,22 +14,6 @@ from sinklib.interventions import identity
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace
 
-# SPEC §2: the paper's generation settings (Table 2 / Fig. 1: gen length 128, 128 steps, block 32).
-PAPER = {
-    "llada": dict(steps=128, gen_length=128, block_length=32),
-    "mmada": dict(steps=128, gen_length=128, block_length=32),
-    "dream": dict(steps=128, gen_length=128, alg="entropy"),
-    "arm": dict(gen_length=128),
-}
-# The zoo's settings: its 16-token answer slot, one token per step.
-ZOO = {
-    "llada": dict(steps=16, gen_length=16, block_length=8),
-    "mmada": dict(steps=16, gen_length=16, block_length=8),
-    "dream": dict(steps=16, gen_length=16, alg="entropy"),
-    "arm": dict(gen_length=16),
-}
-
-
 # Named real models on a laptop CPU (sinklib.named): short generations, the paper's sampler otherwise.
 NAMED = {
     "smollm2-135m-instruct": {"arm": dict(gen_length=32)},
@@ -43,9 +27,11 @@ def is_zoo(loaded: LoadedModel) -> bool:
 
 def sampling(loaded: LoadedModel, steps: int | None = None, gen_length: int | None = None,
              block_length: int | None = None) -> dict[str, Any]:
-    """The family's settings (zoo, named laptop model, or paper) with any given value overriding, by fit_layout's rule."""
-    presets = ZOO if is_zoo(loaded) else NAMED.get(loaded.name, PAPER)
-    return fit_layout(presets[loaded.family.name], steps, gen_length, block_length)
+    """The family's settings (zoo, named laptop model, or paper: Family.presets) with any given value overriding,
+    by fit_layout's rule."""
+    named = NAMED.get(loaded.name, {}).get(loaded.family.name)
+    preset = named if named is not None else loaded.family.preset("zoo" if is_zoo(loaded) else "paper")
+    return fit_layout(preset, steps, gen_length, block_length)
 
 
 def fit_layout(preset: dict[str, Any], steps: int | None = None, gen_length: int | None = None,

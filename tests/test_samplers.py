@@ -150,3 +150,27 @@ def test_classifier_free_guidance_combines_conditional_and_unconditional_logits(
     probs = torch.softmax(guided[6:], -1)
     assert trace.tokens[-1, 6:].tolist() == probs.argmax(-1).tolist()
     assert trace.scores.shape[:3] == (1, 2, 4)  # the conditional half of the doubled batch
+
+
+# -- each family's sampler presets: one home (Family.presets) ----------------------------------------------
+from sinklib.families.base import family_names, get_family  # noqa: E402
+
+
+@pytest.mark.parametrize("name", family_names())
+def test_every_family_has_the_paper_zoo_and_table1_presets_and_they_are_valid_settings(name):
+    import dataclasses
+
+    from sinklib.zoo.train import GEN_LENGTH
+
+    family = get_family(name)
+    assert {"paper", "zoo", "gsm8k", "humaneval", "capitals"} <= set(family.presets)
+    assert family.preset("zoo")["gen_length"] == GEN_LENGTH  # the zoo's answer slot
+    assert family.preset("paper")["gen_length"] == 128  # SPEC §2
+    options = {f.name for f in dataclasses.fields(family.settings)}
+    for context in family.presets:
+        assert set(family.preset(context)) <= options, context  # every preset names its sampler's own options
+    copy = family.preset("paper")
+    copy["gen_length"] = 1
+    assert family.preset("paper")["gen_length"] == 128  # a copy, not the registry's dict
+    with pytest.raises(ValueError, match=rf"context='gsm8K' is not allowed: the {name} family has presets .* \(did you mean 'gsm8k'\?\)"):
+        family.preset("gsm8K")

@@ -19,32 +19,15 @@ from sinklib.experiments import fit_layout
 from sinklib.interventions import MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel, load
 
-# SPEC §2 (Table 1): LLaDA gen length 256 (GSM8K) / 512 (HumanEval), block 32; Dream and Llama with their own
-# settings: Dream's evaluation decodes one token per step with the entropy order, Llama greedily.
-TABLE1_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
-    ("llada", "gsm8k"): dict(steps=256, gen_length=256, block_length=32),
-    ("llada", "humaneval"): dict(steps=512, gen_length=512, block_length=32),
-    ("mmada", "gsm8k"): dict(steps=256, gen_length=256, block_length=32),
-    ("mmada", "humaneval"): dict(steps=512, gen_length=512, block_length=32),
-    ("dream", "gsm8k"): dict(steps=256, gen_length=256, alg="entropy"),
-    ("dream", "humaneval"): dict(steps=512, gen_length=512, alg="entropy"),
-    ("arm", "gsm8k"): dict(gen_length=256),
-    ("arm", "humaneval"): dict(gen_length=512),
-    # short factual answers ("The capital of France is Paris."): 16 new tokens suffice
-    ("llada", "capitals"): dict(steps=16, gen_length=16, block_length=16),
-    ("mmada", "capitals"): dict(steps=16, gen_length=16, block_length=16),
-    ("dream", "capitals"): dict(steps=16, gen_length=16, alg="entropy"),
-    ("arm", "capitals"): dict(gen_length=16),
-}
-
 
 def table1_settings(loaded: LoadedModel, task: str) -> dict[str, Any]:
-    """The sampler settings Table 1 uses for this model and task (the zoo's own settings for zoo models)."""
+    """The sampler settings Table 1 uses for this model and task: the family's preset for the task (SPEC §2:
+    Family.presets), the zoo's own settings for zoo models and tasks without a preset."""
     from sinklib.experiments import is_zoo, sampling
 
-    if is_zoo(loaded) or (loaded.family.name, task) not in TABLE1_SETTINGS:
+    if is_zoo(loaded) or task in ("paper", "zoo") or task not in loaded.family.presets:
         return sampling(loaded)
-    return dict(TABLE1_SETTINGS[(loaded.family.name, task)])
+    return loaded.family.preset(task)
 
 
 @dataclass

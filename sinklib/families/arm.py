@@ -61,4 +61,14 @@ def sample(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, 
     return canvases
 
 
-ARM = Family("arm", "autoregressive", sample, ARMSettings, description="any causal LM with a KV cache (Llama-3.1)")
+# Greedy decoding; only the length differs by context (SPEC §2).
+PRESETS = {
+    "paper": dict(gen_length=128),
+    "zoo": dict(gen_length=16),
+    "gsm8k": dict(gen_length=256),
+    "humaneval": dict(gen_length=512),
+    "capitals": dict(gen_length=16),
+}
+
+ARM = Family("arm", "autoregressive", sample, ARMSettings, description="any causal LM with a KV cache (Llama-3.1)",
+             presets=PRESETS)

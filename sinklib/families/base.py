@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
-from sinklib._checks import check_choice
+from sinklib._checks import check_choice, did_you_mean
 
 Forward = Callable[..., torch.Tensor]
 
@@ -26,6 +26,16 @@ class Family:
     default_mask_id: int | None = None
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # sampler settings by context: "paper" (SPEC §2, the figures), "zoo" (the tiny zoo's 16-token slot) and one
+    # per evaluation task (Table 1); each is keyword arguments of generate
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def preset(self, context: str) -> dict[str, Any]:
+        """A copy of this family's sampler settings for `context` ("paper", "zoo" or a task name)."""
+        if context not in self.presets:
+            raise ValueError(f"context={context!r} is not allowed: the {self.name} family has presets for "
+                             f"{sorted(self.presets)}{did_you_mean(context, self.presets)}")
+        return dict(self.presets[context])
 
 
 _FAMILIES: dict[str, str] = {

@@ -135,5 +135,14 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     return canvases
 
 
+# SPEC §2: 128 tokens in 128 steps for the figures; Table 1 decodes one token per step with the entropy order.
+PRESETS = {
+    "paper": dict(steps=128, gen_length=128, alg="entropy"),
+    "zoo": dict(steps=16, gen_length=16, alg="entropy"),
+    "gsm8k": dict(steps=256, gen_length=256, alg="entropy"),
+    "humaneval": dict(steps=512, gen_length=512, alg="entropy"),
+    "capitals": dict(steps=16, gen_length=16, alg="entropy"),
+}
+
 DREAM = Family("dream", "diffusion", sample, DreamSettings, default_mask_id=151666,
-               description="Dream-v0-Instruct-7B: shifted logits, confidence-ordered unmasking anywhere")
+               description="Dream-v0-Instruct-7B: shifted logits, confidence-ordered unmasking anywhere", presets=PRESETS)

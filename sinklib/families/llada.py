@@ -115,7 +115,18 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     return canvases
 
 
+# SPEC §2: the paper's generation (gen length 128, 128 steps, block 32) and Table 1 (gen length 256 for GSM8K,
+# 512 for HumanEval, block 32); the zoo's 16-token slot, one token per step; short factual answers: 16 tokens.
+PRESETS = {
+    "paper": dict(steps=128, gen_length=128, block_length=32),
+    "zoo": dict(steps=16, gen_length=16, block_length=8),
+    "gsm8k": dict(steps=256, gen_length=256, block_length=32),
+    "humaneval": dict(steps=512, gen_length=512, block_length=32),
+    "capitals": dict(steps=16, gen_length=16, block_length=16),
+}
+
 LLADA = Family("llada", "diffusion", sample, LLaDASettings, default_mask_id=126336,
-               description="LLaDA-8B-Instruct: blockwise low-confidence remasking")
+               description="LLaDA-8B-Instruct: blockwise low-confidence remasking", presets=PRESETS)
 MMADA = Family("mmada", "diffusion", sample, LLaDASettings, default_mask_id=126336,
-               description="MMaDA-8B: LLaDA's sampler with float64 confidences", extra={"confidence_dtype": "float64"})
+               description="MMaDA-8B: LLaDA's sampler with float64 confidences", extra={"confidence_dtype": "float64"},
+               presets=PRESETS)

@@ -13,16 +13,9 @@ from sinklib.dynamics import sink_mask
 from sinklib.experiments import full_pass_scores
 from sinklib.loading import LoadedModel
 from sinklib.zoo.data import Problem
-from sinklib.zoo.train import GEN_LENGTH
 
 ANSWER = re.compile(r"####\s*(-?\d+)")
 
-# Each family's sampler settings for the zoo (temperature 0).
-SAMPLING = {
-    "llada": dict(steps=GEN_LENGTH, gen_length=GEN_LENGTH, block_length=8),
-    "dream": dict(steps=GEN_LENGTH, gen_length=GEN_LENGTH, alg="entropy"),
-    "arm": dict(gen_length=GEN_LENGTH),
-}
 
 
 def extract_answer(text: str) -> int | None:
@@ -34,7 +27,7 @@ def extract_answer(text: str) -> int | None:
 def accuracy(loaded: LoadedModel, items: list[Problem], batch_size: int = 50, progress: bool = True,
              intervention=None) -> dict[str, Any]:
     """Exact final-answer accuracy at temperature 0 with the model's own sampler."""
-    settings = SAMPLING[loaded.family.name]
+    settings = loaded.family.preset("zoo")  # temperature 0, the zoo's answer slot
     correct = 0
     outputs = []
     for start in tqdm(range(0, len(items), batch_size), desc=f"accuracy {loaded.name}", disable=not progress):
@@ -51,7 +44,7 @@ def accuracy(loaded: LoadedModel, items: list[Problem], batch_size: int = 50, pr
 def sink_statistics(loaded: LoadedModel, items: list[Problem], eps: float = 3.0, top: int = 5) -> dict[str, Any]:
     """Share of scores above eps (Eq. 3, sum units) over every step, most frequent sink tokens, and the value
     norms of the sinks of one full pass over the final sequence against the other keys."""
-    settings = SAMPLING[loaded.family.name]
+    settings = loaded.family.preset("zoo")  # temperature 0, the zoo's answer slot
     counts: collections.Counter = collections.Counter()
     selected = total = 0
     sink_norm, other_norm = [], []
