@@ -12,12 +12,8 @@ import sinklib
 from sinklib.capture import capture
 from sinklib.interventions import identity
 from sinklib.loading import LoadedModel
+from sinklib.named import NAMED_MODELS
 from sinklib.trace import Trace
-
-# Named real models on a laptop CPU (sinklib.named): short generations, the paper's sampler otherwise.
-NAMED = {
-    "smollm2-135m-instruct": {"arm": dict(gen_length=32)},
-}
 
 
 def is_zoo(loaded: LoadedModel) -> bool:
@@ -29,8 +25,9 @@ def sampling(loaded: LoadedModel, steps: int | None = None, gen_length: int | No
              block_length: int | None = None) -> dict[str, Any]:
     """The family's settings (zoo, named laptop model, or paper: Family.presets) with any given value overriding,
     by fit_layout's rule."""
-    named = NAMED.get(loaded.name, {}).get(loaded.family.name)
-    preset = named if named is not None else loaded.family.preset("zoo" if is_zoo(loaded) else "paper")
+    named = NAMED_MODELS.get(loaded.name)
+    preset = dict(named.sampling) if named is not None and named.sampling else \
+        loaded.family.preset("zoo" if is_zoo(loaded) else "paper")
     return fit_layout(preset, steps, gen_length, block_length)
 
 
@@ -131,11 +128,11 @@ def full_pass_scores(loaded: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
 def by_task(loaded: dict[str, LoadedModel], task: str, tasks: dict[str, str] | None = None) -> dict[str, list[LoadedModel]]:
     """Models grouped by the task Table 1 runs them on: `tasks` names a task per model (a real instruct model
     cannot answer the zoo's arithmetic format), every other model runs `task`. Groups keep the models' order."""
-    from sinklib.reproduce import is_zoo_name
+    from sinklib.loading import is_default_model
 
     tasks = dict(tasks or {})
     # entries for default models this run leaves out are fine (the notebook's default names SmolLM2's task)
-    unknown = sorted(name for name in tasks if name not in loaded and not is_zoo_name(name))
+    unknown = sorted(name for name in tasks if name not in loaded and not is_default_model(name))
     if unknown:
         raise ValueError(f"tasks={tasks!r} is not allowed: it names models not in models ({unknown}); "
                          f"models are {list(loaded)}")

@@ -103,6 +103,11 @@ def _offline_hint(name: str) -> str:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
+def is_default_model(name: str) -> bool:
+    """A model of the CPU default: the tiny zoo or a named real model (sinklib.named)."""
+    return (ZOO_DIR / str(name)).is_dir() or str(name) in named.NAMED_MODELS
+
+
 def zoo_names() -> list[str]:
     return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file()) if ZOO_DIR.is_dir() else []
 

@@ -10,8 +10,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class NamedModel:
     gguf_file: str
     hub_id: str  # the same model unquantised, where the hub is reachable
     caveat: str
+    # sampler settings on a laptop CPU (generate's keywords), replacing the family's "paper" preset
+    sampling: Mapping[str, Any] = field(default_factory=dict)
 
 
 NAMED_MODELS: dict[str, NamedModel] = {
@@ -32,6 +35,7 @@ NAMED_MODELS: dict[str, NamedModel] = {
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         caveat="Q4_1-quantised weights (dequantised to float32): a slightly degraded SmolLM2-135M-Instruct",
+        sampling={"gen_length": 32},  # short generations; the paper's greedy sampler otherwise
     ),
 }
 

@@ -78,19 +78,13 @@ def check_model_names(given: dict[str, Any]) -> None:
         resolve_name(name)
 
 
-def is_zoo_name(name: str) -> bool:
-    """A model of the CPU default: the tiny zoo or a named real model (sinklib.named)."""
-    from sinklib.named import NAMED_MODELS
-    from sinklib.paths import ZOO_DIR
-
-    return (ZOO_DIR / str(name)).is_dir() or str(name) in NAMED_MODELS
-
-
 def output_folders(given: dict[str, Any]) -> dict[str, str]:
     """Runs on models outside the zoo write into figures/<models>/ and data/results/<models>/ unless told
     otherwise, never over the committed zoo outputs."""
+    from sinklib.loading import is_default_model
+
     names = list(given.get("models") or []) + ([given["model"]] if given.get("model") else [])
-    if not names or all(is_zoo_name(n) for n in names):
+    if not names or all(is_default_model(n) for n in names):
         return {}
     slug = "+".join(dict.fromkeys(Path(str(n).rstrip("/")).name for n in names))
     return {"figures_dir": str(ROOT / "figures" / slug), "results_dir": str(ROOT / "data" / "results" / slug)}
