@@ -5,10 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 VENV4 ?= .venv-tf4
 PY4 := $(VENV4)/bin/python
-# The unit tests also run on the last transformers 4.x the remote-code checkpoints were written for.
-UNIT_ON_TF4 := --ignore=tests/test_zoo.py --ignore=tests/test_notebooks.py --ignore=tests/test_explorer.py --ignore=tests/test_explorer_browser.py --ignore=tests/test_table1.py --ignore=tests/test_reproduce_checkpoints.py
+# The unit and parity tiers also run on the last transformers 4.x the remote-code checkpoints were written for.
+UNIT_ON_TF4 := tests/unit tests/parity --ignore=tests/unit/test_explorer.py
 
-.PHONY: setup browser test figures benchmark
+.PHONY: setup browser test test-unit test-parity test-zoo test-notebooks test-quick figures benchmark
 
 setup: $(VENV)/.installed $(VENV4)/.installed browser
 
@@ -36,9 +36,27 @@ $(VENV4)/.installed: pyproject.toml
 	$(PY4) -m pip install -q -e ".[test]" "transformers==4.56.*"
 	touch $@
 
+# Every tier (tests/conftest.py): `make test` is what CI runs.
 test: setup
 	$(PY) -m pytest
 	$(PY4) -m pytest $(UNIT_ON_TF4)
+
+test-unit: setup
+	$(PY) -m pytest tests/unit
+
+test-parity: setup
+	$(PY) -m pytest tests/parity
+	$(PY4) -m pytest tests/parity
+
+test-zoo: setup
+	$(PY) -m pytest tests/zoo
+
+test-notebooks: setup
+	$(PY) -m pytest tests/notebooks
+
+# the quick loop while editing: everything not marked slow
+test-quick: setup
+	$(PY) -m pytest -m "not slow"
 
 figures: $(VENV)/.installed
 	$(PY) -m sinklib.reproduce

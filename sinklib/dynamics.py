@@ -206,3 +206,26 @@ def split_candidates(trace: Trace, eps: float = 3.0, limit: int = 5) -> pd.DataF
             for s, l, h in (counts >= 2).nonzero().tolist() if both[s]]
     frame = pd.DataFrame(rows, columns=["step", "layer", "head", "sinks"])
     return frame.sort_values(["sinks", "step"], ascending=[False, True]).head(limit).reset_index(drop=True)
+
+
+# --- what the notebooks pick to draw ---------------------------------------------------------------------------
+def strongest_head(trace: Trace) -> tuple[int, int]:
+    """(layer, head) whose main sink is strongest averaged over steps (Fig. 1's head)."""
+    top = main_sink_by_layer_head(trace).sort_values("score", ascending=False).iloc[0]
+    return int(top["layer"]), int(top["head"])
+
+
+def busiest_head(greatest: pd.DataFrame) -> tuple[int, int]:
+    """(layer, head) with the most steps that have a sink, from greatest_sinks() (Fig. 7's head; ties: the
+    lowest layer, then head)."""
+    return tuple(int(i) for i in greatest.groupby(["layer", "head"])["is_sink"].sum().idxmax())
+
+
+def moving_events(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
+    """moving_sink_events of every trace, with a `trace` column (its index in `traces`), in trace order."""
+    return pd.concat([moving_sink_events(t, eps).assign(trace=i) for i, t in enumerate(traces)])
+
+
+def transient_events(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
+    """transient_sinks of every trace, with a `trace` column (its index in `traces`)."""
+    return pd.concat([transient_sinks(t, eps).assign(trace=i) for i, t in enumerate(traces)])

@@ -109,9 +109,7 @@ def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, steps: int | Non
 def replay_map(loaded: LoadedModel, trace: Trace, step: int, layer: int, head: int) -> torch.Tensor:
     """The full [queries, keys] attention map of (step, layer, head), recomputed by running the model once
     on the canvas the sampler saw at that step (exact for runs without an intervention or guidance)."""
-    canvas = trace.tokens[step]
-    if loaded.family.kind == "autoregressive":
-        canvas = canvas[~trace.is_masked[step]]
+    canvas = loaded.family.replay_canvas(trace.tokens[step], trace.is_masked[step])
     with torch.no_grad(), capture(loaded.model, maps=[(0, layer, head)]) as rec:
         loaded.logits(canvas[None].to(loaded.device))
     return rec.maps[(0, layer, head)][0]

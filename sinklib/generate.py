@@ -10,15 +10,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from sinklib._checks import bad_value, check_int
+from sinklib._checks import bad_value, check_int, did_you_mean
 from sinklib.capture import capture, check_intervention
 from sinklib.layers import attention_layers
 from sinklib.families.base import left_pad
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
 
-_FAMILY_ONLY = {"alg": "dream", "alg_temp": "dream", "top_p": "dream", "top_k": "dream", "eps": "dream",
-                "block_length": "llada/mmada", "remasking": "llada/mmada", "cfg_scale": "llada/mmada"}
+# options renamed so that one name means one thing: eps is the Eq. 3 sink threshold everywhere in sinklib
+RENAMED = {"eps": "final_time (Dream's last timestep; eps is the Eq. 3 sink threshold of find_sinks / MaskSinks)"}
 
 
 def encode(loaded: LoadedModel, prompt, chat: bool) -> list[int]:
@@ -62,19 +62,34 @@ def _vocab_size(loaded: LoadedModel) -> int | None:
     return getattr(embeddings, "num_embeddings", None)
 
 
-def _settings(loaded: LoadedModel, options: dict[str, Any]):
+def resolve_settings(loaded: LoadedModel, sampler=None, **options):
+    """The family's validated settings dataclass for this model: `sampler` (an instance of the family's settings
+    class, e.g. LLaDASettings) and/or options by name (None = not given), with the model's special ids filled in.
+    An option no family has is refused with "did you mean"; another family's option is refused naming its owner."""
+    from sinklib.families.base import option_owners
+
     family = loaded.family
-    for key, owner in _FAMILY_ONLY.items():
-        if options.get(key) is not None and family.name not in owner.split("/"):
-            raise ValueError(f"{key}={options[key]!r} is not allowed for the {family.name} family: it applies to {owner} only")
-    names = {f.name for f in dataclasses.fields(family.settings)}
-    given = {k: v for k, v in options.items() if k in names and v is not None}
-    if "mask_id" in names:
-        given["mask_id"] = loaded.mask_id
-    if family.name == "arm":
-        given.update(eos_ids=loaded.eos_ids, pad_id=loaded.pad_id)
-    given.update({k: v for k, v in family.extra.items() if k in names and k not in given})
-    return family.settings(**given).validate()
+    owners = option_owners()
+    for key, value in options.items():
+        if key in RENAMED:
+            raise TypeError(f"{key}={value!r} is not an option of generate: did you mean {RENAMED[key]}?")
+        if key not in owners:
+            raise TypeError(f"{key}={value!r} is not an option of generate: the options are {sorted(owners)}"
+                            f"{did_you_mean(key, owners)}")
+        if value is not None and family.name not in owners[key]:
+            raise ValueError(f"{key}={value!r} is not allowed for the {family.name} family: it applies to "
+                             f"{'/'.join(owners[key])} only")
+    if sampler is not None:
+        if not isinstance(sampler, family.settings):
+            raise TypeError(f"sampler={sampler!r} is not allowed: the {family.name} family takes a "
+                            f"{family.settings.__name__}")
+        options = {**{k: v for k, v in dataclasses.asdict(sampler).items() if v is not None}, **options}
+    missing = [f.name for f in dataclasses.fields(family.settings) if f.default is dataclasses.MISSING
+               and options.get(f.name) is None]
+    if missing:
+        raise bad_value(missing[0], None, f"given: an integer >= 1 ({family.name} settings need {missing})")
+    special = {"mask_id": loaded.mask_id, "eos_ids": loaded.eos_ids, "pad_id": loaded.pad_id}
+    return family.make_settings(options, special)
 
 
 def _is_single(prompt) -> bool:
@@ -85,34 +100,16 @@ def _is_single(prompt) -> bool:
     return len(prompt) == 0 or not isinstance(prompt[0], (str, list, tuple, torch.Tensor, np.ndarray))
 
 
-def generate(
-    model,
-    prompt,
-    *,
-    steps: int | None = None,
-    gen_length: int,
-    block_length: int | None = None,
-    temperature: float = 0.0,
-    remasking: str | None = None,
-    cfg_scale: float | None = None,
-    alg: str | None = None,
-    alg_temp: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    eps: float | None = None,
-    seed: int = 0,
-    maps: Sequence[tuple[int, int | str, int]] | None = None,
-    intervention=None,
-    chat: bool = True,
-    progress: bool = True,
-    keep_scores: bool = True,
-) -> Trace | list[Trace]:
+def generate(model, prompt, sampler=None, *, seed: int = 0, maps: Sequence[tuple[int, int | str, int]] | None = None,
+             intervention=None, chat: bool = True, progress: bool = True, keep_scores: bool = True,
+             **options) -> Trace | list[Trace]:
     """Run the model's family sampler with attention capture; a list of prompts gives a list of Traces.
 
-    prompt: text, token ids, or a list of either (batched with left padding). steps: forward passes
-    (diffusion families; the autoregressive family makes one per token). gen_length: new tokens.
-    Family-only options (block_length, remasking, cfg_scale for llada/mmada; alg, alg_temp, top_p, top_k,
-    eps for dream) raise if given to another family. maps / intervention: as for sinklib.capture.
+    prompt: text, token ids, or a list of either (batched with left padding). sampler: the family's settings
+    (LLaDASettings, DreamSettings, ARMSettings) and/or options by name: steps (forward passes of a diffusion
+    family; the autoregressive family makes one per token), gen_length (new tokens), temperature;
+    block_length, remasking, cfg_scale (llada/mmada); alg, alg_temp, top_p, top_k, final_time (dream). An
+    option of another family raises. maps / intervention: as for sinklib.capture.
     keep_scores: False gives Traces without scores (Trace.scores is None; tokens, text and maps as usual) and
     stores nothing per step — for evaluation runs. Without an intervention or maps the model then runs with
     no capture at all; the tokens are the same either way.
@@ -120,32 +117,46 @@ def generate(
     loaded = model if isinstance(model, LoadedModel) else load(model)
     check_int(seed, "seed", 0)
     check_intervention(intervention)
-    diffusion = loaded.family.kind == "diffusion"
-    if diffusion and steps is None:
-        raise bad_value("steps", steps, "an integer >= 1 (the number of denoising forwards)")
-    settings = _settings(loaded, dict(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
-                                      remasking=remasking, cfg_scale=cfg_scale, alg=alg, alg_temp=alg_temp, top_p=top_p,
-                                      top_k=top_k, eps=eps))
+    settings = resolve_settings(loaded, sampler, **options)
+    prompts, single = _prompt_list(prompt)
+    encoded = [encode(loaded, p, chat) for p in prompts]
+    _check_fits_model(loaded, encoded, settings.gen_length)
+    total = loaded.family.n_forwards(settings)
+    _check_fits_run(loaded, maps, intervention, total)
+    watched = keep_scores or intervention is not None or bool(maps)
+    recording = capture(loaded.model, maps=maps, intervention=intervention, layer_names=loaded.layer_names,
+                        keep_steps=keep_scores) if watched else contextlib.nullcontext(None)
+    with torch.no_grad(), recording as rec:
+        canvases = _sample(loaded, rec, encoded, settings, seed, total, progress)
+    meta = _meta(loaded, settings, seed, intervention, chat)
+    traces = _split(loaded, rec, canvases, encoded, settings, meta, prompts)
+    return traces[0] if single else traces
+
+
+def _prompt_list(prompt) -> tuple[list, bool]:
     if prompt is None or isinstance(prompt, (int, float)):
         raise bad_value("prompt", prompt, "a text, a list of token ids, or a list of texts / id lists")
     single = _is_single(prompt)
     prompts = [prompt] if single else list(prompt)
     if not prompts:
         raise bad_value("prompt", prompt, "a non-empty prompt or list of prompts")
-    encoded = [encode(loaded, p, chat) for p in prompts]
+    return prompts, single
+
+
+def _check_fits_model(loaded: LoadedModel, encoded: list[list[int]], gen_length: int) -> None:
     longest = max(len(ids) for ids in encoded)
     if loaded.max_length is not None and longest + gen_length > loaded.max_length:
         raise bad_value("gen_length", gen_length, f"at most {loaded.max_length - longest}: the prompt has {longest} tokens and "
                         f"{loaded.name} handles {loaded.max_length} positions")
+
+
+def _sample(loaded: LoadedModel, rec, encoded: list[list[int]], settings, seed: int, total: int,
+            progress: bool) -> list[torch.Tensor]:
+    """The family's sampler on the left-padded prompts, each forward telling the capture which queries are real."""
     ids, prompt_mask = left_pad(encoded, loaded.pad_id)
     ids, prompt_mask = ids.to(loaded.device), prompt_mask.to(loaded.device)
     generator = torch.Generator(device=loaded.device).manual_seed(seed)
-    total = settings.steps if diffusion else gen_length
-    _check_fits_run(loaded, maps, intervention, total)
-    watched = keep_scores or intervention is not None or bool(maps)
-    recording = capture(loaded.model, maps=maps, intervention=intervention, layer_names=loaded.layer_names,
-                        keep_steps=keep_scores) if watched else contextlib.nullcontext(None)
-    with torch.no_grad(), recording as rec, tqdm(total=total, desc=f"{loaded.family.name} steps", disable=not progress, leave=False) as bar:
+    with tqdm(total=total, desc=f"{loaded.family.name} steps", disable=not progress, leave=False) as bar:
         def forward(x, attention_mask=None, position_ids=None):
             if rec is not None:
                 rec.query_mask = attention_mask
@@ -158,9 +169,8 @@ def generate(
             bar.update(1)
             return loaded.step_with_cache(x, attention_mask, position_ids, cache)
 
-        canvases = loaded.family.sample(forward if diffusion else forward_cached, ids, prompt_mask, settings, generator)
-    traces = _split(loaded, rec, canvases, encoded, settings, seed, intervention, chat, prompts, diffusion)
-    return traces[0] if single else traces
+        return loaded.family.sample(forward_cached if loaded.family.uses_cache else forward, ids, prompt_mask,
+                                    settings, generator)
 
 
 def _check_fits_run(loaded: LoadedModel, maps, intervention, total: int) -> None:
@@ -176,68 +186,52 @@ def _check_fits_run(loaded: LoadedModel, maps, intervention, total: int) -> None
         check_fits(attention_layers(loaded.model, loaded.layer_names), total)
 
 
-def _split(loaded, rec, canvases, encoded, settings, seed, intervention, chat, prompts, diffusion) -> list[Trace]:
-    batch = len(encoded)
-    width = canvases[-1].shape[1]
-    fill = loaded.mask_id if diffusion else loaded.pad_id
-    tokens = torch.stack([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=fill) for c in canvases]).cpu()
-    lengths = torch.tensor([c.shape[1] for c in canvases])
-    forwards = len(canvases) - 1
-    layer_names = list(rec.layer_names) if rec is not None else \
-        [layer.name for layer in attention_layers(loaded.model, loaded.layer_names)]
-    if diffusion:
-        is_masked = tokens[:-1] == loaded.mask_id
-    else:
-        is_masked = (torch.arange(width)[None, :] >= lengths[:-1, None])[:, None, :].expand(-1, batch, -1)
-    scores = masked = None
-    if rec is not None and rec.keep_steps:
-        scores = rec.scores[:, :, :batch]  # classifier-free guidance doubles the batch: keep the conditional half
-        scores = torch.nn.functional.pad(scores, (0, width - scores.shape[-1]), value=float("nan"))
-        masked = rec.masked_keys
+def _recorded(rec, batch: int, width: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The capture's per-step scores and masked keys [steps, layers, batch, heads, width] (keys a short canvas
+    lacked: NaN / False); classifier-free guidance doubles the batch, whose conditional half is kept."""
+    if rec is None or not rec.keep_steps:
+        return None, None
+    scores = torch.nn.functional.pad(rec.scores[:, :, :batch], (0, width - rec.scores.shape[-1]), value=float("nan"))
+    masked = rec.masked_keys
     if masked is not None:
         masked = torch.nn.functional.pad(masked[:, :, :batch], (0, width - masked.shape[-1]), value=False)
-    padding = tokens.shape[-1] - settings.gen_length - torch.tensor([len(e) for e in encoded]) if diffusion else \
-        canvases[0].shape[1] - torch.tensor([len(e) for e in encoded])
-    meta = _meta(loaded, settings, seed, intervention, chat)
+    return scores, masked
+
+
+def _row_maps(rec, row: int, start: int) -> dict:
+    maps = {}
+    for key, full in (rec.maps.items() if rec is not None else ()):
+        one = full[row]
+        maps[key] = one[start:, start:] if one.shape[0] == one.shape[1] else one[:, start:]
+    return maps
+
+
+def _split(loaded: LoadedModel, rec, canvases, encoded, settings, meta: dict, prompts) -> list[Trace]:
+    """One Trace per prompt: the row's canvases without its left padding, cut where the family says it ends."""
+    family = loaded.family
+    canvas = family.layout(canvases, [len(e) for e in encoded], settings, loaded.mask_id, loaded.pad_id)
+    scores, masked = _recorded(rec, len(encoded), canvas.tokens.shape[-1])
+    layer_names = list(rec.layer_names) if rec is not None else \
+        [layer.name for layer in attention_layers(loaded.model, loaded.layer_names)]
     traces = []
-    for b in range(batch):
-        start = int(padding[b])
-        seq_tokens = tokens[:, b, start:]
-        if not diffusion:
-            seq_tokens, keep = _trim_finished(seq_tokens, lengths, loaded, start)
-        else:
-            keep = seq_tokens.shape[1]
-        trace_maps = {}
-        for (step, layer, head), full in (rec.maps.items() if rec is not None else ()):
-            one = full[b]
-            one = one[start:, start:] if one.shape[0] == one.shape[1] else one[:, start:]
-            trace_maps[(step, layer, head)] = one
-        n_steps = forwards if diffusion else min(forwards, keep - len(encoded[b]))
+    for b, prompt_ids in enumerate(encoded):
+        start = int(canvas.padding[b])
+        row_tokens = canvas.tokens[:, b, start:]
+        keep, n_steps = family.extent(row_tokens, len(prompt_ids), len(canvases) - 1, loaded.eos_ids)
+        row = (slice(None, n_steps), b, slice(start, start + keep))
         traces.append(Trace(
             scores=None if scores is None else scores[:n_steps, :, b, :, start:start + keep].contiguous(),
-            tokens=seq_tokens[:n_steps + 1, :keep].contiguous(),
-            is_masked=is_masked[:n_steps, b, start:start + keep].contiguous(),
-            prompt_len=len(encoded[b]),
+            tokens=row_tokens[:n_steps + 1, :keep].contiguous(),
+            is_masked=canvas.is_masked[row].contiguous(),
+            prompt_len=len(prompt_ids),
             layer_names=layer_names,
-            text=_decode(loaded, seq_tokens[n_steps, len(encoded[b]):keep]),
+            text=_decode(loaded, row_tokens[n_steps, len(prompt_ids):keep]),
             masked_keys=None if masked is None else masked[:n_steps, :, b, :, start:start + keep].contiguous(),
-            maps=trace_maps,
-            token_strings=_token_strings(loaded, seq_tokens),
-            meta={**meta, "prompt": prompts[b] if isinstance(prompts[b], str) else encoded[b]},
+            maps=_row_maps(rec, b, start),
+            token_strings=_token_strings(loaded, row_tokens),
+            meta={**meta, "prompt": prompts[b] if isinstance(prompts[b], str) else prompt_ids},
         ))
     return traces
-
-
-def _trim_finished(seq_tokens, lengths, loaded, start):
-    """An autoregressive row ends at its first end token; what the batch decoded after it is padding."""
-    final = seq_tokens[-1]
-    prompt_end = int(lengths[0]) - start
-    keep = final.shape[0]
-    for position in range(prompt_end, final.shape[0]):
-        if int(final[position]) in loaded.eos_ids:
-            keep = position + 1
-            break
-    return seq_tokens, keep
 
 
 def _decode(loaded: LoadedModel, ids: torch.Tensor) -> str:

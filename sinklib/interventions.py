@@ -4,6 +4,7 @@ tells `observe(call, stats)` what was computed; masked keys get logit −∞ for
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -12,6 +13,7 @@ from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.attention_math import AttentionStats
 from sinklib.capture import AttentionCall
 from sinklib.layers import AttentionLayer
+from sinklib.registry import Registry
 from sinklib.sinks import positions_to_mask, single_row_scores, top_sinks
 
 
@@ -20,7 +22,8 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 class Intervention:
     """Base policy: masks nothing. Subclasses override keys_to_mask and, if they need history, observe.
-    Settings live in public attributes, state in attributes starting with "_" (see __repr__)."""
+    Settings live in public attributes, state in attributes starting with "_" (see __repr__). The built-in
+    policies are frozen dataclasses: their settings are their fields, compared and hashed by value."""
 
     def __repr__(self) -> str:
         """The class and its public settings in the order they were set: what saved runs record and compare,
@@ -75,6 +78,13 @@ def _fit_keys(mask: torch.Tensor, n_keys: int) -> torch.Tensor:
     return torch.nn.functional.pad(mask, (0, n_keys - width), value=False)
 
 
+def _settle(policy: Intervention, **checked) -> None:
+    """Write checked settings into a frozen policy (its __post_init__ normalises what the caller gave)."""
+    for name, value in checked.items():
+        object.__setattr__(policy, name, value)
+
+
+@dataclass(frozen=True)
 class MaskSinks(Intervention):
     """Mask the top-K sinks of each (batch, layer, head).
 
@@ -89,23 +99,23 @@ class MaskSinks(Intervention):
     threshold: True applies Eq. 3 with eps; False takes the top-K keys regardless of eps.
     """
 
-    SOURCES = ("previous_step", "previous_step_clean", "same_step")
+    SOURCES = ("previous_step", "previous_step_clean", "same_step")  # class constants, not fields
     ROWS = ("all", "last")
 
-    def __init__(self, top_k: int, eps: float = 3.0, source: str = "previous_step", rows: str = "all", threshold: bool = True) -> None:
-        self.top_k = check_int(top_k, "top_k", 0)
-        self.eps = check_eps(eps)
-        self.source = check_choice(source, "source", self.SOURCES)
-        self.rows = check_choice(rows, "rows", self.ROWS)
-        self.threshold = bool(threshold)
-        self._chosen: dict[int, tuple[int, torch.Tensor]] = {}
+    top_k: int
+    eps: float = 3.0
+    source: str = "previous_step"
+    rows: str = "all"
+    threshold: bool = True
+    _chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # layer → (step, keys)
 
-    def __repr__(self) -> str:
-        return (f"MaskSinks(top_k={self.top_k}, eps={self.eps}, source={self.source!r}, rows={self.rows!r}, "
-                f"threshold={self.threshold})")
+    def __post_init__(self) -> None:
+        _settle(self, top_k=check_int(self.top_k, "top_k", 0), eps=check_eps(self.eps),
+                source=check_choice(self.source, "source", self.SOURCES),
+                rows=check_choice(self.rows, "rows", self.ROWS), threshold=bool(self.threshold))
 
     def reset(self) -> None:
-        self._chosen = {}
+        self._chosen.clear()
 
     def select(self, stats: AttentionStats) -> torch.Tensor:
         """bool [batch, heads, keys]: the top-K sinks of these statistics under this policy's rule."""
@@ -131,17 +141,18 @@ class MaskSinks(Intervention):
         self._chosen[call.layer] = (call.step, self.select(source_stats))
 
 
+@dataclass(frozen=True)
 class MaskRandomKeys(Intervention):
     """Control: mask k keys drawn uniformly among the valid keys of each (batch, layer, head), from step
     `start_step` on (1 by default, like MaskSinks). Draws depend only on (seed, step, layer)."""
 
-    def __init__(self, k: int, seed: int = 0, start_step: int = 1) -> None:
-        self.k = check_int(k, "k", 0)
-        self.seed = check_int(seed, "seed", 0)
-        self.start_step = check_int(start_step, "start_step", 0)
+    k: int
+    seed: int = 0
+    start_step: int = 1
 
-    def __repr__(self) -> str:
-        return f"MaskRandomKeys(k={self.k}, seed={self.seed}, start_step={self.start_step})"
+    def __post_init__(self) -> None:
+        _settle(self, k=check_int(self.k, "k", 0), seed=check_int(self.seed, "seed", 0),
+                start_step=check_int(self.start_step, "start_step", 0))
 
     def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
         if n_steps is not None and self.k and self.start_step >= n_steps:
@@ -160,21 +171,29 @@ class MaskRandomKeys(Intervention):
         return positions_to_mask(positions, call.n_keys).to(call.device)
 
 
+def _index_list(values: Sequence[int] | None, param: str) -> tuple[int, ...] | None:
+    return None if values is None else tuple(check_int(x, param, 0) for x in values)
+
+
+def _index_set(values: Sequence[int] | None, param: str) -> tuple[int, ...] | None:
+    return None if values is None else tuple(sorted(set(_index_list(values, param))))
+
+
+@dataclass(frozen=True)
 class MaskKeys(Intervention):
     """Mask an explicit list of key positions for every query, optionally only in some layers, heads and
-    steps (None = all)."""
+    steps (None = all; given as any sequence, kept as tuples so the policy is hashable)."""
 
-    def __init__(self, positions: Sequence[int], layers: Sequence[int] | None = None,
-                 heads: Sequence[int] | None = None, steps: Sequence[int] | None = None) -> None:
-        if isinstance(positions, torch.Tensor):
-            positions = positions.tolist()
-        self.positions = [check_int(p, "positions[]", 0) for p in positions]
-        self.layers = None if layers is None else {check_int(x, "layers[]", 0) for x in layers}
-        self.heads = None if heads is None else [check_int(x, "heads[]", 0) for x in heads]
-        self.steps = None if steps is None else {check_int(x, "steps[]", 0) for x in steps}
+    positions: tuple[int, ...]
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    steps: tuple[int, ...] | None = None
 
-    def __repr__(self) -> str:
-        return f"MaskKeys(positions={self.positions}, layers={self.layers}, heads={self.heads}, steps={self.steps})"
+    def __post_init__(self) -> None:
+        positions = self.positions.tolist() if isinstance(self.positions, torch.Tensor) else self.positions
+        _settle(self, positions=tuple(check_int(p, "positions[]", 0) for p in positions),
+                layers=_index_set(self.layers, "layers[]"), heads=_index_list(self.heads, "heads[]"),
+                steps=_index_set(self.steps, "steps[]"))
 
     def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
         too_deep = sorted(x for x in self.layers or () if x >= len(layers))
@@ -195,9 +214,18 @@ class MaskKeys(Intervention):
         if too_far:
             raise bad_value("positions", too_far, f"key positions < {call.n_keys} (the number of keys in {call.layer_name})")
         mask = torch.zeros(call.batch, call.heads, call.n_keys, dtype=torch.bool, device=call.device)
-        heads = self.heads if self.heads is not None else list(range(call.heads))
+        heads = list(self.heads) if self.heads is not None else list(range(call.heads))
         bad_heads = [h for h in heads if h >= call.heads]
         if bad_heads:
             raise bad_value("heads", bad_heads, f"head indices < {call.heads}")
         mask[:, heads, :] = positions_to_mask(torch.tensor(self.positions or [-1], device=call.device), call.n_keys)
         return mask
+
+
+POLICIES: Registry[type] = Registry("policy", {"mask_sinks": MaskSinks, "mask_random_keys": MaskRandomKeys,
+                                                "mask_keys": MaskKeys})
+
+
+def make_policy(name: str, **settings) -> Intervention:
+    """A registered masking policy by name, e.g. make_policy("mask_sinks", top_k=1)."""
+    return POLICIES.get(name)(**settings)

@@ -19,7 +19,7 @@ from sinklib._checks import bad_value, check_choice, did_you_mean
 from sinklib.families.base import Family, family_names, get_family
 from sinklib.paths import ZOO_DIR
 
-CALLING = ("native", "llada_remote", "dream_remote")
+CALLING = ("native", "remote")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "auto": "auto"}
 
 
@@ -46,13 +46,8 @@ class LoadedModel:
     def logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """One forward over full sequences, called the way this model's own code expects."""
-        if self.calling == "llada_remote":
-            return self.model(ids, attention_mask=attention_mask).logits
-        if self.calling == "dream_remote":
-            if attention_mask is None:
-                return self.model(ids, "full", None).logits
-            both = attention_mask.bool()
-            return self.model(ids, both[:, None, None, :] & both[:, None, :, None], position_ids).logits
+        if self.calling == "remote":
+            return self.family.call(self.model, ids, attention_mask, position_ids)
         if attention_mask is not None and self.extra.get("bidirectional"):
             attention_mask = compat.bidirectional_key_mask(attention_mask)
         return self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids).logits
@@ -64,34 +59,35 @@ class LoadedModel:
         return out.logits, out.past_key_values
 
 
+def _config_text(model_type: Any, architectures: Any) -> str:
+    return " ".join([str(model_type or "")] + [str(a) for a in architectures or []]).lower()
+
+
+def _declaring_family(text: str) -> str | None:
+    return next((name for name in family_names() if get_family(name).declared_by(text)), None)
+
+
 def infer_family(config: Any) -> str | None:
-    """The family a config declares: the zoo's `sinklib_family`, the remote model types, else a causal LM."""
+    """The family a config declares: the zoo's `sinklib_family`, a family's words in model_type / architectures
+    (Family.model_types), else the family that claims a native config of this kind (a causal LM → "arm")."""
     declared = getattr(config, "sinklib_family", None)
     if declared:
         return declared
-    model_type = str(getattr(config, "model_type", "")).lower()
-    architectures = " ".join(getattr(config, "architectures", None) or []).lower()
-    for name in ("mmada", "llada", "dream"):
-        if name in model_type or name in architectures:
-            return name
-    if getattr(config, "is_causal", True) is False or getattr(config, "use_bidirectional_attention", False):
-        return None
-    if "forcausallm" in architectures or getattr(config, "is_decoder", False) or model_type in ("llama", "qwen2", "mistral", "gemma"):
-        return "arm"
-    return None
+    named = _declaring_family(_config_text(getattr(config, "model_type", ""), getattr(config, "architectures", None)))
+    if named is not None:
+        return named
+    return next((name for name in family_names() if get_family(name).matches_native(config)), None)
 
 
 def infer_family_from_dict(raw: dict[str, Any]) -> str | None:
-    """The remote families a config.json declares by model_type or architectures (before any code is imported)."""
-    text = " ".join([str(raw.get("model_type", ""))] + [str(a) for a in raw.get("architectures") or []]).lower()
-    return next((name for name in ("mmada", "llada", "dream") if name in text), None)
+    """The family a config.json declares by model_type or architectures (before any code is imported)."""
+    return _declaring_family(_config_text(raw.get("model_type"), raw.get("architectures")))
 
 
-def _calling_for(model: nn.Module, family: str) -> str:
+def _calling_for(model: nn.Module, family: Family) -> str:
+    """"native" for transformers' own classes (and every autoregressive model), else "remote": the family's code."""
     native = type(model).__module__.startswith("transformers.models.")
-    if native or family == "arm":
-        return "native"
-    return "dream_remote" if family == "dream" else "llada_remote"
+    return "native" if native or family.remote_call is None else "remote"
 
 
 def _offline_hint(name: str) -> str:
@@ -221,35 +217,7 @@ def load(
         name = str(name_or_model)
         if not name:
             raise bad_value("name_or_model", name, "a hub id, a local folder, a zoo name or an nn.Module")
-        path = resolve_name(name)
-        raw = _raw_config(path)
-        _check_family(family, infer_family_from_dict(raw), name)
-        declared = family or infer_family_from_dict(raw)
-        mmada_without_code = declared == "mmada" and "auto_map" not in raw
-        # checked here, not left to transformers: once a process has imported a model type's code (an earlier
-        # trusted load), transformers would run it for any folder of that type without asking again
-        if not trust_remote_code and ("auto_map" in raw or mmada_without_code):
-            code = "the MMaDA repository's modelling code" if mmada_without_code else "its own modelling code"
-            raise ValueError(f"{name!r} ships or needs {code}: pass trust_remote_code=True to sinklib.load if you trust it "
-                             "(sinklib never turns it on by itself)")
-        if mmada_without_code:
-            from sinklib import mmada_repo
-
-            mmada_repo.import_classes()  # registers the "mmada" config type before AutoConfig reads config.json
-        if trust_remote_code and compat.needs_fixes():
-            compat.apply_default_rope()
-        config = _load_config(path, trust_remote_code)
-        _check_family(family, infer_family(config), name)
-        if compat.needs_fixes() and not type(config).__module__.startswith("transformers.") and compat.restore_use_cache(config, raw):
-            fixes.append("config_use_cache")
-        model = _load_model(path, config, family or infer_family(config), dtype, trust_remote_code, fixes)
-        remote = not type(model).__module__.startswith("transformers.models.")
-        if remote and compat.needs_fixes() and compat.uses_default_rope(model):
-            fixes.append("default_rope")
-        if remote and compat.needs_fixes() and compat.recompute_rotary_inv_freq(model):
-            fixes.append("rotary_inv_freq")
-        if tokenizer is None:
-            tokenizer = _load_tokenizer(path, trust_remote_code)
+        model, config, tokenizer = _open_checkpoint(name, family, dtype, trust_remote_code, tokenizer, fixes)
     _check_family(family, infer_family(config) if config is not None else None, name)
     family = family or infer_family(config)
     if family is None:
@@ -264,6 +232,48 @@ def load(
     bidirectional = native and compat.is_bidirectional(config)
     if bidirectional and compat.make_bidirectional(model) and compat.transformers_major() < 5:
         fixes.append("bidirectional_attention")
+    resolved_mask, eos, pad = _special_ids(spec, config, tokenizer, mask_id, eos_ids, name)
+    max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
+    return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
+                       name=name, calling=_calling_for(model, spec), max_length=max_length,
+                       extra={"compat": fixes, "bidirectional": bidirectional})
+
+
+def _open_checkpoint(name: str, family: str | None, dtype, trust_remote_code: bool, tokenizer, fixes: list[str]):
+    """A zoo name, folder or hub id → (model, config, tokenizer: the given one or the checkpoint's), refusing code the caller did not trust and
+    applying the compatibility fixes (recorded in `fixes`) that remote code needs on this transformers."""
+    path = resolve_name(name)
+    raw = _raw_config(path)
+    _check_family(family, infer_family_from_dict(raw), name)
+    declared = family or infer_family_from_dict(raw)
+    mmada_without_code = declared == "mmada" and "auto_map" not in raw
+    # checked here, not left to transformers: once a process has imported a model type's code (an earlier
+    # trusted load), transformers would run it for any folder of that type without asking again
+    if not trust_remote_code and ("auto_map" in raw or mmada_without_code):
+        code = "the MMaDA repository's modelling code" if mmada_without_code else "its own modelling code"
+        raise ValueError(f"{name!r} ships or needs {code}: pass trust_remote_code=True to sinklib.load if you trust it "
+                         "(sinklib never turns it on by itself)")
+    if mmada_without_code:
+        from sinklib import mmada_repo
+
+        mmada_repo.import_classes()  # registers the "mmada" config type before AutoConfig reads config.json
+    if trust_remote_code and compat.needs_fixes():
+        compat.apply_default_rope()
+    config = _load_config(path, trust_remote_code)
+    _check_family(family, infer_family(config), name)
+    if compat.needs_fixes() and not type(config).__module__.startswith("transformers.") and compat.restore_use_cache(config, raw):
+        fixes.append("config_use_cache")
+    model = _load_model(path, config, family or infer_family(config), dtype, trust_remote_code, fixes)
+    remote = not type(model).__module__.startswith("transformers.models.")
+    if remote and compat.needs_fixes() and compat.uses_default_rope(model):
+        fixes.append("default_rope")
+    if remote and compat.needs_fixes() and compat.recompute_rotary_inv_freq(model):
+        fixes.append("rotary_inv_freq")
+    return model, config, tokenizer if tokenizer is not None else _load_tokenizer(path, trust_remote_code)
+
+
+def _special_ids(spec: Family, config, tokenizer, mask_id: int | None, eos_ids, name: str):
+    """(mask id, end ids, pad id): given ones first, then the config's and the tokenizer's, then the family's."""
     if mask_id is None and isinstance(getattr(config, "mask_token_id", None), int):
         mask_id = config.mask_token_id
     resolved_mask = _mask_id(spec, tokenizer, mask_id, name)
@@ -272,11 +282,7 @@ def load(
         raise bad_value("mask_id", resolved_mask, f"a token id < {vocab_size} (the vocabulary of {name})")
     eos = tuple(eos_ids) if eos_ids is not None else _eos_ids(tokenizer, config)
     pad = getattr(tokenizer, "pad_token_id", None)
-    pad = pad if pad is not None else (eos[0] if eos else 0)
-    max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
-    return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
-                       name=name, calling=_calling_for(model, family), max_length=max_length,
-                       extra={"compat": fixes, "bidirectional": bidirectional})
+    return resolved_mask, eos, pad if pad is not None else (eos[0] if eos else 0)
 
 
 def _load_model(path: str, config, family: str | None, dtype, trust_remote_code: bool, fixes: list[str]) -> nn.Module:

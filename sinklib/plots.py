@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 
 import matplotlib.pyplot as plt
@@ -21,13 +21,19 @@ CMAP = "cividis"
 SCORE_LABEL = "incoming attention score (sum over queries)"
 
 
-def save_figure(fig: plt.Figure, name: str, folder: str | Path = "figures") -> list[Path]:
-    """Write `name`.png and `name`.pdf (reproducible: no timestamps in the PDF)."""
+def save_figure(fig: plt.Figure, name: str, folder: str | Path = "figures",
+                record: dict[str, Any] | None = None) -> list[Path]:
+    """Write `name`.png and `name`.pdf (reproducible: no timestamps in the PDF). `record` (sinklib.provenance):
+    how the figure was made, in the PNG's "sinklib" text chunk and the PDF's Subject."""
+    from sinklib.provenance import KEY, as_text
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{name}.png", folder / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=130, bbox_inches="tight", metadata={"Software": None})
-    fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None, "Creator": None, "Producer": None})
+    text = {} if record is None else {"png": {KEY: as_text(record)}, "pdf": {"Subject": as_text(record)}}
+    fig.savefig(paths[0], dpi=130, bbox_inches="tight", metadata={"Software": None, **text.get("png", {})})
+    fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None, "Creator": None, "Producer": None,
+                                                         **text.get("pdf", {})})
     return paths
 
 

@@ -28,22 +28,22 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
     return paths
 
 
-def declared_parameters(paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """name → papermill's description of it (default, type) over the notebooks that declare it."""
-    import papermill
+def declared_parameters(paths: list[Path]) -> dict[str, Any]:
+    """name → default over the notebooks' run configs (sinklib.runs: a config's fields are its notebook's
+    parameters, a test holds them equal)."""
+    from sinklib.runs import run_for
 
-    declared: dict[str, dict[str, Any]] = {}
+    declared: dict[str, Any] = {}
     for path in paths:
-        for name, info in papermill.inspect_notebook(str(path)).items():
-            declared.setdefault(name, dict(info))
+        defaults = run_for(path)()
+        for name in defaults.parameter_names():
+            declared.setdefault(name, getattr(defaults, name))
     return declared
 
 
 def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
-    """Refuse, before anything runs, a key no notebook declares and a value whose type the notebook's default
-    does not have (numbers may be int or float; None is always allowed)."""
-    import ast
-
+    """Refuse, before anything runs, a key no notebook's run config has and a value whose type the default does
+    not have (numbers may be int or float; None is always allowed)."""
     from sinklib._checks import did_you_mean
 
     declared = declared_parameters(paths)
@@ -51,10 +51,7 @@ def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
         if key not in declared:
             raise ValueError(f"parameter {key!r} is not allowed: no notebook declares it{did_you_mean(key, declared)}; "
                              f"allowed: {sorted(declared)}")
-        try:
-            default = ast.literal_eval(declared[key]["default"])
-        except (ValueError, SyntaxError):
-            continue
+        default = declared[key]
         if value is None or default is None:
             continue
         numbers = (int, float)
@@ -92,9 +89,9 @@ def output_folders(given: dict[str, Any]) -> dict[str, str]:
 
 def parameters_for(path: Path, given: dict[str, Any]) -> dict[str, Any]:
     """The given parameters that this notebook declares (a `models` list also fills a single `model`)."""
-    import papermill
+    from sinklib.runs import run_for
 
-    declared = set(papermill.inspect_notebook(str(path)))
+    declared = set(run_for(path).parameter_names())
     params = {k: v for k, v in given.items() if k in declared}
     if "model" in declared and "model" not in given and given.get("models"):
         params["model"] = given["models"][0]

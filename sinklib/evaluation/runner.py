@@ -68,6 +68,23 @@ def run_config(model: LoadedModel, task: str, intervention, limit: int | None, s
     return config
 
 
+def provenance_path(out: Path) -> Path:
+    return out.with_name(out.name + ".provenance.json")
+
+
+def write_provenance(out: Path, digest: str, config: dict[str, Any]) -> None:
+    """Beside the JSONL (whose records carry only config_hash): each hash's full config with the package versions
+    and the code's identity (sinklib.provenance), so a results file says how it was made."""
+    from sinklib.provenance import as_text, describe
+
+    path = provenance_path(out)
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    known[digest] = describe(config)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(as_text(known) + "\n")
+    os.replace(temporary, path)  # atomic: an interruption leaves the old file or the new one
+
+
 def _read_done(out: Path, digest: str) -> dict[str, dict]:
     """The finished records of `out` by id. A line without its newline is an interruption's cut (repair_tail
     settles it first); a record of another configuration or an id written twice is refused, never mixed."""
@@ -144,24 +161,16 @@ def batch_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:7], "little")
 
 
-SAMPLER_OPTIONS = ("steps", "gen_length", "block_length", "temperature", "remasking", "cfg_scale", "alg", "alg_temp",
-                   "top_p", "top_k", "eps")
-
-
 def sampler_settings(model: LoadedModel, settings: dict[str, Any]) -> dict[str, Any]:
     """The settings a run generates with: the given ones, checked now (before any file is written or model run),
     over the family's presets (as the notebooks use them) for whatever is not given."""
     from sinklib.experiments import sampling
-    from sinklib.generate import _settings
+    from sinklib.generate import resolve_settings
 
-    unknown = sorted(set(settings) - set(SAMPLER_OPTIONS))
-    if unknown:
-        raise TypeError(f"evaluate() got unknown settings {unknown}: allowed are {list(SAMPLER_OPTIONS)} (as for "
-                        "sinklib.generate)")
     if settings.get("gen_length") is None:
         settings = {**sampling(model, settings.get("steps"), None, settings.get("block_length")),
                     **{k: v for k, v in settings.items() if v is not None}}
-    _settings(model, dict(settings))  # raises on a bad value or an option of another family
+    resolve_settings(model, **settings)  # raises on an unknown option, a bad value or an option of another family
     return settings
 
 
@@ -203,6 +212,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int 
     try:
         if out_path:
             repair_tail(out_path, digest)
+            write_provenance(out_path, digest, config)
         done = _read_done(out_path, digest) if out_path else {}
     except BaseException:
         _close(handle, out_path)

@@ -64,6 +64,13 @@ class MaskingTable:
         ax.legend(fontsize=7)
         return fig
 
+    def result(self, name: str = "table1_masking"):
+        """As a runs.Result: the figure and the frame by `name`, the markdown and LaTeX tables, the wide table shown."""
+        from sinklib.runs import Result
+
+        return Result(figures={name: self.figure()}, tables={name: self.frame},
+                      texts={f"{name}.md": self.to_markdown() + "\n", f"{name}.tex": self.to_latex()}, shown=self.wide())
+
     def save(self, folder: str | Path, name: str = "table1_masking") -> list[Path]:
         """name.md, name.tex, name.png, name.pdf in `folder`."""
         from sinklib.plots import save_figure
@@ -141,3 +148,19 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
             rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": summary.accuracy,
                          "stderr": summary.stderr, "n": summary.n, "accuracy_flexible": summary.accuracy_flexible})
     return MaskingTable(pd.DataFrame(rows), task)
+
+
+def masking_tables(run) -> dict[str, MaskingTable]:
+    """Notebook 04's tables (a runs.MaskingRun): one per task, each model on its own task (experiments.by_task),
+    every (model, condition) resumable under results_dir/table1-<task>/."""
+    from sinklib.experiments import by_task
+
+    tables = {}
+    for task, group in by_task(run.load(), run.task, run.tasks).items():
+        tables[task] = masking_table(group, task, run.ks, run.random_control, run.eps, limit=run.n_problems,
+                                     batch_size=run.batch_size, seed=run.seed,
+                                     out_dir=Path(run.results_dir) / f"table1-{task}",
+                                     allow_code_execution=run.allow_code_execution, progress=run.progress,
+                                     task_path=run.task_path if task == run.task else None, steps=run.steps,
+                                     gen_length=run.gen_length, block_length=run.block_length)
+    return tables

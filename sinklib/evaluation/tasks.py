@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from sinklib._checks import check_choice
+from sinklib.registry import Registry
 from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
                                         strict_answer)
 
@@ -112,12 +112,12 @@ def _humaneval(path: str | None = None) -> list[Sample]:
     return [Sample(p["task_id"], p["prompt"], p["entry_point"], {"test": p["test"]}) for p in problems.values()]
 
 
-_TASKS = {
+TASKS: Registry[Task] = Registry("task", {
     "arithmetic": Task("arithmetic", _arithmetic, chat=False, scorer=score_final_number),
     "capitals": Task("capitals", _capitals, chat=True, scorer=score_short_answer),
     "gsm8k": Task("gsm8k", _gsm8k, chat=True, scorer=score_final_number),
     "humaneval": Task("humaneval", _humaneval, chat=False, scorer=score_humaneval, executes_code=True),
-}
+})
 
 
 def require_code_execution_opt_in(task: Task, allow_code_execution: bool, call: str) -> None:
@@ -128,9 +128,14 @@ def require_code_execution_opt_in(task: Task, allow_code_execution: bool, call: 
                          "sandboxed process with a timeout and CPU, memory, process and file-system limits)")
 
 
+def register_task(task: Task, *, replace: bool = False) -> None:
+    """Add a task (each model family then needs a preset of that name: Family.presets)."""
+    TASKS.register(task.name, task, replace=replace)
+
+
 def task_names() -> list[str]:
-    return sorted(_TASKS)
+    return TASKS.names()
 
 
 def get_task(name: str) -> Task:
-    return _TASKS[check_choice(name, "task", task_names())]
+    return TASKS.get(name)

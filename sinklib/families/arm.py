@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_int
-from sinklib.families.base import Family
+from sinklib.families.base import AutoregressiveFamily
 
 
 @dataclass(frozen=True)
@@ -70,5 +70,5 @@ PRESETS = {
     "capitals": dict(gen_length=16),
 }
 
-ARM = Family("arm", "autoregressive", sample, ARMSettings, description="any causal LM with a KV cache (Llama-3.1)",
-             presets=PRESETS)
+ARM = AutoregressiveFamily("arm", sample, ARMSettings, description="any causal LM with a KV cache (Llama-3.1)",
+                          presets=PRESETS)

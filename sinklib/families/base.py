@@ -1,34 +1,55 @@
-"""What a model family is (its sampler, its special ids), and the registry of families.
+"""What a model family is, and the registry of families.
+
+A Family owns everything that differs between model families: its sampler and the settings dataclass it
+takes (whose fields are the family's option names), presets by context, the special ids, which configs
+declare it, how its remote modelling code is called, and how its canvases become traces. Adding a family is
+one file defining a Family and one `register_family` call.
 
 A sampler is a plain function: sample(forward, prompt_ids, prompt_mask, settings, generator) → list of
 canvases [batch, seq], the canvas before each forward and the final one. `forward(ids, mask_2d,
-position_ids)` returns logits; the caller decides how a model is called and what is recorded.
+position_ids)` returns logits (an autoregressive family's forward also takes and returns a KV cache); the
+caller decides how a model is called and what is recorded.
 """
 from __future__ import annotations
 
-import importlib
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
-from sinklib._checks import check_choice, did_you_mean
+from sinklib._checks import did_you_mean
+from sinklib.registry import Registry
 
 Forward = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True)
+class Canvas:
+    """A batch's canvases as traces store them: tokens [forwards + 1, batch, width] (short canvases filled),
+    is_masked [forwards, batch, width], and each row's left padding [batch]."""
+    tokens: torch.Tensor
+    is_masked: torch.Tensor
+    padding: torch.Tensor
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
-    kind: str  # "diffusion" or "autoregressive"
     sample: Callable[..., list[torch.Tensor]]
-    settings: type
+    settings: type  # a frozen dataclass with validate(); its fields are this family's option names
     default_mask_id: int | None = None
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     # sampler settings by context: "paper" (SPEC §2, the figures), "zoo" (the tiny zoo's 16-token slot) and one
     # per evaluation task (Table 1); each is keyword arguments of generate
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # words in a config's model_type / architectures that declare this family (remote-code checkpoints)
+    model_types: tuple[str, ...] = ()
+    # how the family's own (remote) modelling code is called: (model, ids, mask_2d, position_ids) → logits
+    remote_call: Callable[..., torch.Tensor] | None = None
+
+    kind: ClassVar[str] = ""
 
     def preset(self, context: str) -> dict[str, Any]:
         """A copy of this family's sampler settings for `context` ("paper", "zoo" or a task name)."""
@@ -37,28 +58,131 @@ class Family:
                              f"{sorted(self.presets)}{did_you_mean(context, self.presets)}")
         return dict(self.presets[context])
 
+    def option_names(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self.settings)]
 
-_FAMILIES: dict[str, str] = {
+    def declared_by(self, config_text: str) -> bool:
+        """Whether a config whose model_type and architectures read `config_text` (lower case) declares this family."""
+        return any(word in config_text for word in self.model_types)
+
+    def matches_native(self, config: Any) -> bool:
+        """Whether a transformers-native config with no family words is this family (the fallback for causal LMs)."""
+        return False
+
+    def call(self, model: torch.nn.Module, ids, attention_mask, position_ids) -> torch.Tensor:
+        """Logits from this family's remote modelling code, called the way that code expects."""
+        if self.remote_call is None:
+            raise TypeError(f"the {self.name} family has no remote modelling code to call")
+        return self.remote_call(model, ids, attention_mask, position_ids)
+
+    def make_settings(self, options: dict[str, Any], special: dict[str, Any]):
+        """Validated settings from the given options (None = not given) and the model's special ids."""
+        names = set(self.option_names())
+        given = {k: v for k, v in options.items() if k in names and v is not None}
+        given.update({k: v for k, v in special.items() if k in names})
+        given.update({k: v for k, v in self.extra.items() if k in names and k not in given})
+        return self.settings(**given).validate()
+
+    # --- how a run's canvases become traces (diffusion and autoregressive families differ) ---
+    uses_cache: ClassVar[bool] = False
+
+    def n_forwards(self, settings) -> int:
+        raise NotImplementedError
+
+    def layout(self, canvases: list[torch.Tensor], prompt_lengths: list[int], settings, mask_id, pad_id) -> Canvas:
+        raise NotImplementedError
+
+    def extent(self, tokens: torch.Tensor, prompt_len: int, forwards: int, eos_ids) -> tuple[int, int]:
+        """(positions kept, steps kept) of one row's tokens [forwards + 1, width] (already without left padding)."""
+        raise NotImplementedError
+
+    def replay_canvas(self, tokens: torch.Tensor, is_masked: torch.Tensor) -> torch.Tensor:
+        """The ids one full forward sees to replay a step (the canvas of that step)."""
+        return tokens
+
+
+class DiffusionFamily(Family):
+    """Every forward sees the whole canvas; masked positions hold the mask id until decoded."""
+    kind: ClassVar[str] = "diffusion"
+
+    def n_forwards(self, settings) -> int:
+        return settings.steps
+
+    def layout(self, canvases, prompt_lengths, settings, mask_id, pad_id) -> Canvas:
+        tokens = torch.stack(canvases).cpu()
+        padding = tokens.shape[-1] - settings.gen_length - torch.tensor(prompt_lengths)
+        return Canvas(tokens, tokens[:-1] == mask_id, padding)
+
+    def extent(self, tokens, prompt_len, forwards, eos_ids) -> tuple[int, int]:
+        return tokens.shape[1], forwards
+
+
+class AutoregressiveFamily(Family):
+    """The canvas grows by one token a forward (a KV cache holds the rest); positions not yet generated count as
+    masked; a row ends at its first end token."""
+    kind: ClassVar[str] = "autoregressive"
+    uses_cache: ClassVar[bool] = True
+
+    def matches_native(self, config: Any) -> bool:
+        model_type = str(getattr(config, "model_type", "")).lower()
+        architectures = " ".join(getattr(config, "architectures", None) or []).lower()
+        if getattr(config, "is_causal", True) is False or getattr(config, "use_bidirectional_attention", False):
+            return False
+        return "forcausallm" in architectures or bool(getattr(config, "is_decoder", False)) or \
+            model_type in ("llama", "qwen2", "mistral", "gemma")
+
+    def n_forwards(self, settings) -> int:
+        return settings.gen_length
+
+    def layout(self, canvases, prompt_lengths, settings, mask_id, pad_id) -> Canvas:
+        width = canvases[-1].shape[1]
+        tokens = torch.stack([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad_id) for c in canvases]).cpu()
+        lengths = torch.tensor([c.shape[1] for c in canvases])
+        batch = tokens.shape[1]
+        is_masked = (torch.arange(width)[None, :] >= lengths[:-1, None])[:, None, :].expand(-1, batch, -1)
+        return Canvas(tokens, is_masked, canvases[0].shape[1] - torch.tensor(prompt_lengths))
+
+    def extent(self, tokens, prompt_len, forwards, eos_ids) -> tuple[int, int]:
+        final = tokens[-1]
+        keep = next((p + 1 for p in range(prompt_len, final.shape[0]) if int(final[p]) in eos_ids), final.shape[0])
+        return keep, min(forwards, keep - prompt_len)
+
+    def replay_canvas(self, tokens, is_masked) -> torch.Tensor:
+        return tokens[~is_masked]
+
+
+FAMILIES: Registry[Family] = Registry("family", {
     "llada": "sinklib.families.llada:LLADA",
     "mmada": "sinklib.families.llada:MMADA",
     "dream": "sinklib.families.dream:DREAM",
     "arm": "sinklib.families.arm:ARM",
-}
+})
 
 
-def register_family(name: str, target: str) -> None:
-    """Register a family by import path "module:ATTRIBUTE" (imported on first use)."""
-    _FAMILIES[name] = target
+def register_family(name: str, target: "str | Family", *, replace: bool = False) -> None:
+    """Register a family: a Family or its import path "module:ATTRIBUTE" (imported on first use)."""
+    FAMILIES.register(name, target, replace=replace)
 
 
 def family_names() -> list[str]:
-    return sorted(_FAMILIES)
+    return FAMILIES.names()
 
 
 def get_family(name: str) -> Family:
-    check_choice(name, "family", family_names())
-    module, attribute = _FAMILIES[name].split(":")
-    return getattr(importlib.import_module(module), attribute)
+    return FAMILIES.get(name)
+
+
+SPECIAL_IDS = ("mask_id", "eos_ids", "pad_id")  # settings fields filled from the model, never given as options
+
+
+def option_owners() -> dict[str, list[str]]:
+    """option name → the families whose settings have it (special ids excluded: they come from the model)."""
+    owners: dict[str, list[str]] = {}
+    for name in family_names():
+        for option in get_family(name).option_names():
+            if option not in SPECIAL_IDS:
+                owners.setdefault(option, []).append(name)
+    return owners
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,7 @@
 """Dream: masked diffusion initialised from an autoregressive model, as upstream `diffusion_generate` does it.
 
-x = prompt + max_new_tokens masks; timesteps = linspace(1, eps, steps + 1). Each step: one forward, logits
+x = prompt + max_new_tokens masks; timesteps = linspace(1, final_time, steps + 1) (upstream calls final_time `eps`;
+here eps is only ever the Eq. 3 sink threshold). Each step: one forward, logits
 shifted right by one (position i is predicted from output i−1); temperature, top-p and top-k act on the
 logits before the softmax (even at temperature 0, so they change confidences); confidence by `alg`:
 maskgit_plus = max prob, topk_margin = top1 − top2, entropy = Σ p log p. int(mean masked · (1 − s/t))
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_choice, check_int
-from sinklib.families.base import Family, Forward
+from sinklib.families.base import DiffusionFamily, Forward
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -29,7 +30,7 @@ class DreamSettings:
     alg_temp: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    eps: float = 1e-3
+    final_time: float = 1e-3  # upstream Dream's `eps`: the schedule runs from t = 1 down to this
     mask_id: int = 151666
 
     def validate(self) -> "DreamSettings":
@@ -42,8 +43,8 @@ class DreamSettings:
             raise bad_value("top_p", self.top_p, "None or a number in (0, 1]")
         if self.top_k is not None:
             check_int(self.top_k, "top_k", 1)
-        if not 0 < self.eps < 1:
-            raise bad_value("eps", self.eps, "a number in (0, 1)")
+        if not 0 < self.final_time < 1:
+            raise bad_value("final_time", self.final_time, "a number in (0, 1)")
         return self
 
 
@@ -126,7 +127,7 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     if prompt_mask is not None and not bool(prompt_mask.all()):
         attention_mask = torch.nn.functional.pad(prompt_mask, (0, settings.gen_length), value=1)
         position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-    timesteps = torch.linspace(1, settings.eps, settings.steps + 1, device=x.device)
+    timesteps = torch.linspace(1, settings.final_time, settings.steps + 1, device=x.device)
     canvases = [x.clone()]
     for i in range(settings.steps):
         logits = shift_right(forward(x, attention_mask, position_ids))
@@ -144,5 +145,17 @@ PRESETS = {
     "capitals": dict(steps=16, gen_length=16, alg="entropy"),
 }
 
-DREAM = Family("dream", "diffusion", sample, DreamSettings, default_mask_id=151666,
-               description="Dream-v0-Instruct-7B: shifted logits, confidence-ordered unmasking anywhere", presets=PRESETS)
+
+
+def call_remote(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids=None) -> torch.Tensor:
+    """Dream's own code takes (ids, mask, position ids): "full" for no padding, else a 4-d boolean mask where a
+    query and a key must both be real tokens (as upstream `diffusion_generate` builds it)."""
+    if attention_mask is None:
+        return model(ids, "full", None).logits
+    both = attention_mask.bool()
+    return model(ids, both[:, None, None, :] & both[:, None, :, None], position_ids).logits
+
+
+DREAM = DiffusionFamily("dream", sample, DreamSettings, default_mask_id=151666,
+                        description="Dream-v0-Instruct-7B: shifted logits, confidence-ordered unmasking anywhere",
+                        presets=PRESETS, model_types=("dream",), remote_call=call_remote)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_choice, check_int
-from sinklib.families.base import Family, Forward
+from sinklib.families.base import DiffusionFamily, Forward
 
 REMASKING = ("low_confidence", "random")
 
@@ -125,8 +125,17 @@ PRESETS = {
     "capitals": dict(steps=16, gen_length=16, block_length=16),
 }
 
-LLADA = Family("llada", "diffusion", sample, LLaDASettings, default_mask_id=126336,
-               description="LLaDA-8B-Instruct: blockwise low-confidence remasking", presets=PRESETS)
-MMADA = Family("mmada", "diffusion", sample, LLaDASettings, default_mask_id=126336,
-               description="MMaDA-8B: LLaDA's sampler with float64 confidences", extra={"confidence_dtype": "float64"},
-               presets=PRESETS)
+
+
+def call_remote(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids=None) -> torch.Tensor:
+    """LLaDA's and MMaDA's own code take the ids and a 2-d key mask (no position ids: positions are 0..L-1)."""
+    return model(ids, attention_mask=attention_mask).logits
+
+
+LLADA = DiffusionFamily("llada", sample, LLaDASettings, default_mask_id=126336,
+                        description="LLaDA-8B-Instruct: blockwise low-confidence remasking", presets=PRESETS,
+                        model_types=("llada",), remote_call=call_remote)
+MMADA = DiffusionFamily("mmada", sample, LLaDASettings, default_mask_id=126336,
+                        description="MMaDA-8B: LLaDA's sampler with float64 confidences",
+                        extra={"confidence_dtype": "float64"}, presets=PRESETS, model_types=("mmada",),
+                        remote_call=call_remote)

@@ -5,7 +5,7 @@ import sinklib
 from sinklib.interventions import key_normalised
 from tests.models import eager_twin, llama
 from tests.standin import StandInLM
-from tests.test_sinks import reference_sinks
+from tests.unit.test_sinks import reference_sinks
 
 IDS = torch.tensor([[5, 9, 2, 33, 17, 8, 41, 3, 12, 7, 11, 4], [6, 1, 30, 22, 9, 19, 2, 44, 10, 5, 8, 8]])
 STEPS = [IDS, IDS.roll(1, -1), IDS.roll(2, -1), IDS.roll(3, -1)]  # a changing canvas, one forward per step

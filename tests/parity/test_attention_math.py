@@ -134,3 +134,15 @@ def test_column_sums_from_the_transposed_log_sum_exp_match_float64(kind, monkeyp
     slow = attention_statistics(q, k, mask, causal, want_last_row=True, chunk_size=7)  # the chunked softmax route
     torch.testing.assert_close(stats.last_row, slow.last_row, atol=1e-6, rtol=1e-5)
     assert torch.equal(stats.key_valid, slow.key_valid) and torch.equal(stats.query_count, slow.query_count)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["none", "causal", "bool"])
+def test_on_a_gpu_bfloat16_scores_from_the_tf32_recompute_stay_within_1e_5_of_float32(kind):
+    """The GPU path (TF32 q·kᵀ from bf16 inputs): within 1e-5 of a float64 computation from the same bf16 inputs."""
+    q, k, _ = _inputs(torch.bfloat16, seq=256, dim=64)
+    mask, causal = _masks(256)[kind]
+    reference = reference_scores(q.float(), k.float(), mask, causal)
+    got = attention_statistics(q.cuda(), k.cuda(), None if mask is None else mask.cuda(), causal).scores.cpu()
+    assert ((got.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5

@@ -109,7 +109,7 @@ def test_arm_sampler_with_cache_matches_uncached_greedy_loop():
 def test_llada_remote_calling_convention_standin_matches_native_reference():
     standin = StandInLLaDA(vocab_size=64)
     loaded = sinklib.load(standin, family="llada", mask_id=MASK_ID)
-    assert loaded.calling == "llada_remote"
+    assert loaded.calling == "remote"
     trace = sinklib.generate(loaded, PROMPT, steps=4, gen_length=8, block_length=4, progress=False)
 
     class Native(torch.nn.Module):

@@ -21,7 +21,7 @@ from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.sandbox import SandboxLimits, run_python
 from sinklib.evaluation.table1 import masking_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCORES = torch.tensor([[8.0, 1.0, 1.0, 1.0]])
 
 

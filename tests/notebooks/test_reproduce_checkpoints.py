@@ -13,7 +13,7 @@ from sinklib import mmada_repo, reproduce
 from tests import checkpoints
 
 pytest.importorskip("papermill")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIGURES = {"fig01_token_step_{name}.png", "fig03_score_histograms.png", "fig05_layer_head_{name}.png",
            "table2_sink_tokens.png", "fig10_threshold_sweep.png", "table1_masking_gsm8k.png", "table1_masking_gsm8k.md"}
 

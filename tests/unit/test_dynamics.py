@@ -95,3 +95,40 @@ def test_autoregressive_rows_are_scaled_to_key_units_before_eq3():
     comparable = dynamics.comparable_scores(trace)
     assert comparable[1, 0, 0, 0].item() == pytest_approx(4.0) and comparable[0, 0, 0, 0].item() == 2.5
     assert dynamics.sink_mask(trace, 2.0)[:, 0, 0, 0].tolist() == [False, True, False]
+
+
+# -- what the notebooks pick to draw (sinklib.analyses), against brute force ---------------------------------
+def _random_trace(seed: int, steps=4, layers=2, heads=3, seq=8) -> Trace:
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.rand((steps, layers, heads, seq), generator=generator) ** 4 * seq
+    tokens = torch.tensor([[1, 2, 3] + [MASK] * (seq - 3)]).repeat(steps + 1, 1)
+    for t in range(steps):
+        tokens[t + 1:, 3 + t] = 4
+    return Trace(scores=scores, tokens=tokens, is_masked=tokens[:-1] == MASK, prompt_len=3, layer_names=["l0", "l1"],
+                 token_strings={1: "[BOS]", 2: "Q:", 3: "x", 4: "a", MASK: "[MASK]"}, meta={"model": "toy"})
+
+
+def test_strongest_head_is_the_greatest_mean_over_steps_of_the_top_key():
+    for seed in range(5):
+        trace = _random_trace(seed)
+        best = max(((float(trace.scores[:, l, h].amax(-1).mean()), l, h) for l in range(2) for h in range(3)))
+        assert dynamics.strongest_head(trace) == (best[1], best[2])
+
+
+def test_busiest_head_has_the_most_steps_with_a_sink():
+    for seed in range(5):
+        trace = _random_trace(seed)
+        sinks = dynamics.sink_mask(trace, 1.0).any(-1)  # [steps, layers, heads]
+        counts = {(l, h): int(sinks[:, l, h].sum()) for l in range(2) for h in range(3)}
+        most = max(counts.values())
+        assert dynamics.busiest_head(dynamics.greatest_sinks(trace, 1.0)) == min(k for k, v in counts.items() if v == most)
+
+
+def test_the_top_moving_event_is_the_strongest_over_every_prompt():
+    weak, strong = build_trace([0, 0, 5, None]), build_trace([1, 1, 6, 6, 2])
+    strong.scores[4, 0, 0, 2] = 7.0  # the second prompt's move at step 4 (6 → 2) lands on the strongest sink
+    events = dynamics.moving_events([weak, strong])
+    assert events["trace"].tolist() == [0, 1, 1]
+    top = dynamics.top_moving_event([weak, strong])
+    assert (int(top["trace"]), int(top["step"]), int(top["position"])) == (1, 4, 2)
+    assert dynamics.top_moving_event([build_trace([0, 0, 0])]) is None

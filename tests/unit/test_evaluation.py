@@ -12,7 +12,7 @@ import sinklib
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.extract import flexible_answer, strict_answer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("text, strict, flexible", [
@@ -64,6 +64,22 @@ evaluate(sinklib.load("tiny-arm"), "arithmetic", limit=40, batch_size=2, out={st
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["id"] for r in lines) == sorted(r["id"] for r in clean.records), "no sample missing or counted twice"
     assert resumed.accuracy == clean.accuracy and resumed.n == 40
+
+
+def test_beside_the_records_their_config_says_how_they_were_made(tmp_path):
+    from sinklib import provenance
+    from sinklib.evaluation.runner import config_hash, provenance_path
+
+    loaded = sinklib.load("tiny-arm")
+    out = tmp_path / "run.jsonl"
+    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16,
+             intervention=sinklib.MaskSinks(top_k=1, rows="last"))
+    digest = json.loads(out.read_text().splitlines()[0])["config_hash"]
+    record = json.loads(provenance_path(out).read_text())[digest]
+    assert config_hash(record["config"]) == digest  # the config the hash was made from, whole
+    assert record["config"]["intervention"] == repr(sinklib.MaskSinks(top_k=1, rows="last"))
+    assert record["config"]["settings"] == {"gen_length": 16} and record["seed"] == 0
+    assert record["code"]["sinklib_sources_sha256"] == provenance.code_identity()
 
 
 def test_a_file_from_another_configuration_is_refused(tmp_path):
@@ -208,6 +224,6 @@ def test_evaluate_takes_a_name_uses_the_family_presets_and_leaves_no_empty_file(
     out = tmp_path / "bad.jsonl"
     with pytest.raises(ValueError, match=r"alg='entropy' is not allowed for the llada family"):
         evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, alg="entropy")
-    with pytest.raises(TypeError, match=r"unknown settings \['gen_lenght'\]"):
+    with pytest.raises(TypeError, match=r"gen_lenght=8 is not an option of generate: .*\(did you mean 'gen_length'\?\)"):
         evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_lenght=8)
     assert not out.exists()

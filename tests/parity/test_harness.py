@@ -15,7 +15,7 @@ from sinklib.evaluation import evaluate  # noqa: E402
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.harness import SinklibLM  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "sinklib" / "evaluation" / "lm_eval_tasks"
 pytestmark = pytest.mark.slow
 

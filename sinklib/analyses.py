@@ -1,0 +1,171 @@
+"""The notebooks' analyses: each function takes models and traces, picks what to show (the strongest head, the
+top moving-sink event, ...) and returns a runs.Result — figures, tables and the summary a notebook displays.
+The picking rules live here and in sinklib.dynamics, where they are unit-tested, not in the notebooks."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from sinklib import dynamics, experiments, plots
+from sinklib.loading import LoadedModel
+from sinklib.runs import Result
+from sinklib.sinks import causal_uniform_scores, threshold_sweep
+from sinklib.trace import Trace
+
+Traces = Mapping[str, Sequence[Trace]]
+Models = Mapping[str, LoadedModel]
+
+
+def _stem(name: str) -> str:
+    return Path(name).name
+
+
+# --- notebook 01 ---------------------------------------------------------------------------------------------
+def score_distribution(traces: Traces) -> Result:
+    """Fig. 3 / 9: every score of every model, as histograms; the table summarises each model's scores."""
+    distribution = dynamics.score_distribution([t for ts in traces.values() for t in ts])
+    summary = distribution.groupby("model")["score"].describe()
+    return Result(figures={"fig03_score_histograms": plots.score_histograms(distribution)},
+                  tables={"fig03_score_summary": summary}, shown=summary.round(3))
+
+
+def token_step(traces: Traces) -> Result:
+    """Fig. 1: per model, the strongest head's score of every token at every step (first prompt)."""
+    result, rows = Result(), []
+    for name, model_traces in traces.items():
+        trace = model_traces[0]
+        layer, head = dynamics.strongest_head(trace)
+        result.figures[f"fig01_token_step_{_stem(name)}"] = plots.token_step_heatmap(trace, layer, head)
+        rows.append(trace.to_frame(layers=[layer], heads=[head]).assign(model=name))
+    result.tables["fig01_token_step"] = pd.concat(rows)
+    return result
+
+
+def layer_head_maps(traces: Traces) -> Result:
+    """Fig. 5: the main sink's score per layer and head, averaged over steps and prompts."""
+    result, frames = Result(), []
+    for name, model_traces in traces.items():
+        frame = pd.concat([dynamics.main_sink_by_layer_head(t) for t in model_traces]).groupby(
+            ["layer", "head"], as_index=False).mean()
+        result.figures[f"fig05_layer_head_{_stem(name)}"] = plots.layer_head_map(frame, name)
+        frames.append(frame.assign(model=name))
+    table = result.tables["fig05_layer_head"] = pd.concat(frames, ignore_index=True)
+    result.shown = table.groupby("model")["score"].agg(["mean", "max"]).round(2)
+    return result
+
+
+# --- notebook 02 ---------------------------------------------------------------------------------------------
+def sink_tokens(traces: Traces, eps: float) -> Result:
+    """Table 2: which tokens become sinks, per model."""
+    table = pd.concat([dynamics.sink_token_frequency(ts, eps).assign(model=name) for name, ts in traces.items()],
+                      ignore_index=True)[["model", "token", "count", "share"]]
+    return Result(figures={"table2_sink_tokens": plots.sink_token_bars(table, models=list(traces), eps=eps)},
+                  tables={"table2_sink_tokens": table},
+                  texts={"table2_sink_tokens.md": table.to_markdown(index=False, floatfmt=".3f")}, shown=table.round(3))
+
+
+def sink_dynamics(traces: Traces, eps: float) -> Result:
+    """Lifetime, move rate and distance to the unmasking frontier of each head's sinks."""
+    summary = pd.concat([dynamics.dynamics_summary(ts, eps).assign(model=name) for name, ts in traces.items()],
+                        ignore_index=True)
+    shown = summary.groupby("model")[["mean_lifetime", "move_rate", "mean_distance_to_frontier",
+                                      "share_heads_with_sink"]].mean().round(3)
+    return Result(tables={"sink_dynamics": summary}, shown=shown)
+
+
+def _diffusion(models: Models, name: str) -> bool:
+    return models[name].family.kind == "diffusion"
+
+
+def moving_sinks(models: Models, traces: Traces, eps: float) -> Result:
+    """Fig. 4 / 8: every moving-sink event; per diffusion model the top one drawn at the step before and the
+    step of the move, from maps the model replays."""
+    result, events = Result(), []
+    for name, model_traces in traces.items():
+        if not _diffusion(models, name):
+            continue
+        found = dynamics.moving_events(model_traces, eps)
+        events.append(found.assign(model=name))
+        if len(found):
+            top = found.iloc[0]
+            trace = model_traces[int(top["trace"])]
+            step, layer, head = int(top["step"]), int(top["layer"]), int(top["head"])
+            maps = [experiments.replay_map(models[name], trace, s, layer, head).numpy() for s in (step - 1, step)]
+            result.figures[f"fig04_moving_sink_{_stem(name)}"] = plots.attention_pair(
+                maps, [step - 1, step], trace, layer, head, marked=[int(top["position_before"]), int(top["position"])])
+    table = result.tables["moving_sink_events"] = pd.concat(events, ignore_index=True) if events else dynamics.empty_events()
+    result.shown = table.groupby("model").size().rename("moving-sink events")
+    return result
+
+
+def query_splits(models: Models, traces: Traces, eps: float) -> Result:
+    """Fig. 6a: a step where masked and unmasked queries can favour different sinks (first prompt)."""
+    result, missing = Result(), []
+    for name, model_traces in traces.items():
+        if not _diffusion(models, name):
+            continue
+        trace = model_traces[0]
+        candidates = dynamics.split_candidates(trace, eps)
+        if not len(candidates):
+            missing.append(f"{name}: no step with masked and unmasked queries and two sinks in one head")
+            continue
+        step, layer, head = (int(candidates.iloc[0][c]) for c in ("step", "layer", "head"))
+        attention = experiments.replay_map(models[name], trace, step, layer, head).numpy()
+        result.figures[f"fig06a_query_split_{_stem(name)}"] = plots.query_split(
+            attention, trace.is_masked[step].numpy(), trace, step, layer, head)
+    result.shown = "\n".join(missing) or None
+    return result
+
+
+def transient(models: Models, traces: Traces, eps: float) -> Result:
+    """Fig. 6b: sinks that live for a single step; per diffusion model the strongest one drawn."""
+    result, frames = Result(), []
+    for name, model_traces in traces.items():
+        found = dynamics.transient_events(model_traces, eps)
+        frames.append(found.assign(model=name))
+        if len(found) and _diffusion(models, name):
+            top = found.sort_values("score", ascending=False).iloc[0]
+            result.figures[f"fig06b_transient_{_stem(name)}"] = plots.transient_sink(
+                model_traces[int(top["trace"])], int(top["step"]), int(top["layer"]), int(top["head"]),
+                int(top["position"]))
+    table = result.tables["transient_sinks"] = pd.concat(frames, ignore_index=True)
+    result.shown = table.groupby("model").size().rename("one-step sinks")
+    return result
+
+
+def greatest_sink_positions(traces: Traces, eps: float) -> Result:
+    """Fig. 7: where the greatest sink sits at each step, for the head with the most steps that have a sink."""
+    panels, frames = {}, []
+    for name, model_traces in traces.items():
+        top = dynamics.greatest_sinks(model_traces[0], eps)
+        layer, head = dynamics.busiest_head(top)
+        frame = top[(top["layer"] == layer) & (top["head"] == head)]
+        panels[f"{name} — layer {layer}, head {head}"] = frame
+        frames.append(frame.assign(model=name))
+    return Result(figures={"fig07_greatest_sink_positions": plots.greatest_sink_positions(panels)},
+                  tables={"fig07_greatest_sink": pd.concat(frames, ignore_index=True)})
+
+
+# --- notebook 03 ---------------------------------------------------------------------------------------------
+def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]) -> Result:
+    """Fig. 10: the share of tokens Eq. 3 selects at each eps. Diffusion models over every step's scores; an
+    autoregressive model over one full causal pass of its final sequence, beside uniform causal attention over
+    the same lengths."""
+    sweeps, baselines = [], []
+    for name, model_traces in traces.items():
+        model = models[name]
+        if model.family.kind == "diffusion":
+            scores = [t.scores for t in model_traces]
+        else:
+            scores = [experiments.full_pass_scores(model, t.tokens[-1]) for t in model_traces]
+            uniform = [causal_uniform_scores(t.tokens.shape[1]) for t in model_traces]
+            baselines.append(threshold_sweep(uniform, eps_values).assign(
+                model=f"uniform causal attention ({name}'s lengths)"))
+        sweeps.append(threshold_sweep(scores, eps_values).assign(model=name))
+    sweep = pd.concat(sweeps, ignore_index=True)
+    baseline = pd.concat(baselines, ignore_index=True) if baselines else None
+    return Result(figures={"fig10_threshold_sweep": plots.threshold_sweep_plot(sweep, baseline)},
+                  tables={"fig10_threshold_sweep": pd.concat([sweep, baseline])},
+                  shown=sweep.pivot(index="eps", columns="model", values="share").round(4))

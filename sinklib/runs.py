@@ -1,0 +1,166 @@
+"""Typed run configs: one per notebook, whose fields are exactly that notebook's papermill parameters (a test
+holds them equal, defaults included). `python -m sinklib.reproduce` checks given parameters against them before
+anything runs; each notebook builds its config from its namespace and every artifact it writes records it."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from sinklib._checks import did_you_mean
+from sinklib.registry import Registry
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Fields shared by every notebook: where results go, and whether to show progress."""
+
+    @classmethod
+    def from_namespace(cls, namespace: Mapping[str, Any]) -> "RunConfig":
+        """The config from a notebook's variables (its parameters cell, with papermill's injections)."""
+        return cls(**{f.name: namespace[f.name] for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def parameter_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def check_keys(cls, given: Mapping[str, Any]) -> None:
+        names = cls.parameter_names()
+        for key in given:
+            if key not in names:
+                raise ValueError(f"parameter {key!r} is not allowed: {cls.__name__} has no such field"
+                                 f"{did_you_mean(key, names)}; allowed: {names}")
+
+    def load(self) -> dict:
+        """The run's models by name (sinklib.load with its device, dtype and trust_remote_code)."""
+        from sinklib import experiments
+
+        return experiments.load_models(self.models, device=self.device, dtype=self.dtype,
+                                       trust_remote_code=self.trust_remote_code)
+
+    def save(self, result: "Result") -> "Result":
+        """Write the result's figures (PNG + PDF), tables (parquet) and texts, each with this run's provenance."""
+        from sinklib.plots import save_figure
+        from sinklib.provenance import describe, write_parquet
+
+        record = describe(self, notebook=type(self).NOTEBOOK)
+        figures, results = Path(self.figures_dir), Path(getattr(self, "results_dir", self.figures_dir))
+        for name, fig in result.figures.items():
+            save_figure(fig, name, figures)
+        if result.tables:
+            results.mkdir(parents=True, exist_ok=True)
+        for name, frame in result.tables.items():
+            frame.to_parquet(results / f"{name}.parquet")
+        for name, text in result.texts.items():
+            (figures / name).write_text(text)
+        return result
+
+
+@dataclass
+class Result:
+    """What one notebook section makes: figures by file stem, tables by parquet stem, texts by file name, and
+    `shown`, the summary the notebook displays."""
+    figures: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+    shown: Any = None
+
+
+@dataclass(frozen=True)
+class TracesRun(RunConfig):
+    """Notebook 01: traces of every model on n_prompts prompts, then their score distributions."""
+    NOTEBOOK = "01_attention_distributions"
+    models: list[str] = field(default_factory=lambda: ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"])
+    trust_remote_code: bool = False
+    device: str = "cpu"
+    dtype: str | None = None
+    n_prompts: int = 6
+    steps: int | None = None
+    gen_length: int | None = None
+    block_length: int | None = None
+    seed: int = 0
+    figures_dir: str = "../figures"
+    results_dir: str = "../data/results"
+    progress: bool = True
+
+    def collect(self) -> tuple[dict, dict]:
+        """(loaded models by name, their traces by name): one generation per prompt with the family's settings."""
+        from sinklib import experiments
+
+        loaded = self.load()
+        traces = {name: experiments.collect_traces(model, experiments.prompts(model, self.n_prompts), seed=self.seed,
+                                                   progress=self.progress,
+                                                   **experiments.sampling(model, self.steps, self.gen_length,
+                                                                          self.block_length))
+                  for name, model in loaded.items()}
+        return loaded, traces
+
+
+@dataclass(frozen=True)
+class MovingSinksRun(TracesRun):
+    """Notebook 02: sink tokens, dynamics and moving sinks, with the Eq. 3 threshold eps (sum units)."""
+    NOTEBOOK = "02_moving_sinks"
+    eps: float = 3.0
+
+
+@dataclass(frozen=True)
+class ThresholdSweepRun(TracesRun):
+    """Notebook 03: the share of tokens Eq. 3 selects at each eps."""
+    NOTEBOOK = "03_threshold_sweep"
+    eps_values: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0])
+
+
+@dataclass(frozen=True)
+class MaskingRun(RunConfig):
+    """Notebook 04: Table 1, accuracy with the top-k sinks masked and a random-key control."""
+    NOTEBOOK = "04_masking_ablation"
+    models: list[str] = field(default_factory=lambda: ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"])
+    task: str = "arithmetic"
+    tasks: dict[str, str] = field(default_factory=lambda: {"smollm2-135m-instruct": "capitals"})
+    task_path: str | None = None
+    n_problems: int | None = 100
+    steps: int | None = None
+    gen_length: int | None = None
+    block_length: int | None = None
+    ks: list[int] = field(default_factory=lambda: [0, 1, 5, 10])
+    random_control: bool = True
+    seed: int = 0
+    eps: float = 3.0
+    batch_size: int = 50
+    allow_code_execution: bool = False
+    trust_remote_code: bool = False
+    device: str = "cpu"
+    dtype: str | None = None
+    figures_dir: str = "../figures"
+    results_dir: str = "../data/results"
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class ExplorerRun(RunConfig):
+    """Notebook 05: one generation in the explorer, and a self-contained page per model."""
+    NOTEBOOK = "05_explorer"
+    models: list[str] = field(default_factory=lambda: ["tiny-llada", "tiny-dream"])
+    trust_remote_code: bool = False
+    device: str = "cpu"
+    dtype: str | None = None
+    prompt: str = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:"
+    steps: int | None = None
+    gen_length: int | None = None
+    block_length: int | None = None
+    seed: int = 0
+    eps: float = 3.0
+    figures_dir: str = "../figures"
+
+
+RUNS: Registry[type] = Registry("notebook", {cls.NOTEBOOK: cls for cls in
+                                             (TracesRun, MovingSinksRun, ThresholdSweepRun, MaskingRun, ExplorerRun)})
+
+
+def run_for(notebook: str | Path) -> type:
+    """The run config class of a notebook (by file name or stem)."""
+    return RUNS.get(Path(notebook).stem)

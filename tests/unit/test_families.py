@@ -1,0 +1,98 @@
+"""Family adapters and the registry: a family defined in one file outside sinklib (tests/toy_family.py) loads,
+is inferred from its config, generates token for token like a reference loop, and owns its options."""
+import json
+
+import pytest
+import torch
+
+import sinklib
+from sinklib.families.base import FAMILIES, family_names, get_family, register_family
+from sinklib.loading import infer_family_from_dict
+from sinklib.registry import Registry
+from tests.models import MASK_ID, diffusion_llama
+
+
+@pytest.fixture
+def toy():
+    register_family("toy", "tests.toy_family:TOY")
+    yield get_family("toy")
+    FAMILIES.unregister("toy")
+
+
+def reference_left_to_right(model, prompt: list[int], gen_length: int) -> list[int]:
+    x = torch.tensor([prompt + [MASK_ID] * gen_length])
+    for offset in range(gen_length):
+        with torch.no_grad():
+            x[0, len(prompt) + offset] = model(input_ids=x).logits[0, len(prompt) + offset].argmax()
+    return x[0].tolist()
+
+
+def test_a_family_in_one_file_plus_its_registration_generates_like_its_reference_loop(toy):
+    model = diffusion_llama("toy")
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    assert loaded.family is toy and loaded.family.kind == "diffusion"
+    prompt = [3, 4, 5, 6]
+    trace = sinklib.generate(loaded, prompt, steps=5, gen_length=5, progress=False)
+    assert trace.tokens[-1].tolist() == reference_left_to_right(model, prompt, 5)
+    assert trace.scores.shape[0] == 5 and trace.is_masked[0, 4:].all() and not trace.is_masked[-1, :5].any()
+    batch = sinklib.generate(loaded, [prompt, [7, 8]], steps=5, gen_length=5, progress=False)  # left padding
+    assert batch[0].tokens[-1].tolist() == trace.tokens[-1].tolist()
+    assert batch[1].tokens[-1].tolist() == reference_left_to_right(model, [7, 8], 5)
+
+
+def test_a_family_owns_its_options(toy):
+    loaded = sinklib.load(diffusion_llama("toy"), mask_id=MASK_ID)
+    right = sinklib.generate(loaded, [3, 4], steps=3, gen_length=3, direction="right_to_left", progress=False)
+    assert right.is_masked[1].tolist() == [False, False, True, True, False]  # the last position came first
+    with pytest.raises(ValueError, match=r"alg='entropy' is not allowed for the toy family: it applies to dream only"):
+        sinklib.generate(loaded, [3, 4], steps=3, gen_length=3, alg="entropy", progress=False)
+    with pytest.raises(ValueError, match=r"direction='up' is not allowed: direction must be one of"):
+        sinklib.generate(loaded, [3, 4], steps=3, gen_length=3, direction="up", progress=False)
+    llada = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
+    with pytest.raises(ValueError, match=r"direction='right_to_left' is not allowed for the llada family: it applies to toy only"):
+        sinklib.generate(llada, [3, 4], steps=2, gen_length=2, direction="right_to_left", progress=False)
+
+
+def test_unknown_and_renamed_options_are_refused_with_a_hint():
+    llada = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
+    with pytest.raises(TypeError, match=r"block_lenght=4 is not an option of generate: .*\(did you mean 'block_length'\?\)"):
+        sinklib.generate(llada, [3, 4], steps=2, gen_length=2, block_lenght=4, progress=False)
+    with pytest.raises(TypeError, match=r"eps=0.001 is not an option of generate: did you mean final_time"):
+        sinklib.generate(llada, [3, 4], steps=2, gen_length=2, eps=1e-3, progress=False)
+
+
+def test_a_typed_sampler_gives_the_same_run_as_its_options():
+    from sinklib.families.llada import LLaDASettings
+
+    llada = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
+    by_name = sinklib.generate(llada, [3, 4, 5], steps=4, gen_length=4, block_length=2, progress=False)
+    typed = sinklib.generate(llada, [3, 4, 5], LLaDASettings(steps=4, gen_length=4, block_length=2), progress=False)
+    assert typed.tokens.tolist() == by_name.tokens.tolist() and torch.equal(typed.scores, by_name.scores)
+    assert typed.meta["settings"]["mask_id"] == MASK_ID  # the model's mask id, not the dataclass default
+    from sinklib.families.dream import DreamSettings
+
+    with pytest.raises(TypeError, match=r"sampler=DreamSettings\(.*\) is not allowed: the llada family takes a LLaDASettings"):
+        sinklib.generate(llada, [3], DreamSettings(steps=2, gen_length=2), progress=False)
+
+
+def test_config_words_declare_a_registered_family(toy, tmp_path):
+    assert infer_family_from_dict({"model_type": "toydiff", "architectures": ["ToyDiffModel"]}) == "toy"
+    assert infer_family_from_dict({"model_type": "llada", "architectures": ["LLaDAModelLM"]}) == "llada"
+    assert infer_family_from_dict({"model_type": "mmada", "architectures": ["MMadaModelLM"]}) == "mmada"
+    assert infer_family_from_dict({"model_type": "Dream"}) == "dream"
+    assert infer_family_from_dict({"model_type": "llama"}) is None  # native: decided from the config object
+
+
+def test_the_registry_imports_lazily_and_refuses_unknown_and_duplicate_names():
+    registry = Registry("policy", {"json": "json:dumps"})
+    assert registry.names() == ["json"] and "json" in registry
+    assert registry.get("json") is json.dumps
+    with pytest.raises(ValueError, match=r"policy='jsno' is not allowed: policy must be one of \['json'\] \(did you mean 'json'\?\)"):
+        registry.get("jsno")
+    with pytest.raises(ValueError, match=r"name='json' is not allowed: a policy of that name is registered already"):
+        registry.register("json", "json:loads")
+    registry.register("json", "json:loads", replace=True)
+    assert registry.get("json") is json.loads
+    with pytest.raises(ValueError, match=r"target='json.loads' is not allowed"):
+        registry.register("other", "json.loads")
+    assert family_names() == ["arm", "dream", "llada", "mmada"]

@@ -1,0 +1,90 @@
+"""Run configs, thin notebooks and provenance: each notebook's parameters are exactly its run config's fields
+(defaults included), unknown keys are refused with a hint, notebooks hold no analysis, and every artifact says
+how it was made — the same bytes for the same run, no timestamps."""
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from sinklib import provenance, runs
+from sinklib.reproduce import NOTEBOOKS, notebook_paths
+
+papermill = pytest.importorskip("papermill")
+
+
+def _code_lines(path: Path) -> int:
+    """Code lines outside the parameters cell (blank lines and comments not counted)."""
+    cells = json.loads(path.read_text())["cells"]
+    return sum(1 for cell in cells if cell["cell_type"] == "code"
+               and "parameters" not in cell.get("metadata", {}).get("tags", [])
+               for line in "".join(cell["source"]).splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+@pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
+def test_a_notebooks_parameters_are_its_run_configs_fields_with_the_same_defaults(path):
+    config = runs.run_for(path)
+    declared = papermill.inspect_notebook(str(path))
+    assert list(declared) == config.parameter_names()
+    defaults = config()
+    for name, info in declared.items():
+        assert ast.literal_eval(info["default"]) == getattr(defaults, name), name
+
+
+@pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
+def test_notebooks_are_thin(path):
+    assert _code_lines(path) <= 25
+
+
+def test_unknown_keys_are_refused_with_a_hint_and_a_namespace_gives_the_config():
+    with pytest.raises(ValueError, match=r"parameter 'n_prompt' is not allowed: TracesRun has no such field \(did you mean 'n_prompts'\?\)"):
+        runs.TracesRun.check_keys({"n_prompt": 3})
+    namespace = {f.name: getattr(runs.MovingSinksRun(), f.name) for f in dataclasses.fields(runs.MovingSinksRun)}
+    namespace.update(eps=1.5, unrelated=object())
+    assert runs.MovingSinksRun.from_namespace(namespace) == runs.MovingSinksRun(eps=1.5)
+    with pytest.raises(ValueError, match=r"notebook='06_nope' is not allowed"):
+        runs.run_for("06_nope.ipynb")
+
+
+def test_saved_artifacts_carry_the_resolved_config_and_the_same_bytes_every_time(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    def save(folder: Path) -> dict[str, bytes]:
+        run = runs.MovingSinksRun(models=["tiny-llada"], eps=1.5, figures_dir=str(folder), results_dir=str(folder))
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        run.save(runs.Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1, 2]})}, texts={"t.md": "x"}))
+        plt.close(fig)
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+    first, second = save(tmp_path / "a"), save(tmp_path / "b")
+    assert sorted(first) == ["fig.pdf", "fig.png", "t.md", "table.parquet"] and first == second
+    for name in ("fig.pdf", "fig.png", "table.parquet"):
+        record = provenance.read_record(tmp_path / "a" / name)
+        assert record["config"]["eps"] == 1.5 and record["config"]["models"] == ["tiny-llada"]
+        assert record["seed"] == 0 and record["notebook"] == "02_moving_sinks"
+        assert record["code"] == {"sinklib_sources_sha256": provenance.code_identity()}
+        assert record["versions"]["torch"] == __import__("torch").__version__
+        assert "figures_dir" not in record["config"] and "progress" not in record["config"]
+    assert pd.read_parquet(tmp_path / "a" / "table.parquet")["k"].tolist() == [1, 2]
+
+
+def test_the_code_identity_is_a_hash_of_the_sources_not_a_commit_or_a_time(tmp_path):
+    folder = tmp_path / "pkg"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.py").write_text("x = 1\n")
+    (folder / "sub" / "b.js").write_text("export default {};\n")
+    (folder / "sub" / "__pycache__").mkdir()
+    (folder / "sub" / "__pycache__" / "c.py").write_text("ignored")
+    first = provenance.source_hash(folder)
+    assert provenance.source_hash(folder) == first and len(first) == 16
+    (folder / "sub" / "__pycache__" / "c.py").write_text("still ignored")
+    assert provenance.source_hash(folder) == first
+    (folder / "a.py").write_text("x = 2\n")
+    assert provenance.source_hash(folder) != first
+    assert provenance.code_identity() == provenance.source_hash(provenance.PACKAGE)
