@@ -86,10 +86,9 @@ def moving_sinks(models: Models, traces: Traces, eps: float) -> Result:
     for name, model_traces in traces.items():
         if not _diffusion(models, name):
             continue
-        found = dynamics.moving_events(model_traces, eps)
-        events.append(found.assign(model=name))
-        if len(found):
-            top = found.iloc[0]
+        events.append(dynamics.moving_events(model_traces, eps).assign(model=name))
+        top = dynamics.top_moving_event(model_traces, eps)
+        if top is not None:
             trace = model_traces[int(top["trace"])]
             step, layer, head = int(top["step"]), int(top["layer"]), int(top["head"])
             maps = [experiments.replay_map(models[name], trace, s, layer, head).numpy() for s in (step - 1, step)]

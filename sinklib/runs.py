@@ -50,11 +50,11 @@ class RunConfig:
         record = describe(self, notebook=type(self).NOTEBOOK)
         figures, results = Path(self.figures_dir), Path(getattr(self, "results_dir", self.figures_dir))
         for name, fig in result.figures.items():
-            save_figure(fig, name, figures)
+            save_figure(fig, name, figures, record)
         if result.tables:
             results.mkdir(parents=True, exist_ok=True)
         for name, frame in result.tables.items():
-            frame.to_parquet(results / f"{name}.parquet")
+            write_parquet(frame, results / f"{name}.parquet", record)
         for name, text in result.texts.items():
             (figures / name).write_text(text)
         return result
