@@ -1,0 +1,112 @@
+"""Capture: see every attention call of a model and reduce it at the source.
+
+While `capture(model)` is active, `torch.nn.functional.scaled_dot_product_attention` is routed through
+sinklib *only inside the model's attention modules* (entered and left through forward hooks, so layer
+identity is explicit, never inferred from call counts; route.py). Each call is passed to the real SDPA with
+the model's own arguments (outputs stay bit-identical) and, beside it, the attention probabilities are
+summed over queries (from the fused kernel's log-sum-exp where it applies, else recomputed in float32 one
+query chunk at a time; attend.py, attention_math). One forward of `model` is one step (steps.py). Nothing
+else is kept unless asked for: full maps only for requested (step, layer, head) triples.
+
+This sees native transformers models running with attn_implementation="sdpa" and remote-code models
+(LLaDA, Dream, MMaDA) that call `torch.nn.functional.scaled_dot_product_attention` themselves.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from sinklib.capture import route
+from sinklib.capture.attend import AttentionCall
+from sinklib.capture.recorder import CaptureError, CaptureOptions, MapRequest, Recorder, check_intervention
+from sinklib.layers import attention_layers
+
+__all__ = ["AttentionCall", "CaptureError", "CaptureOptions", "MapRequest", "Recorder", "capture", "check_intervention"]
+
+
+@contextlib.contextmanager
+def capture(
+    model: nn.Module,
+    maps: Sequence[MapRequest] | None = None,
+    intervention=None,
+    *,
+    layer_names: Sequence[str] | None = None,
+    chunk_size: int | None = None,
+    store_device: str | torch.device | None = "cpu",
+    keep_steps: bool = True,
+) -> Iterator[Recorder]:
+    """Record attention scores of every forward of `model` while the block runs.
+
+    maps: (step, layer, head) triples whose full [batch, queries, keys] map is kept (layer: index or
+    module path). intervention: an object with keys_to_mask(call) / observe(call, stats), e.g. MaskSinks;
+    it may change the model's output, nothing else does. layer_names: explicit attention module paths,
+    one per layer. store_device: where finished steps are kept (None: where they were computed).
+    keep_steps: False keeps no per-step scores (steps are still counted, maps and the intervention still
+    work): for long evaluation runs that only need the tokens.
+    """
+    model, layer_names = _as_module(model, layer_names)
+    options = CaptureOptions(maps or (), intervention, layer_names, chunk_size, store_device, keep_steps)
+    if getattr(model, "_sinklib_capture_active", False):
+        raise CaptureError("capture is already active on this model; nesting captures of one model is not supported "
+                           "(ask one capture for all maps and the intervention you need)")
+    _check_sdpa_visible(model)
+    recorder = Recorder(model, attention_layers(model, options.layer_names), options)
+    _prepare_intervention(intervention, recorder)
+    handles = _hook(model, recorder)
+    model._sinklib_capture_active = True
+    route.install()
+    try:
+        yield recorder
+    finally:
+        route.remove()
+        for handle in handles:
+            handle.remove()
+        model._sinklib_capture_active = False
+        recorder.close()
+
+
+def _prepare_intervention(intervention, recorder: Recorder) -> None:
+    if intervention is None:
+        return
+    check_fits = getattr(intervention, "check", None)
+    if callable(check_fits):
+        check_fits(recorder.layers, None)
+    intervention.reset()
+
+
+def _hook(model: nn.Module, recorder: Recorder) -> list:
+    """Forward hooks: the model's forward is a step, each attention module's forward enters and leaves a layer."""
+    handles = [model.register_forward_pre_hook(recorder.begin_step, with_kwargs=True),
+               model.register_forward_hook(recorder.end_step, always_call=True)]
+    for layer in recorder.layers:
+        handles.append(layer.module.register_forward_pre_hook(lambda module, args, layer=layer: recorder.enter_layer(layer)))
+        handles.append(layer.module.register_forward_hook(lambda module, args, out: recorder.leave_layer(), always_call=True))
+    return handles
+
+
+def _check_sdpa_visible(model: nn.Module) -> None:
+    """Native transformers models choose their attention kernel from the config: reject the ones the
+    capture cannot see before any forward runs. Remote-code models are checked on their first step."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    native = type(model).__module__.startswith("transformers.models.")
+    if native and impl not in (None, "sdpa"):
+        raise CaptureError(f"model.config._attn_implementation={impl!r} cannot be captured: sinklib sees attention through "
+                           "torch's scaled_dot_product_attention; load with attn_implementation='sdpa' or call "
+                           "model.set_attn_implementation('sdpa')")
+
+
+def _as_module(model, layer_names):
+    """A LoadedModel (sinklib.load's result) stands for its module and its layer names; anything else must be an
+    nn.Module."""
+    from sinklib.loading import LoadedModel
+
+    if isinstance(model, LoadedModel):
+        return model.model, layer_names if layer_names is not None else model.layer_names
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model={type(model).__name__} is not allowed: capture takes a torch nn.Module or the "
+                        "LoadedModel that sinklib.load returns")
+    return model, layer_names

@@ -1,0 +1,143 @@
+"""One attention call under a capture: run the model's own SDPA (with the intervention's keys masked, if any)
+and, beside it, the statistics the capture keeps (attention_math). Outputs are bit-identical to the model's
+own call when nothing is masked."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from sinklib.attention_math import AttentionStats, attention_statistics, heads_left_without_keys, mask_keys, sdpa_with_lse
+from sinklib.capture.route import original_sdpa
+from sinklib.layers import AttentionLayer
+
+
+@dataclass
+class AttentionCall:
+    """What an intervention sees of one attention call, before it runs."""
+
+    step: int
+    layer: int
+    layer_name: str
+    batch: int
+    heads: int
+    n_queries: int
+    n_keys: int
+    device: torch.device
+    _clean: Callable[[], AttentionStats]
+
+    def clean_stats(self) -> AttentionStats:
+        """Statistics of this call without any intervention (computed on first use, then cached)."""
+        return self._clean()
+
+
+@dataclass
+class SdpaArgs:
+    """The arguments the model passed to scaled_dot_product_attention, with the query in [B, heads, Sq, D]
+    (`query` as the model gave it; `q` unpacked where transformers packed a GQA decoding query)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attn_mask: torch.Tensor | None
+    dropout_p: float
+    is_causal: bool
+    scale: float | None
+    enable_gqa: bool
+    kwargs: dict
+    q: torch.Tensor = field(init=False)
+    mask: torch.Tensor | None = field(init=False)
+    packed: bool = field(init=False)
+
+    def unpack(self, layer: AttentionLayer) -> "SdpaArgs":
+        self.q, self.mask, self.packed = unpack_single_query_gqa(layer, self.query, self.key, self.attn_mask)
+        return self
+
+    def as_called(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(output, lse or None): the model's own call, unchanged."""
+        return self._sdpa(self.query, self.attn_mask, self.is_causal, self.enable_gqa, fused=not self.packed)
+
+    def with_mask(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(output in the model's layout, lse or None) with `mask` (bool or additive [B, H, Sq, Sk], the causal
+        pattern folded in) in place of the model's mask."""
+        sdpa_mask = mask.to(self.q.dtype) if mask.dtype != torch.bool else mask
+        gqa = self.enable_gqa or self.key.shape[1] != self.q.shape[1]
+        output, lse = self._sdpa(self.q, sdpa_mask, False, gqa, fused=True)
+        if self.packed:
+            output = output.reshape(*self.query.shape[:3], output.shape[-1])
+        return output, lse
+
+    def _sdpa(self, query, mask, is_causal: bool, gqa: bool, fused: bool):
+        both = sdpa_with_lse(query, self.key, self.value, mask, self.dropout_p, is_causal, self.scale, gqa,
+                             self.kwargs) if fused else None
+        if both is not None:
+            return both
+        return original_sdpa(query, self.key, self.value, attn_mask=mask, dropout_p=self.dropout_p, is_causal=is_causal,
+                             scale=self.scale, enable_gqa=gqa, **self.kwargs), None
+
+
+def attend(call: AttentionCall, args: SdpaArgs, intervention, map_heads: tuple[int, ...], stats_options: dict):
+    """(output, stats, masked keys [B, H, Sk] bool) of one call: the intervention (if any) picks keys to mask,
+    the call runs, and its statistics come from the attention as it ran."""
+    key_mask = intervention.keys_to_mask(call) if intervention is not None else None
+    if key_mask is not None:
+        key_mask = checked_key_mask(key_mask, call.batch, call.heads, call.n_keys, call.device)
+    if key_mask is None or not bool(key_mask.any()):
+        output, lse = args.as_called()
+        stats = attention_statistics(args.q, args.key, args.mask, args.is_causal, args.scale, map_heads=map_heads,
+                                     want_last_row=True, lse=lse, **stats_options)
+        call._clean = lambda: stats  # nothing was masked: the call as it ran is the clean one
+        return output, stats, torch.zeros(call.batch, call.heads, call.n_keys, dtype=torch.bool, device=call.device)
+    refuse_stranded_heads(call, args, key_mask, intervention)
+    masked = mask_keys(args.mask, args.is_causal, key_mask, call.n_queries)
+    output, lse = args.with_mask(masked)
+    stats = attention_statistics(args.q, args.key, masked, False, args.scale, map_heads=map_heads, want_last_row=True,
+                                 lse=lse, **stats_options)
+    return output, stats, key_mask
+
+
+def refuse_stranded_heads(call: AttentionCall, args: SdpaArgs, key_mask: torch.Tensor, intervention) -> None:
+    stranded = heads_left_without_keys(args.mask, args.is_causal, key_mask, call.n_queries)
+    if bool(stranded.any()):
+        b, h = (int(i) for i in stranded.nonzero()[0])
+        raise ValueError(f"intervention={intervention!r} is not allowed here: at step {call.step}, {call.layer_name} "
+                         f"(batch {b}, head {h}) it masks every key a query may attend to, which would leave "
+                         "the softmax nothing; it must leave at least one key per head")
+
+
+def clean_statistics(args: SdpaArgs, stats_options: dict) -> Callable[[], AttentionStats]:
+    """A function giving the call's statistics without any intervention, computed on first use and cached."""
+    cache: list[AttentionStats] = []
+
+    def clean() -> AttentionStats:
+        if not cache:
+            cache.append(attention_statistics(args.q, args.key, args.mask, args.is_causal, args.scale,
+                                              want_last_row=True, **stats_options))
+        return cache[0]
+    return clean
+
+
+def unpack_single_query_gqa(layer: AttentionLayer, query, key, attn_mask):
+    """transformers packs a single decoding query of a GQA model as [B, kv_heads, groups, D]; restore
+    [B, heads, 1, D] so heads stay heads. Returns (query, mask, was_packed)."""
+    heads = layer.n_heads
+    if heads is None or query.shape[1] == heads or query.shape[1] != key.shape[1] or heads % query.shape[1]:
+        return query, attn_mask, False
+    groups = heads // query.shape[1]
+    if query.shape[2] != groups:
+        return query, attn_mask, False
+    unpacked = query.reshape(query.shape[0], heads, 1, query.shape[-1])
+    if attn_mask is not None and attn_mask.dim() == 4 and attn_mask.shape[1] == query.shape[1] and attn_mask.shape[2] == groups:
+        attn_mask = attn_mask.reshape(attn_mask.shape[0], heads, 1, attn_mask.shape[-1])
+    return unpacked, attn_mask, True
+
+
+def checked_key_mask(key_mask: torch.Tensor, batch: int, heads: int, n_keys: int, device) -> torch.Tensor:
+    if key_mask.dtype != torch.bool:
+        raise TypeError(f"an intervention returned a {key_mask.dtype} key mask; it must be bool [batch, heads, keys]")
+    try:
+        return key_mask.to(device).expand(batch, heads, n_keys)
+    except RuntimeError:
+        raise ValueError(f"an intervention returned a key mask of shape {tuple(key_mask.shape)}; expected "
+                         f"[{batch}, {heads}, {n_keys}] (or broadcastable)") from None

@@ -1,0 +1,63 @@
+"""The route: while any capture is open, `torch.nn.functional.scaled_dot_product_attention` is replaced by a
+function that hands the call to the recorder of the attention layer now running (entered and left through
+that layer's forward hooks) and, outside every captured layer, to torch's own SDPA unchanged."""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch.nn.functional as F
+
+_lock = threading.Lock()
+_users = 0
+_original: Callable | None = None
+_thread_state = threading.local()  # .frames: stack of (recorder, AttentionLayer) for the running layer
+
+
+def frames() -> list:
+    """This thread's stack of (recorder, layer) pairs: the innermost captured attention layer running, last."""
+    if not hasattr(_thread_state, "frames"):
+        _thread_state.frames = []
+    return _thread_state.frames
+
+
+def original_sdpa(query, key, value, **kwargs):
+    """torch's own scaled_dot_product_attention, as it was before any capture opened."""
+    return (_original or F.scaled_dot_product_attention)(query, key, value, **kwargs)
+
+
+def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kwargs):
+    stack = frames()
+    if not stack:
+        return original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                             scale=scale, enable_gqa=enable_gqa, **kwargs)
+    recorder, layer = stack[-1]
+    return recorder.attend(layer, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, kwargs)
+
+
+def install() -> None:
+    """Route SDPA through sinklib (counted: the last `remove` of nested or concurrent captures restores torch's)."""
+    global _users, _original
+    with _lock:
+        if _users == 0:
+            _original = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = _routed_sdpa
+        _users += 1
+
+
+def remove() -> None:
+    global _users
+    with _lock:
+        _users -= 1
+        if _users == 0 and F.scaled_dot_product_attention is _routed_sdpa:
+            F.scaled_dot_product_attention = _original
+
+
+def enter(recorder, layer) -> None:
+    frames().append((recorder, layer))
+
+
+def leave(recorder) -> None:
+    stack = frames()
+    if stack and stack[-1][0] is recorder:
+        stack.pop()

@@ -1,0 +1,74 @@
+"""The step store: one forward of the captured model is one step. While a step runs, each attention layer adds
+its scores, masked keys and query count; when it ends they are stacked over layers (a layer that did not run
+gets NaN scores) and moved to the store device. Only what was asked for is kept (keep_steps=False: counts)."""
+from __future__ import annotations
+
+import torch
+
+from sinklib._checks import check_int
+
+FIELDS = {"scores": float("nan"), "masked": False, "query_count": float("nan")}  # → fill for a layer that did not run
+
+
+class StepStore:
+    """Finished steps, each {"scores": [layers, batch, heads, keys] float32, "masked": same shape bool,
+    "query_count": [layers, batch]}, and the step being recorded."""
+
+    def __init__(self, n_layers: int, store_device: str | torch.device | None, keep_steps: bool) -> None:
+        self.n_layers = n_layers
+        self.store_device = store_device
+        self.keep_steps = keep_steps
+        self.completed = 0
+        self.current: dict | None = None
+        self._steps: list[dict] = []
+
+    def begin(self) -> None:
+        self.current = {name: {} for name in FIELDS} | {"layers_ran": set()}
+
+    def add(self, layer: int, scores: torch.Tensor, masked: torch.Tensor, query_count: torch.Tensor) -> None:
+        """One attention layer's result for the step being recorded."""
+        self.current["scores"][layer] = scores
+        self.current["masked"][layer] = masked
+        self.current["query_count"][layer] = query_count
+
+    def end(self) -> dict | None:
+        """Close the step being recorded; it counts (and is kept) only if some attention call was seen.
+        Returns the raw record (None if none was open)."""
+        record, self.current = self.current, None
+        if record is not None and record["scores"]:
+            self.completed += 1
+            if self.keep_steps:
+                self._steps.append(self._stacked(record))
+        return record
+
+    def _stacked(self, record: dict) -> dict:
+        template = next(iter(record["scores"].values()))
+        width = max(value.shape[-1] for value in record["scores"].values())
+        stacked = {}
+        for name, fill in FIELDS.items():
+            shape = template.shape[:1] if name == "query_count" else (*template.shape[:-1], width)
+            dtype = torch.bool if name == "masked" else torch.float32
+            rows = [record[name].get(index) for index in range(self.n_layers)]
+            rows = [torch.full(shape, fill, dtype=dtype, device=template.device) if row is None else row for row in rows]
+            stacked[name] = torch.stack(rows) if self.store_device is None else torch.stack(rows).to(self.store_device)
+        return stacked
+
+    def require(self) -> None:
+        if not self.keep_steps:
+            raise ValueError("this capture was opened with keep_steps=False: it kept no per-step scores "
+                             "(open it with keep_steps=True to read them)")
+
+    def step(self, step: int, name: str = "scores") -> torch.Tensor:
+        self.require()
+        return self._steps[check_int(step, "step", 0, self.completed - 1)][name]
+
+    def stack(self, name: str) -> torch.Tensor:
+        """[steps, layers, …] of one field; steps with fewer keys (KV-cache decoding) are padded with its fill."""
+        self.require()
+        if not self._steps:
+            raise ValueError("no step was recorded: run a forward pass of the model inside the capture first")
+        if name == "query_count":
+            return torch.stack([step[name] for step in self._steps])
+        width = max(step[name].shape[-1] for step in self._steps)
+        return torch.stack([torch.nn.functional.pad(step[name], (0, width - step[name].shape[-1]), value=FIELDS[name])
+                            for step in self._steps])
