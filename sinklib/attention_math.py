@@ -70,66 +70,99 @@ def attention_statistics(
     n_keys = k.shape[-2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     mask = as_4d(attn_mask) if attn_mask is not None else None
-    key_only = mask is None or (mask.shape[-2] == 1 and not is_causal)
-    if (lse is not None and key_only and not map_heads and query_weight is None and chunk_size is None
-            and (not is_causal or n_queries == n_keys)):
+    if lse is not None and not map_heads and query_weight is None and chunk_size is None and _transposable(mask, is_causal, q, k):
         return _statistics_by_transposed_lse(q, k, mask, is_causal, scale, lse, want_last_row)
-    keys_t = repeat_heads(k, heads).float().transpose(-1, -2)
-    if chunk_size is None:
-        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // max(1, batch * heads * n_keys))
-    scores = torch.zeros(batch, heads, n_keys, dtype=torch.float32, device=q.device)
-    query_count = torch.zeros(batch, dtype=torch.float32, device=q.device)
-    key_valid = torch.zeros(batch, n_keys, dtype=torch.bool, device=q.device)
-    maps = {h: torch.empty(batch, n_queries, n_keys, dtype=torch.float32, device=q.device) for h in map_heads}
+    chunk_size = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // max(1, batch * heads * n_keys))
+    logits_of = _chunk_logits(q, k, scale)
+    totals = _Totals(batch, heads, n_queries, n_keys, map_heads, q.device)
     probs = None
-    # A bf16 model on a GPU: every bf16 value is exact in TF32, so q·kᵀ in TF32 forms each product exactly and
-    # accumulates in fp32 — an fp32 result at tensor-core speed — provided the scale is applied afterwards
-    # (q·scale would no longer be a bf16 value). Elsewhere scale the small [Sq, D] side, not the logits.
-    tf32 = q.is_cuda and q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16
-    q_scaled = q.float() if tf32 else q.float() * scale
     for start in range(0, n_queries, chunk_size):
         stop = min(start + chunk_size, n_queries)
-        if tf32:
-            with _tf32_matmul():
-                logits = torch.matmul(q_scaled[:, :, start:stop], keys_t).mul_(scale)
+        logits = logits_of(start, stop)
+        part, allowed = _apply_masks(logits, mask, is_causal, n_queries, start, stop)
+        probs = _probabilities(logits, None if lse is None else lse[:, :, start:stop], part, allowed)
+        totals.add(probs, allowed, None if query_weight is None else query_weight[:, start:stop].float(), start, stop)
+    last_row = probs[:, :, -1].clone() if (want_last_row and probs is not None) else None
+    return AttentionStats(totals.scores, totals.query_count, totals.key_valid, totals.maps, last_row)
+
+
+def _transposable(mask: torch.Tensor | None, is_causal: bool, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the column sums can come from a second fused call (see _statistics_by_transposed_lse): a mask
+    that is the same for every query, and a causal pattern only when it is square."""
+    key_only = mask is None or (mask.shape[-2] == 1 and not is_causal)
+    return key_only and (not is_causal or q.shape[-2] == k.shape[-2])
+
+
+def _probabilities(logits: torch.Tensor, lse: torch.Tensor | None, part: torch.Tensor | None,
+                   allowed: torch.Tensor | None) -> torch.Tensor:
+    """The chunk's attention probabilities (in place of its masked logits): a softmax, or exp(logit − lse)."""
+    probs = torch.softmax(logits, dim=-1) if lse is None else logits.sub_(lse[..., None].float()).exp_()
+    if part is not None:
+        probs.nan_to_num_(0.0)  # a fully masked row (bool or −inf mask) attends to nothing
+        if part.dtype != torch.bool:  # a row masked with finfo.min softmaxes to uniform: drop it too
+            probs.masked_fill_(~allowed.any(-1, keepdim=True), 0.0)
+    return probs
+
+
+def _chunk_logits(q: torch.Tensor, k: torch.Tensor, scale: float):
+    """A function (start, stop) → float32 logits [B, H, stop − start, Sk] of those query rows.
+
+    A bf16 model on a GPU: every bf16 value is exact in TF32, so q·kᵀ in TF32 forms each product exactly and
+    accumulates in fp32 — an fp32 result at tensor-core speed — provided the scale is applied afterwards
+    (q·scale would no longer be a bf16 value). Elsewhere scale the small [Sq, D] side, not the logits."""
+    keys_t = repeat_heads(k, q.shape[1]).float().transpose(-1, -2)
+    tf32 = q.is_cuda and q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16
+    q_scaled = q.float() if tf32 else q.float() * scale
+
+    def logits(start: int, stop: int) -> torch.Tensor:
+        if not tf32:
+            return torch.matmul(q_scaled[:, :, start:stop], keys_t)
+        with _tf32_matmul():
+            return torch.matmul(q_scaled[:, :, start:stop], keys_t).mul_(scale)
+    return logits
+
+
+def _apply_masks(logits: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, n_queries: int, start: int, stop: int):
+    """Mask the chunk's logits in place; returns (the mask's rows for the chunk, allowed [.., chunk, Sk] or None)."""
+    part = allowed = None
+    if mask is not None:
+        part = mask if mask.shape[-2] == 1 else mask[..., start:stop, :]
+        if part.dtype == torch.bool:
+            logits.masked_fill_(~part, float("-inf"))
         else:
-            logits = torch.matmul(q_scaled[:, :, start:stop], keys_t)
-        allowed = None
-        if mask is not None:
-            part = mask if mask.shape[-2] == 1 else mask[..., start:stop, :]
-            if part.dtype == torch.bool:
-                logits.masked_fill_(~part, float("-inf"))
-            else:
-                logits.add_(part.float())
-            allowed = allowed_from_mask(part)
-        if is_causal:
-            causal = causal_allowed(n_queries, n_keys, q.device, start, stop)
-            logits.masked_fill_(~causal, float("-inf"))
-            allowed = causal[None, None] if allowed is None else allowed & causal
-        if lse is None:
-            probs = torch.softmax(logits, dim=-1)
-        else:
-            probs = logits.sub_(lse[:, :, start:stop, None].float()).exp_()
-        if mask is not None:
-            probs.nan_to_num_(0.0)  # a fully masked row (bool or −inf mask) attends to nothing
-            if part.dtype != torch.bool:  # a row masked with finfo.min softmaxes to uniform: drop it too
-                probs.masked_fill_(~allowed.any(-1, keepdim=True), 0.0)
+            logits.add_(part.float())
+        allowed = allowed_from_mask(part)
+    if is_causal:
+        causal = causal_allowed(n_queries, logits.shape[-1], logits.device, start, stop)
+        logits.masked_fill_(~causal, float("-inf"))
+        allowed = causal[None, None] if allowed is None else allowed & causal
+    return part, allowed
+
+
+class _Totals:
+    """Running sums over query chunks: scores [B, H, Sk], live query rows [B], valid keys [B, Sk], kept maps."""
+
+    def __init__(self, batch: int, heads: int, n_queries: int, n_keys: int, map_heads: tuple[int, ...], device) -> None:
+        self.scores = torch.zeros(batch, heads, n_keys, dtype=torch.float32, device=device)
+        self.query_count = torch.zeros(batch, dtype=torch.float32, device=device)
+        self.key_valid = torch.zeros(batch, n_keys, dtype=torch.bool, device=device)
+        self.maps = {h: torch.empty(batch, n_queries, n_keys, dtype=torch.float32, device=device) for h in map_heads}
+
+    def add(self, probs: torch.Tensor, allowed: torch.Tensor | None, weight: torch.Tensor | None, start: int, stop: int) -> None:
+        batch = self.scores.shape[0]
         if allowed is None:
-            row_live = torch.ones(batch, stop - start, device=q.device)
-            key_valid.fill_(True)
+            row_live = torch.ones(batch, stop - start, device=probs.device)
+            self.key_valid.fill_(True)
         else:
             row_live = allowed.any(-1).any(1).expand(batch, stop - start).float()  # [B, chunk]
-            key_valid |= allowed.any(-2).any(1).expand(batch, n_keys)
-        if query_weight is not None:
-            weight = query_weight[:, start:stop].float()
+            self.key_valid |= allowed.any(-2).any(1).expand(batch, self.key_valid.shape[-1])
+        if weight is not None:
             probs.mul_(weight[:, None, :, None])
             row_live = row_live * weight
-        scores += probs.sum(-2)
-        query_count += row_live.sum(-1)
-        for h in map_heads:
-            maps[h][:, start:stop] = probs[:, h]
-    last_row = probs[:, :, -1].clone() if (want_last_row and probs is not None) else None
-    return AttentionStats(scores, query_count, key_valid, maps, last_row)
+        self.scores += probs.sum(-2)
+        self.query_count += row_live.sum(-1)
+        for h in self.maps:
+            self.maps[h][:, start:stop] = probs[:, h]
 
 
 class _tf32_matmul:

@@ -207,8 +207,7 @@ def load(
     if family is not None:
         check_choice(family, "family", family_names())
     if isinstance(dtype, str):
-        check_choice(dtype, "dtype", list(_DTYPES))
-        dtype = _DTYPES[dtype]
+        dtype = _DTYPES[check_choice(dtype, "dtype", list(_DTYPES))]
     fixes: list[str] = []
     if isinstance(name_or_model, nn.Module):
         model, name = name_or_model, type(name_or_model).__name__
@@ -218,25 +217,41 @@ def load(
         if not name:
             raise bad_value("name_or_model", name, "a hub id, a local folder, a zoo name or an nn.Module")
         model, config, tokenizer = _open_checkpoint(name, family, dtype, trust_remote_code, tokenizer, fixes)
-    _check_family(family, infer_family(config) if config is not None else None, name)
-    family = family or infer_family(config)
-    if family is None:
-        raise ValueError(f"cannot tell the family of {name!r} from its config: pass family= one of {family_names()}")
-    spec = get_family(family)
-    if device is not None:
-        model = model.to(device)
-    if dtype is not None and dtype != "auto" and isinstance(name_or_model, nn.Module):
-        model = model.to(dtype)
-    model.eval()
-    native = type(model).__module__.startswith("transformers.models.")
-    bidirectional = native and compat.is_bidirectional(config)
-    if bidirectional and compat.make_bidirectional(model) and compat.transformers_major() < 5:
-        fixes.append("bidirectional_attention")
+    spec = _resolve_family(family, config, name)
+    model = _placed(model, device, dtype if isinstance(name_or_model, nn.Module) else None)
+    bidirectional = _bidirectional(model, config, fixes)
     resolved_mask, eos, pad = _special_ids(spec, config, tokenizer, mask_id, eos_ids, name)
     max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
     return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
                        name=name, calling=_calling_for(model, spec), max_length=max_length,
                        extra={"compat": fixes, "bidirectional": bidirectional})
+
+
+def _resolve_family(family: str | None, config, name: str):
+    """The Family the caller named (checked against the config's) or the one the config declares."""
+    _check_family(family, infer_family(config) if config is not None else None, name)
+    family = family or infer_family(config)
+    if family is None:
+        raise ValueError(f"cannot tell the family of {name!r} from its config: pass family= one of {family_names()}")
+    return get_family(family)
+
+
+def _placed(model: nn.Module, device, dtype) -> nn.Module:
+    """The model on `device`, cast to `dtype` (a model object the caller gave; checkpoints load in theirs), in eval mode."""
+    if device is not None:
+        model = model.to(device)
+    if dtype is not None and dtype != "auto":
+        model = model.to(dtype)
+    return model.eval()
+
+
+def _bidirectional(model: nn.Module, config, fixes: list[str]) -> bool:
+    """Whether a native transformers model is configured bidirectional, making its attention so where this
+    transformers version would not (recorded in `fixes`)."""
+    bidirectional = type(model).__module__.startswith("transformers.models.") and compat.is_bidirectional(config)
+    if bidirectional and compat.make_bidirectional(model) and compat.transformers_major() < 5:
+        fixes.append("bidirectional_attention")
+    return bidirectional
 
 
 def _open_checkpoint(name: str, family: str | None, dtype, trust_remote_code: bool, tokenizer, fixes: list[str]):

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tqdm.auto import tqdm
 
@@ -174,18 +174,8 @@ def sampler_settings(model: LoadedModel, settings: dict[str, Any]) -> dict[str, 
     return settings
 
 
-def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int | None = None, batch_size: int = 8,
-             out: str | Path | None = None, seed: int = 0, progress: bool = True, task_path: str | None = None,
-             allow_code_execution: bool = False, sandbox: SandboxLimits | None = None, **settings) -> EvalSummary:
-    """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
-
-    Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
-    seconds, config_hash) and resumes from it: batches are fixed slices of the task with a seed of their own, so
-    an interrupted and resumed run writes the same records as an uninterrupted one, sampled decoding (temperature
-    > 0) and MaskRandomKeys included. batch_size is part of the configuration for that reason.
-    Returns mean ± standard error over the samples.
-    HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
-    process (sinklib.evaluation.sandbox; `sandbox` sets its limits)."""
+def _checked(model, task: str, intervention, limit, batch_size, seed, allow_code_execution: bool):
+    """(LoadedModel, TaskSpec), refusing bad arguments before any model runs."""
     from sinklib.capture import check_intervention
     from sinklib.loading import load
 
@@ -201,22 +191,81 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int 
     check_int(seed, "seed", 0)
     check_intervention(intervention)
     require_code_execution_opt_in(spec, allow_code_execution, "evaluate")
+    return model, spec
+
+
+def _open_results(out_path: Path | None, digest: str, config: dict):
+    """(locked append handle or None, records already finished under this configuration by id)."""
+    if out_path is None:
+        return None, {}
+    handle = _lock(out_path)
+    try:
+        repair_tail(out_path, digest)
+        write_provenance(out_path, digest, config)
+        return handle, _read_done(out_path, digest)
+    except BaseException:
+        _close(handle, out_path)
+        raise
+
+
+@dataclass
+class _Run:
+    """One evaluation's fixed parts: what a batch needs to generate and score its samples."""
+
+    model: LoadedModel
+    spec: Any
+    intervention: Any
+    settings: dict
+    sandbox: SandboxLimits | None
+    digest: str
+    seed: int
+
+    def batch(self, index: int, batch: list, done: dict) -> Iterator[dict]:
+        """Records of the batch's samples not yet done, each as soon as it is scored (the whole batch is
+        generated, so a resumed run matches an uninterrupted one)."""
+        if all(s.id in done for s in batch):
+            return
+        began = time.perf_counter()
+        traces = generate(self.model, [s.prompt for s in batch], seed=batch_seed(self.seed, index), chat=self.spec.chat,
+                          progress=False, intervention=self.intervention, keep_scores=False, **self.settings)
+        seconds = (time.perf_counter() - began) / len(batch)
+        for sample, trace in zip(batch, traces):
+            if sample.id not in done:  # those finished before an interruption were regenerated only to keep the batch whole
+                yield {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,
+                       **self.spec.score(trace.text, sample, self.sandbox), "seconds": round(seconds, 4),
+                       "config_hash": self.digest}
+
+
+def _summary(task: str, records: list[dict], limit) -> EvalSummary:
+    if not records:
+        raise bad_value("limit", limit, "a number that leaves at least one sample")
+    accuracy = sum(r["correct"] for r in records) / len(records)
+    flexible = (sum(r["correct_flexible"] for r in records) / len(records)) if "correct_flexible" in records[0] else None
+    stderr = math.sqrt(accuracy * (1 - accuracy) / max(1, len(records) - 1))
+    return EvalSummary(task, len(records), accuracy, stderr, flexible, records)
+
+
+def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int | None = None, batch_size: int = 8,
+             out: str | Path | None = None, seed: int = 0, progress: bool = True, task_path: str | None = None,
+             allow_code_execution: bool = False, sandbox: SandboxLimits | None = None, **settings) -> EvalSummary:
+    """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
+
+    Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
+    seconds, config_hash) and resumes from it: batches are fixed slices of the task with a seed of their own, so
+    an interrupted and resumed run writes the same records as an uninterrupted one, sampled decoding (temperature
+    > 0) and MaskRandomKeys included. batch_size is part of the configuration for that reason.
+    Returns mean ± standard error over the samples.
+    HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
+    process (sinklib.evaluation.sandbox; `sandbox` sets its limits)."""
+    model, spec = _checked(model, task, intervention, limit, batch_size, seed, allow_code_execution)
     settings = sampler_settings(model, settings)
     samples = spec.load(task_path)[:limit]
     if spec.executes_code:
         sandbox = sandbox or SandboxLimits()
     config = run_config(model, task, intervention, limit, seed, batch_size, task_path, sandbox, settings)
-    digest = config_hash(config)
+    run = _Run(model, spec, intervention, settings, sandbox, config_hash(config), seed)
     out_path = Path(out) if out is not None else None
-    handle = _lock(out_path) if out_path else None
-    try:
-        if out_path:
-            repair_tail(out_path, digest)
-            write_provenance(out_path, digest, config)
-        done = _read_done(out_path, digest) if out_path else {}
-    except BaseException:
-        _close(handle, out_path)
-        raise
+    handle, done = _open_results(out_path, run.digest, config)
     # Batches are fixed slices of the task, each with its own seed, so a sample's output never depends on
     # which samples an interrupted run had finished: sampled decoding and random-key masking resume exactly.
     batches = [samples[start:start + batch_size] for start in range(0, len(samples), batch_size)]
@@ -224,30 +273,13 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int 
         with tqdm(total=len(samples), initial=sum(s.id in done for s in samples), desc=f"{task} {model.name}",
                   disable=not progress) as bar:
             for index, batch in enumerate(batches):
-                missing = [s for s in batch if s.id not in done]
-                if not missing:
-                    continue
-                began = time.perf_counter()
-                traces = generate(model, [s.prompt for s in batch], seed=batch_seed(seed, index), chat=spec.chat,
-                                          progress=False, intervention=intervention, keep_scores=False, **settings)
-                seconds = (time.perf_counter() - began) / len(batch)
-                for sample, trace in zip(batch, traces):
-                    if sample.id in done:
-                        continue  # finished before an interruption; regenerated only to keep the batch whole
-                    record = {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,
-                              **spec.score(trace.text, sample, sandbox), "seconds": round(seconds, 4), "config_hash": digest}
-                    done[sample.id] = record
+                for record in run.batch(index, batch, done):
+                    done[record["id"]] = record
                     if handle:
                         handle.write(json.dumps(record) + "\n")
                         handle.flush()
                         os.fsync(handle.fileno())
-                bar.update(len(missing))
+                    bar.update(1)
     finally:
         _close(handle, out_path)
-    records = [done[s.id] for s in samples]
-    if not records:
-        raise bad_value("limit", limit, "a number that leaves at least one sample")
-    accuracy = sum(r["correct"] for r in records) / len(records)
-    flexible = (sum(r["correct_flexible"] for r in records) / len(records)) if "correct_flexible" in records[0] else None
-    stderr = math.sqrt(accuracy * (1 - accuracy) / max(1, len(records) - 1))
-    return EvalSummary(task, len(records), accuracy, stderr, flexible, records)
+    return _summary(task, [done[s.id] for s in samples], limit)

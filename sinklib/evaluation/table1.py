@@ -119,19 +119,8 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     block_length for LLaDA/MMaDA only). Each run is written to out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
     a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
     require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
-    if isinstance(models, (str, os.PathLike, LoadedModel)):
-        models = [models]  # one model, not a sequence of characters
-    models = list(models)
-    if not models or not all(isinstance(m, (str, os.PathLike, LoadedModel)) for m in models):
-        raise bad_value("models", models, "a non-empty list of loaded models or model names")
-    if isinstance(ks, (str, int)) or not ks:
-        raise bad_value("ks", ks, "a non-empty list of integers >= 0")
-    for k in ks:
-        check_int(k, "ks", 0)
-    check_eps(eps)
-    check_choice(source, "source", ["previous_step", "previous_step_clean", "same_step"])
-    if limit is not None:
-        check_int(limit, "limit", 1)
+    models = _checked_models(models)
+    _check_conditions(ks, eps, source, limit)
     rows = []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)
@@ -148,6 +137,27 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
             rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": summary.accuracy,
                          "stderr": summary.stderr, "n": summary.n, "accuracy_flexible": summary.accuracy_flexible})
     return MaskingTable(pd.DataFrame(rows), task)
+
+
+def _checked_models(models) -> list:
+    if isinstance(models, (str, os.PathLike, LoadedModel)):
+        models = [models]  # one model, not a sequence of characters
+    models = list(models)
+    if not models or not all(isinstance(m, (str, os.PathLike, LoadedModel)) for m in models):
+        raise bad_value("models", models, "a non-empty list of loaded models or model names")
+    return models
+
+
+def _check_conditions(ks, eps: float, source: str, limit: int | None) -> None:
+    """Refuse bad Table 1 settings before any model loads."""
+    if isinstance(ks, (str, int)) or not ks:
+        raise bad_value("ks", ks, "a non-empty list of integers >= 0")
+    for k in ks:
+        check_int(k, "ks", 0)
+    check_eps(eps)
+    check_choice(source, "source", ["previous_step", "previous_step_clean", "same_step"])
+    if limit is not None:
+        check_int(limit, "limit", 1)
 
 
 def masking_tables(run) -> dict[str, MaskingTable]:

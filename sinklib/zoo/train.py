@@ -151,6 +151,23 @@ def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaFo
     return model
 
 
+def objective_loss(spec: ZooSpec, model, batch, mask_id: int, generator: torch.Generator) -> torch.Tensor:
+    """The spec's training loss on one batch: next-token (arm) or masked diffusion (llada; dream shifted)."""
+    if spec.objective == "arm":
+        return next_token_loss(model, batch)
+    return masked_diffusion_loss(model, batch, mask_id, generator, shifted=spec.objective == "dream",
+                                 stratified=spec.stratified_t)
+
+
+def _update(model, optimizer: torch.optim.Optimizer, loss: torch.Tensor, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+
+
 def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = True, threads: int = 2,
           curve_path: Path | None = None, spec: ZooSpec | None = None) -> tuple[transformers.LlamaForCausalLM, list[dict]]:
     """Train one zoo model from its seed; returns the model and the loss curve (one row per step).
@@ -172,18 +189,9 @@ def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = T
     start = time.perf_counter()
     for step in tqdm(range(total), desc=f"train {name}", disable=not progress):
         batch = make_batch([next(stream) for _ in range(spec.batch_size)], tokenizer)
-        if spec.objective == "arm":
-            loss = next_token_loss(model, batch)
-        else:
-            loss = masked_diffusion_loss(model, batch, tokenizer.mask_token_id, generator, shifted=spec.objective == "dream",
-                                         stratified=spec.stratified_t)
+        loss = objective_loss(spec, model, batch, tokenizer.mask_token_id, generator)
         lr = learning_rate(spec, step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        _update(model, optimizer, loss, lr)
         row = {"step": step, "loss": float(loss.detach()), "lr": lr, "seconds": round(time.perf_counter() - start, 3)}
         curve.append(row)
         if writer:
