@@ -5,6 +5,7 @@ from sinklib.interventions import Intervention, MaskKeys, MaskRandomKeys, MaskSi
 from sinklib.layers import AttentionLayer, attention_layers
 from sinklib.loading import LoadedModel, load
 from sinklib.sinks import (
+    SinkRule,
     causal_uniform_scores,
     find_sinks,
     in_units,
@@ -21,6 +22,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionCall", "AttentionLayer", "CaptureError", "Intervention", "MaskKeys", "MaskRandomKeys", "MaskSinks",
-    "LoadedModel", "Recorder", "Trace", "evaluate", "generate", "load", "attention_layers", "capture", "causal_uniform_scores", "find_sinks", "in_units",
+    "LoadedModel", "Recorder", "SinkRule", "Trace", "evaluate", "generate", "load", "attention_layers", "capture", "causal_uniform_scores", "find_sinks", "in_units",
     "positions_to_mask", "sink_margin", "threshold_sweep", "top_sinks", "uniform_scores",
 ]

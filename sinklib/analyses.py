@@ -86,8 +86,9 @@ def moving_sinks(models: Models, traces: Traces, eps: float) -> Result:
     for name, model_traces in traces.items():
         if not _diffusion(models, name):
             continue
-        events.append(dynamics.moving_events(model_traces, eps).assign(model=name))
-        top = dynamics.top_moving_event(model_traces, eps)
+        found = dynamics.moving_events(model_traces, eps)
+        events.append(found.assign(model=name))
+        top = dynamics.top_moving_event(found)
         if top is not None:
             trace = model_traces[int(top["trace"])]
             step, layer, head = int(top["step"]), int(top["layer"]), int(top["head"])

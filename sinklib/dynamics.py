@@ -231,10 +231,9 @@ def transient_events(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
     return pd.concat([transient_sinks(t, eps).assign(trace=i) for i, t in enumerate(traces)])
 
 
-def top_moving_event(traces: Sequence[Trace], eps: float = 3.0) -> pd.Series | None:
-    """The strongest moving-sink event over every trace (greatest score; ties: the earliest trace, then step),
-    with its `trace` index; None when no sink moved."""
-    events = moving_events(traces, eps)
+def top_moving_event(events: pd.DataFrame) -> pd.Series | None:
+    """The strongest of `moving_events(traces, eps)` (greatest score; ties: the earliest trace, then step), with
+    its `trace` index; None when no sink moved. Takes the events already found, so they are computed once."""
     if not len(events):
         return None
     return events.sort_values(["score", "trace", "step"], ascending=[False, True, True], kind="stable").iloc[0]

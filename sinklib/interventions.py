@@ -14,7 +14,7 @@ from sinklib.attention_math import AttentionStats
 from sinklib.capture import AttentionCall
 from sinklib.layers import AttentionLayer
 from sinklib.registry import Registry
-from sinklib.sinks import positions_to_mask, single_row_scores, top_sinks
+from sinklib.sinks import SinkRule, positions_to_mask, single_row_scores
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -114,6 +114,11 @@ class MaskSinks(Intervention):
                 source=check_choice(self.source, "source", self.SOURCES),
                 rows=check_choice(self.rows, "rows", self.ROWS), threshold=bool(self.threshold))
 
+    @property
+    def rule(self) -> SinkRule:
+        """The Eq. 3 rule this policy picks sinks with (sum units after key normalisation)."""
+        return SinkRule(self.eps)
+
     def reset(self) -> None:
         self._chosen.clear()
 
@@ -121,7 +126,7 @@ class MaskSinks(Intervention):
         """bool [batch, heads, keys]: the top-K sinks of these statistics under this policy's rule."""
         scores = key_normalised(stats, self.rows)
         k = min(self.top_k, scores.shape[-1])
-        positions = top_sinks(scores, k, self.eps, valid=stats.key_valid[:, None, :], threshold=self.threshold)
+        positions = self.rule.top(scores, k, valid=stats.key_valid[:, None, :], threshold=self.threshold)
         return positions_to_mask(positions, scores.shape[-1])
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from sinklib._checks import did_you_mean
 from sinklib.registry import Registry
+from sinklib.sinks import SinkRule
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,13 @@ class MovingSinksRun(TracesRun):
     NOTEBOOK = "02_moving_sinks"
     eps: float = 3.0
 
+    def __post_init__(self) -> None:
+        self.rule  # a bad eps is refused here, before any model loads
+
+    @property
+    def rule(self) -> SinkRule:
+        return SinkRule(self.eps)
+
 
 @dataclass(frozen=True)
 class ThresholdSweepRun(TracesRun):
@@ -155,6 +163,28 @@ class ExplorerRun(RunConfig):
     seed: int = 0
     eps: float = 3.0
     figures_dir: str = "../figures"
+
+    def __post_init__(self) -> None:
+        SinkRule(self.eps)  # a bad eps is refused here, before any model loads
+
+    def explore(self) -> tuple:
+        """(the first model loaded, its generation of `prompt`): what the explorer shows."""
+        from sinklib import experiments
+        from sinklib.loading import load
+
+        loaded = load(self.models[0], **self._load_options())
+        return loaded, experiments.demo_trace(loaded, self.prompt, self.seed, self.steps, self.gen_length, self.block_length)
+
+    def export_pages(self, traces: Mapping[str, Any]) -> list[Path]:
+        """figures_dir/explorer_<model>.html for every model (those in `traces` reuse their trace)."""
+        from sinklib.explorer import export_pages
+
+        return export_pages(self.models, self.figures_dir, self.prompt, traces=traces, eps=self.eps, seed=self.seed,
+                            load_options=self._load_options(),
+                            sampling=dict(steps=self.steps, gen_length=self.gen_length, block_length=self.block_length))
+
+    def _load_options(self) -> dict:
+        return dict(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
 
 
 RUNS: Registry[type] = Registry("notebook", {cls.NOTEBOOK: cls for cls in

@@ -5,6 +5,7 @@ pass the mean over keys is exactly 1). The last dimension is always the key axis
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -126,6 +127,33 @@ def top_sinks(
     values, positions = ranked.sort(dim=-1, descending=True, stable=True)  # ties: lower position first
     values, positions = values[..., :k], positions[..., :k]
     return torch.where(torch.isfinite(values), positions, torch.full_like(positions, -1))
+
+
+@dataclass(frozen=True)
+class SinkRule:
+    """The sink rule (Eq. 3) as one value: key j is a sink when s_j > mean_{k≠j} s_k + eps, compared in `units`
+    ("sum": Σ over queries, mean 1 over keys for a square pass; "mean": divided by the query rows). Checked when
+    made, so a bad eps or units is refused before any model runs."""
+
+    eps: float = 3.0
+    units: str = "sum"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eps", check_eps(self.eps))
+        check_choice(self.units, "units", UNITS)
+
+    def find(self, scores: torch.Tensor, *, valid: torch.Tensor | None = None,
+             n_queries: torch.Tensor | int | None = None) -> torch.Tensor:
+        """bool, shaped like scores [..., keys]: the sinks under this rule (find_sinks)."""
+        return find_sinks(scores, self.eps, self.units, valid=valid, n_queries=n_queries)
+
+    def top(self, scores: torch.Tensor, k: int, *, valid: torch.Tensor | None = None, threshold: bool = True) -> torch.Tensor:
+        """int64 [..., k]: positions of the k strongest sinks under this rule, best first, −1-padded (top_sinks)."""
+        return top_sinks(scores, k, self.eps, self.units, valid=valid, threshold=threshold)
+
+    def share(self, scores: torch.Tensor | Sequence[torch.Tensor], *, valid: torch.Tensor | None = None) -> float:
+        """The share of valid tokens this rule selects (one row of threshold_sweep)."""
+        return float(threshold_sweep(scores, [self.eps], self.units, valid=valid)["share"].iloc[0])
 
 
 def positions_to_mask(positions: torch.Tensor, n_keys: int) -> torch.Tensor:

@@ -129,6 +129,6 @@ def test_the_top_moving_event_is_the_strongest_over_every_prompt():
     strong.scores[4, 0, 0, 2] = 7.0  # the second prompt's move at step 4 (6 → 2) lands on the strongest sink
     events = dynamics.moving_events([weak, strong])
     assert events["trace"].tolist() == [0, 1, 1]
-    top = dynamics.top_moving_event([weak, strong])
+    top = dynamics.top_moving_event(events)
     assert (int(top["trace"]), int(top["step"]), int(top["position"])) == (1, 4, 2)
-    assert dynamics.top_moving_event([build_trace([0, 0, 0])]) is None
+    assert dynamics.top_moving_event(dynamics.moving_events([build_trace([0, 0, 0])])) is None

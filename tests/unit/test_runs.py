@@ -88,3 +88,10 @@ def test_the_code_identity_is_a_hash_of_the_sources_not_a_commit_or_a_time(tmp_p
     (folder / "a.py").write_text("x = 2\n")
     assert provenance.source_hash(folder) != first
     assert provenance.code_identity() == provenance.source_hash(provenance.PACKAGE)
+
+
+@pytest.mark.parametrize("config", [runs.MovingSinksRun, runs.ExplorerRun])
+def test_a_run_with_a_bad_eps_is_refused_before_any_model_loads(config):
+    with pytest.raises(ValueError, match=r"eps=-2.0 is not allowed: eps must be a finite number >= 0"):
+        config(models=["no-such-model"], eps=-2.0)
+    assert config(eps=1.0).eps == 1.0

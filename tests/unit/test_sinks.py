@@ -133,3 +133,20 @@ def test_a_single_row_in_sum_units_has_mean_one_over_its_keys():
     scaled = sinklib.sinks.single_row_scores(row, 7)
     torch.testing.assert_close(scaled.mean(-1), torch.ones(3, 4))
     assert bool(sinklib.find_sinks(scaled, 3.0).any()) == bool((scaled - (7 - scaled) / 6 > 3.0).any())
+
+
+def test_a_sink_rule_is_eq_3_by_the_definition_and_refuses_bad_settings_when_made():
+    scores = heavy_tailed(4, 40, seed=3)
+    rule = sinklib.SinkRule(eps=1.5)
+    for row, mask in zip(scores.tolist(), rule.find(scores).tolist()):
+        assert mask == reference_sinks(row, 1.5)
+    top = rule.top(scores, 3)
+    for row, positions, mask in zip(scores.tolist(), top.tolist(), rule.find(scores).tolist()):
+        sinks = sorted((j for j in range(40) if mask[j]), key=lambda j: (-row[j], j))[:3]
+        assert positions == sinks + [-1] * (3 - len(sinks))
+    assert rule.share(scores) == sum(map(sum, rule.find(scores).tolist())) / scores.numel()
+    assert sinklib.SinkRule(3) == sinklib.SinkRule(3.0, "sum") and hash(sinklib.SinkRule(3)) == hash(sinklib.SinkRule(3.0))
+    with pytest.raises(ValueError, match=r"eps=-1 is not allowed: eps must be a finite number >= 0"):
+        sinklib.SinkRule(-1)
+    with pytest.raises(ValueError, match=r"units='means' is not allowed.*did you mean 'mean'"):
+        sinklib.SinkRule(units="means")
