@@ -97,7 +97,7 @@ def peak_growth(name: str, width: int, seq: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds at S = 1024; shorter forwards get more")
     parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args()
     import pandas as pd
@@ -108,7 +108,8 @@ def main() -> None:
     rows = []
     for width in widths:
         for seq in tqdm(lengths, desc=f"d {width}"):
-            rounds = args.rounds if seq <= 1024 else max(3, args.rounds - 2)
+            # a 15 ms forward on a shared 2-core machine needs many rounds for a stable median; a 1 s one does not
+            rounds = max(3, args.rounds * 1024 // seq) if seq < 1024 else max(3, args.rounds * 1024 // seq + 1)
             times = timings(width, seq, rounds)
             for name in ROUTES:
                 row = {"device": "cpu", "threads": torch.get_num_threads(), "width": width, "seq": seq, "route": name,

@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-DEFAULT_CHUNK_ELEMENTS = 1 << 22  # ≈ 16 MB of float32 probabilities per chunk
+# The memory budget of one query chunk, in float32 (query, key) pairs: a GPU wants few large launches (16 MB);
+# a CPU wants the chunk to stay in cache (2 MB: fastest of 1–16 MB at head dims 32 and 64, S 512–2048, measured).
+DEFAULT_CHUNK_ELEMENTS = 1 << 22
+CPU_CHUNK_ELEMENTS = 1 << 19
+# Below this many (query, key) pairs per call, one exp(q·kᵀ − lse) block in cache beats a second fused call;
+# above it, the fused call's blockwise pass wins (measured on 2 CPU cores, head dims 32 and 64: crossover at
+# S ≈ 512 with 8 heads; benchmarks/capture_routes.py).
+TRANSPOSED_ROUTE_MIN_ELEMENTS = 1 << 21
 
 
 @dataclass
@@ -70,9 +77,10 @@ def attention_statistics(
     n_keys = k.shape[-2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     mask = as_4d(attn_mask) if attn_mask is not None else None
-    if lse is not None and not map_heads and query_weight is None and chunk_size is None and _transposable(mask, is_causal, q, k):
+    plain_sums = lse is not None and not map_heads and query_weight is None and chunk_size is None
+    if plain_sums and _transposable(mask, is_causal, q, k):
         return _statistics_by_transposed_lse(q, k, mask, is_causal, scale, lse, want_last_row)
-    chunk_size = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // max(1, batch * heads * n_keys))
+    chunk_size = chunk_size or _rows_per_chunk(q, n_keys)
     logits_of = _chunk_logits(q, k, scale)
     totals = _Totals(batch, heads, n_queries, n_keys, map_heads, q.device)
     probs = None
@@ -86,11 +94,18 @@ def attention_statistics(
     return AttentionStats(totals.scores, totals.query_count, totals.key_valid, totals.maps, last_row)
 
 
+def _rows_per_chunk(q: torch.Tensor, n_keys: int) -> int:
+    """Query rows per chunk: the device's memory budget over the [B, H, ·, Sk] block one row takes."""
+    budget = CPU_CHUNK_ELEMENTS if q.device.type == "cpu" else DEFAULT_CHUNK_ELEMENTS
+    return max(1, budget // max(1, q.shape[0] * q.shape[1] * n_keys))
+
+
 def _transposable(mask: torch.Tensor | None, is_causal: bool, q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the column sums can come from a second fused call (see _statistics_by_transposed_lse): a mask
-    that is the same for every query, and a causal pattern only when it is square."""
+    """Whether the column sums should come from a second fused call (see _statistics_by_transposed_lse): a call
+    large enough to gain from it, a mask that is the same for every query, and a causal pattern only when square."""
+    large = q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] > TRANSPOSED_ROUTE_MIN_ELEMENTS
     key_only = mask is None or (mask.shape[-2] == 1 and not is_causal)
-    return key_only and (not is_causal or q.shape[-2] == k.shape[-2])
+    return large and key_only and (not is_causal or q.shape[-2] == k.shape[-2])
 
 
 def _probabilities(logits: torch.Tensor, lse: torch.Tensor | None, part: torch.Tensor | None,
@@ -181,23 +196,16 @@ def _statistics_by_transposed_lse(q, k, mask, is_causal: bool, scale: float, lse
     """Column sums from a second fused call instead of an S×S recompute.
 
     s_j = Σ_i exp(scale·q_i·k_j − lse_i) is, read the other way, the exp of the log-sum-exp of an attention whose
-    queries are the keys k_j and whose keys are the queries q_i with a bias −lse_i. The bias rides in one extra
-    dimension ([q_i, −lse_i]·[k_j, 1/scale]), so the fused kernel runs with no mask, blockwise in cache, and
-    returns that log-sum-exp. Causal attention (key j is seen by queries i ≥ j) becomes causal again with both
-    sequences reversed. A key-only mask (the same row for every query) adds its bias b_j to key j's log-sum-exp
-    (−∞ and transformers' finfo.min: the key gets 0)."""
-    batch, heads, n_queries, head_dim = q.shape
+    queries are the keys k_j and whose keys are the queries q_i, each with the additive bias −lse_i: a mask that is
+    the same for every row, so the fused kernel runs blockwise in cache and returns that log-sum-exp. Causal
+    attention (key j is seen by queries i ≥ j) becomes causal again with both sequences reversed. A key-only mask
+    (the same row for every query) adds its bias b_j to key j's log-sum-exp (−∞ and transformers' finfo.min: the
+    key gets 0)."""
+    batch, heads, n_queries, _ = q.shape
     n_keys = k.shape[-2]
     keys = repeat_heads(k, heads).float()
     queries = q.float()
-    pad = (-(head_dim + 1)) % 8  # the kernel is fastest on widths that are multiples of 8; zeros change no product
-    rows = torch.cat([keys, keys.new_full((batch, heads, n_keys, 1), 1.0 / scale), keys.new_zeros(batch, heads, n_keys, pad)], -1)
-    cols = torch.cat([queries, -lse.float()[..., None], queries.new_zeros(batch, heads, n_queries, pad)], -1)
-    if is_causal:
-        rows, cols = rows.flip(-2), cols.flip(-2)
-    _, column_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(rows, cols, cols, 0.0, is_causal, scale=scale)
-    if is_causal:
-        column_lse = column_lse.flip(-1)
+    column_lse = _column_log_sum_exp(keys, queries, lse.float(), is_causal, scale)
     if mask is None:
         scores = column_lse.exp()
         key_valid = torch.ones(batch, n_keys, dtype=torch.bool, device=q.device)
@@ -216,6 +224,17 @@ def _statistics_by_transposed_lse(q, k, mask, is_causal: bool, scale: float, lse
                 if mask.dtype == torch.bool else logits + mask[:, :, -1:, :].float()
         last_row = logits.sub_(lse[:, :, -1:, None].float()).exp_()[:, :, 0]
     return AttentionStats(scores, query_count, key_valid, {}, last_row)
+
+
+def _column_log_sum_exp(keys: torch.Tensor, queries: torch.Tensor, lse: torch.Tensor, is_causal: bool,
+                        scale: float) -> torch.Tensor:
+    """[B, H, Sk]: log Σ_i exp(scale·q_i·k_j − lse_i), from the fused kernel run with the keys as its queries."""
+    bias = lse.neg()[:, :, None, :]  # [B, H, 1, Sq]: one row, broadcast over every key
+    if is_causal:
+        keys, queries, bias = keys.flip(-2), queries.flip(-2), bias.flip(-1)
+    _, column_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        keys, queries, queries, 0.0, is_causal, attn_mask=bias.contiguous(), scale=scale)
+    return column_lse.flip(-1) if is_causal else column_lse
 
 
 def sdpa_with_lse(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool, kwargs: dict):
