@@ -9,7 +9,7 @@ Routes, each one forward of a bidirectional Llama-shaped model (4 layers, 8 head
   masking    sinklib.capture with MaskSinks(top_k=5, threshold=False)
   eager      eager attention with output_attentions=True, reduced to the same scores afterwards (most tools)
   hooks      eager attention with forward hooks keeping every layer's full map (the usual notebook approach)
-Time: median over interleaved rounds (drift hits every route alike). Peak memory: each route in a fresh process,
+Time: routes interleaved within each round; ratios are per round (paired), reported as median and quartiles. Peak memory: each route in a fresh process,
 the growth of its peak resident set over what the process held with the model built (Linux).
 Writes benchmarks/results/capture_routes.{csv,md,png}. Goals (issue 16, CPU): capture ≤ 1.25× plain and faster
 than eager at every S, masking ≤ 1.3× plain.
@@ -68,7 +68,8 @@ def route(name: str, width: int, seq: int):
     return hooked
 
 
-def timings(width: int, seq: int, rounds: int) -> dict[str, float]:
+def timings(width: int, seq: int, rounds: int) -> dict[str, list[float]]:
+    """Seconds per forward of every route, one list entry per round (routes interleaved within a round)."""
     runs = {name: route(name, width, seq) for name in ROUTES}
     times: dict[str, list[float]] = {name: [] for name in ROUTES}
     with torch.no_grad():
@@ -79,7 +80,17 @@ def timings(width: int, seq: int, rounds: int) -> dict[str, float]:
                 began = time.perf_counter()
                 runs[name]()
                 times[name].append(time.perf_counter() - began)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
+
+
+def ratio_row(times: dict[str, list[float]], name: str) -> dict[str, float]:
+    """Median time and the route ÷ plain ratio of each round (paired, so a slow spell hits both sides), as
+    median and interquartile range: on a shared 2-core machine the spread is part of the result."""
+    paired = sorted(a / b for a, b in zip(times[name], times["plain"]))
+    quartile = lambda q: paired[min(len(paired) - 1, round(q * (len(paired) - 1)))]  # noqa: E731
+    eager = statistics.median(a / b for a, b in zip(times[name], times["eager"]))
+    return {"ms": round(statistics.median(times[name]) * 1000, 2), "x_plain": round(statistics.median(paired), 3),
+            "x_plain_q25": round(quartile(0.25), 3), "x_plain_q75": round(quartile(0.75), 3), "x_eager": round(eager, 3)}
 
 
 def peak_growth(name: str, width: int, seq: int) -> float:
@@ -109,12 +120,11 @@ def main() -> None:
     for width in widths:
         for seq in tqdm(lengths, desc=f"d {width}"):
             # a 15 ms forward on a shared 2-core machine needs many rounds for a stable median; a 1 s one does not
-            rounds = max(3, args.rounds * 1024 // seq) if seq < 1024 else max(3, args.rounds * 1024 // seq + 1)
+            rounds = max(5, args.rounds * 1024 // seq)
             times = timings(width, seq, rounds)
             for name in ROUTES:
                 row = {"device": "cpu", "threads": torch.get_num_threads(), "width": width, "seq": seq, "route": name,
-                       "ms": round(times[name] * 1000, 2), "x_plain": round(times[name] / times["plain"], 3),
-                       "x_eager": round(times[name] / times["eager"], 3)}
+                       "rounds": rounds, **ratio_row(times, name)}
                 if not args.no_memory:
                     row["peak_mib_over_model"] = round(peak_growth(name, width, seq), 1)
                 rows.append(row)
@@ -125,7 +135,7 @@ def main() -> None:
     frame.to_csv(out / f"{stem}.csv", index=False)
     wide = frame.pivot_table(index=["width", "seq"], columns="route", values="x_plain")[list(ROUTES)]
     (out / f"{stem}.md").write_text(f"{torch.get_num_threads()} threads, torch {torch.__version__}\n\n"
-                                    "time ÷ plain forward\n\n" + wide.to_markdown() + "\n\n" + frame.to_markdown(index=False) + "\n")
+                                    "time ÷ plain forward (median of per-round ratios; quartiles in the table below)\n\n" + wide.to_markdown() + "\n\n" + frame.to_markdown(index=False) + "\n")
     print(wide.to_string())
     import matplotlib
 
@@ -137,7 +147,8 @@ def main() -> None:
         part = frame[frame["width"] == width]
         for name in ROUTES[1:]:
             line = part[part["route"] == name]
-            ax.plot(line["seq"], line["x_plain"], marker="o", label=name)
+            spread = [line["x_plain"] - line["x_plain_q25"], line["x_plain_q75"] - line["x_plain"]]
+            ax.errorbar(line["seq"], line["x_plain"], yerr=spread, marker="o", capsize=3, label=name)
         ax.axhline(1.25, color="grey", linestyle=":", label="goal 1.25×")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length S")
