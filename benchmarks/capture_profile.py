@@ -4,7 +4,9 @@
 
 For one forward of the capture_routes model (bidirectional Llama, 4 layers, 8 heads, fp32, CPU), measured in one
 run with torch.profiler: the plain forward, the model's own fused attention calls in it, and capture's extra
-time split into its second fused call (the transposed log-sum-exp that gives column sums) and everything else.
+time split into its second fused call (the transposed log-sum-exp that gives column sums; calls under
+attention_math.TRANSPOSED_ROUTE_MIN_ELEMENTS pairs, e.g. S = 256 here, have none: one exp block instead) and
+everything else.
 Then the floor: q·kᵀ and exp over every (query, key) pair — the least any exact column sum beside the model's
 attention must compute, timed as matmul + exp_ + sum on the same tensors, chunked at its fastest — as a share of
 the plain forward, i.e. the best capture ÷ plain ratio such a route could reach. Writes
