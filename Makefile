@@ -8,7 +8,7 @@ PY4 := $(VENV4)/bin/python
 # The unit and parity tiers also run on the last transformers 4.x the remote-code checkpoints were written for.
 UNIT_ON_TF4 := tests/unit tests/parity --ignore=tests/unit/test_explorer.py
 
-.PHONY: setup browser test test-unit test-parity test-zoo test-notebooks test-quick figures benchmark
+.PHONY: setup browser test test-unit test-parity test-zoo test-notebooks test-quick figures check benchmark
 
 setup: $(VENV)/.installed $(VENV4)/.installed browser
 
@@ -60,6 +60,10 @@ test-quick: setup
 
 figures: $(VENV)/.installed
 	$(PY) -m sinklib.reproduce
+
+# regenerate into a temporary folder and compare with the committed results (floats within tolerance, near-ties named)
+check: $(VENV)/.installed
+	$(PY) -m sinklib.reproduce --check
 
 benchmark: setup
 	$(PY) benchmarks/capture_routes.py

@@ -56,6 +56,21 @@ def layer_head_maps(traces: Traces) -> Result:
     return result
 
 
+def generations(traces: Traces) -> Result:
+    """Every generation step by step: the canvas after each step's decision and that decision's margin (the
+    relative gap by which it beat the best alternative). A rerun on another CPU is compared against these: a
+    canvas that differs from a step whose margin is within float rounding is a near-tie, not a bug."""
+    rows = []
+    for name, model_traces in traces.items():
+        for index, trace in enumerate(model_traces):
+            margins = trace.margins.tolist() if trace.margins is not None else [float("nan")] * trace.n_steps
+            rows += [{"model": name, "trace": index, "step": step, "margin": margins[step],
+                      "canvas": trace.tokens[step + 1].tolist()} for step in range(trace.n_steps)]
+    table = pd.DataFrame(rows, columns=["model", "trace", "step", "margin", "canvas"])
+    shown = table.groupby("model")["margin"].agg(steps="size", smallest_margin="min")
+    return Result(tables={"generations": table}, shown=shown)
+
+
 # --- notebook 02 ---------------------------------------------------------------------------------------------
 def sink_tokens(traces: Traces, eps: float) -> Result:
     """Table 2: which tokens become sinks, per model."""

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from sinklib._checks import bad_value, check_int, did_you_mean
 from sinklib.capture import capture, check_intervention
 from sinklib.layers import attention_layers
-from sinklib.families.base import left_pad
+from sinklib.families.base import left_pad, recording_decisions
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
 
@@ -126,10 +126,12 @@ def generate(model, prompt, sampler=None, *, seed: int = 0, maps: Sequence[tuple
     watched = keep_scores or intervention is not None or bool(maps)
     recording = capture(loaded.model, maps=maps, intervention=intervention, layer_names=loaded.layer_names,
                         keep_steps=keep_scores) if watched else contextlib.nullcontext(None)
-    with torch.no_grad(), recording as rec:
+    with torch.no_grad(), recording as rec, recording_decisions() as margins:
         canvases = _sample(loaded, rec, encoded, settings, seed, total, progress)
     meta = _meta(loaded, settings, seed, intervention, chat)
-    traces = _split(loaded, rec, canvases, encoded, settings, meta, prompts)
+    # a family whose sampler notes no margins (or not one per forward) gives traces without them
+    margins = torch.stack(margins) if len(margins) == len(canvases) - 1 and margins else None
+    traces = _split(loaded, rec, canvases, encoded, settings, meta, prompts, margins)
     return traces[0] if single else traces
 
 
@@ -206,7 +208,8 @@ def _row_maps(rec, row: int, start: int) -> dict:
     return maps
 
 
-def _split(loaded: LoadedModel, rec, canvases, encoded, settings, meta: dict, prompts) -> list[Trace]:
+def _split(loaded: LoadedModel, rec, canvases, encoded, settings, meta: dict, prompts,
+           margins: torch.Tensor | None) -> list[Trace]:
     """One Trace per prompt: the row's canvases without its left padding, cut where the family says it ends."""
     family = loaded.family
     canvas = family.layout(canvases, [len(e) for e in encoded], settings, loaded.mask_id, loaded.pad_id)
@@ -228,6 +231,7 @@ def _split(loaded: LoadedModel, rec, canvases, encoded, settings, meta: dict, pr
             text=_decode(loaded, row_tokens[n_steps, len(prompt_ids):keep]),
             masked_keys=None if masked is None else masked[:n_steps, :, b, :, start:start + keep].contiguous(),
             maps=_row_maps(rec, b, start),
+            margins=None if margins is None else margins[:n_steps, b].contiguous(),
             token_strings=_token_strings(loaded, row_tokens),
             meta={**meta, "prompt": prompts[b] if isinstance(prompts[b], str) else prompt_ids},
         ))

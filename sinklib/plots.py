@@ -24,13 +24,14 @@ SCORE_LABEL = "incoming attention score (sum over queries)"
 def save_figure(fig: plt.Figure, name: str, folder: str | Path = "figures",
                 record: dict[str, Any] | None = None) -> list[Path]:
     """Write `name`.png and `name`.pdf (reproducible: no timestamps in the PDF). `record` (sinklib.provenance):
-    how the figure was made, in the PNG's "sinklib" text chunk and the PDF's Subject."""
-    from sinklib.provenance import KEY, as_text
+    its content part (config, seed, notebook) goes in the PNG's "sinklib" text chunk and the PDF's Subject."""
+    from sinklib.provenance import KEY, as_text, content_part
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{name}.png", folder / f"{name}.pdf"]
-    text = {} if record is None else {"png": {KEY: as_text(record)}, "pdf": {"Subject": as_text(record)}}
+    content = None if record is None else as_text(content_part(record))
+    text = {} if content is None else {"png": {KEY: content}, "pdf": {"Subject": content}}
     fig.savefig(paths[0], dpi=130, bbox_inches="tight", metadata={"Software": None, **text.get("png", {})})
     fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None, "Creator": None, "Producer": None,
                                                          **text.get("pdf", {})})

@@ -1,15 +1,22 @@
-"""How an artifact was made, written into the artifact: its resolved run config, seed, package versions and the
-identity of the code that made it.
+"""How an artifact was made, in two places.
 
-The code's identity is a hash of sinklib's own source files, not a commit: figures committed in commit C are
-made from C's parent, so a commit id could never be reproduced by a clone of C, while these sources are
-(`make figures` in a fresh clone leaves `git status` clean). No timestamps anywhere.
+Inside each artifact (parquet schema metadata, PNG text chunk, PDF Subject): only what defines its content —
+the resolved run config, the seed and the notebook. Those bytes change only when the content does.
+
+In one manifest per output folder, PROVENANCE.json: per artifact its sha256, that record, and what does not
+define the content but explains it — package versions, the machine (CPU model, torch's CPU capability, thread
+count: floats differ in their last bits between CPUs, and on a near-tie a generated token with them) and a hash
+of sinklib's own sources (not a commit: figures committed in commit C are made from C's parent). An edit of the
+code that changes no result changes only the manifest's code hash. No timestamps anywhere.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
+import os
 import platform
 from functools import lru_cache
 from importlib import metadata
@@ -20,6 +27,8 @@ import pandas as pd
 
 PACKAGE = Path(__file__).resolve().parent
 KEY = "sinklib"  # the metadata key in parquet schemas and PNG text chunks; the PDF Subject holds the same JSON
+MANIFEST = "PROVENANCE.json"
+_CONTENT = ("config", "seed", "notebook")  # the part of a record written inside the artifact
 _SOURCES = ("*.py", "*.js", "*.css", "*.yaml")
 _VERSIONS = ("torch", "transformers", "numpy", "pandas", "pyarrow", "matplotlib", "seaborn")
 _NOT_CONFIG = ("progress", "figures_dir", "results_dir")  # where results go and how loudly, not what they are
@@ -41,6 +50,7 @@ def code_identity() -> str:
 
 
 def versions() -> dict[str, str]:
+    """Versions of Python and of the packages whose arithmetic or rendering shapes the artifacts."""
     found = {"python": platform.python_version()}
     for name in _VERSIONS:
         try:
@@ -50,12 +60,71 @@ def versions() -> dict[str, str]:
     return found
 
 
+def machine() -> dict[str, Any]:
+    """The CPU that computed the floats: model name, torch's CPU capability (the vector kernels it runs: another
+    capability rounds differently), the intra-op thread count (reductions split by thread) and the architecture."""
+    import torch
+
+    return {"cpu": _cpu_model(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(), "architecture": platform.machine()}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def describe(config: Any = None, **extra: Any) -> dict[str, Any]:
-    """The provenance record: {config, seed, versions, code}; `config` a dataclass or a mapping."""
+    """The provenance record: {config, seed, **extra, versions, machine, code}; `config` a dataclass or a mapping."""
     settings = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config or {})
     settings = {k: v for k, v in settings.items() if k not in _NOT_CONFIG}
-    return {"config": settings, "seed": settings.get("seed"), **extra, "versions": versions(),
+    return {"config": settings, "seed": settings.get("seed"), **extra, "versions": versions(), "machine": machine(),
             "code": {"sinklib_sources_sha256": code_identity()}}
+
+
+def content_part(record: dict[str, Any]) -> dict[str, Any]:
+    """The part of a record that defines an artifact's content (what is written inside the artifact)."""
+    return {k: record[k] for k in _CONTENT if k in record}
+
+
+def record_artifacts(paths: list[Path], record: dict[str, Any]) -> None:
+    """Enter each artifact in the PROVENANCE.json of its folder: its sha256 and the whole record. The manifest is
+    updated under a lock and replaced atomically, its keys sorted: the same artifacts give the same bytes."""
+    by_folder: dict[Path, list[Path]] = {}
+    for path in paths:
+        by_folder.setdefault(Path(path).parent, []).append(Path(path))
+    for folder, files in by_folder.items():
+        manifest = folder / MANIFEST
+        with _locked(folder):
+            entries = json.loads(manifest.read_text()) if manifest.is_file() else {}
+            for path in files:
+                entries[path.name] = {**record, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+            partial = manifest.with_name(MANIFEST + ".partial")
+            partial.write_text(json.dumps(entries, indent=1, sort_keys=True, ensure_ascii=True, default=str) + "\n")
+            os.replace(partial, manifest)
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    """The PROVENANCE.json of a folder ({} when it has none)."""
+    manifest = Path(folder) / MANIFEST
+    return json.loads(manifest.read_text()) if manifest.is_file() else {}
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """An exclusive lock on the folder itself (flock on its descriptor): no lock file to leave behind."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
 
 
 def as_text(record: dict[str, Any]) -> str:
@@ -64,19 +133,21 @@ def as_text(record: dict[str, Any]) -> str:
 
 
 def write_parquet(frame: pd.DataFrame, path: str | Path, record: dict[str, Any]) -> Path:
-    """`frame` as parquet with the record in its schema metadata (read it back with read_record)."""
+    """`frame` as parquet with the record's content part in its schema metadata (read it back with read_record)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pandas(frame)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), KEY.encode(): as_text(record).encode()})
+    content = as_text(content_part(record)).encode()
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), KEY.encode(): content})
     path = Path(path)
     pq.write_table(table, path)
     return path
 
 
 def read_record(path: str | Path) -> dict[str, Any]:
-    """The provenance record of a parquet file, PNG or PDF written by sinklib."""
+    """The content part of the provenance record of a parquet file, PNG or PDF written by sinklib (the whole
+    record is in the folder's PROVENANCE.json)."""
     path = Path(path)
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -99,6 +170,8 @@ def _pdf_string(data: bytes, opening: bytes) -> str:
         raise ValueError("this PDF holds no sinklib record")
     out, i = bytearray(), start + len(opening)
     while data[i:i + 1] != b")":
+        if i >= len(data):
+            raise ValueError("this PDF's sinklib record is cut off (the file is truncated)")
         if data[i:i + 1] == b"\\":
             i += 1
         out += data[i:i + 1]

@@ -2,14 +2,19 @@
 
     python -m sinklib.reproduce                                   # the tiny zoo on CPU (the default)
     python -m sinklib.reproduce --params notebooks/params/paper-llada.yaml   # a real checkpoint on a GPU
+    python -m sinklib.reproduce --check                           # rerun elsewhere, compare with the committed
 
 Executed copies go to notebooks/executed/; figures to figures/ (PNG + PDF); numbers to data/results/. A run
 on models outside the zoo writes into figures/<model names>/ and data/results/<model names>/ unless the
 parameters name figures_dir / results_dir. Unknown or mistyped parameters are refused before anything runs.
+With --check nothing in the checkout is written: the notebooks run into a temporary folder and each results
+file is compared with the committed one (sinklib.agreement); the exit status says whether they agree.
 """
 from __future__ import annotations
 
 import argparse
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +109,7 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
 
     given = dict(params or {})
     paths = notebook_paths(only)
-    check_parameters(given, paths)
+    check_parameters(given, notebook_paths())  # a key of a notebook --only leaves out is still a known key
     check_model_names(given)
     given = {**output_folders(given), **given}
     if figures_dir is not None:
@@ -121,6 +126,30 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
                                    execution_timeout=3600)
         executed.append(target)
     return executed
+
+
+def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:
+    """(results, figures): the folders a run with these parameters writes to (notebooks resolve relative paths
+    from notebooks/)."""
+    folders = output_folders(params)
+    results = params.get("results_dir") or folders.get("results_dir") or "../data/results"
+    figures = params.get("figures_dir") or folders.get("figures_dir") or "../figures"
+    return (NOTEBOOKS / results).resolve(), (NOTEBOOKS / figures).resolve()
+
+
+def check(params: dict[str, Any] | None = None, only: list[str] | None = None, progress: bool = True):
+    """Run the notebooks into a temporary folder and compare each results file with the committed one: an
+    agreement.Report (print report.to_text(); report.agrees). The checkout is never written."""
+    from sinklib import agreement
+
+    params = dict(params or {})
+    results, figures = committed_folders(params)
+    with tempfile.TemporaryDirectory(prefix="sinklib-check-") as scratch:
+        scratch = Path(scratch)
+        run(params, out=scratch / "executed", only=only, figures_dir=scratch / "figures",
+            results_dir=scratch / "results", progress=progress)
+        return agreement.compare_folders(results, scratch / "results", rerun_only=bool(only),
+                                         pages=(figures, scratch / "figures"))
 
 
 def read_params(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -144,16 +173,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, help="a YAML file of notebook parameters (notebooks/params/*.yaml)")
     parser.add_argument("--only", nargs="*", help="notebook prefixes to run, e.g. 01 03")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--check", action="store_true",
+                        help="rerun into a temporary folder and compare every results file with the committed one "
+                             "(exit 1 naming what differs beyond float rounding and near-ties)")
     args = parser.parse_args(argv)
+    if args.check and args.out:
+        parser.error("--out is not allowed with --check: a check writes nothing outside a temporary folder")
     params = read_params(args.params, parser) if args.params else {}
     try:
         import papermill  # noqa: F401
     except ImportError:
         parser.error("running the notebooks needs papermill and jupyter: pip install -e '.[notebooks]'")
     try:
-        executed = run(params, args.out, args.only)
+        if args.check:
+            report = check(params, args.only)
+        else:
+            executed = run(params, args.out, args.only)
     except (ValueError, OSError) as error:
         parser.error(" ".join(str(error).split()))
+    if args.check:
+        print(report.to_text())
+        if not report.agrees:
+            sys.exit(f"the rerun does not agree with the committed results: {', '.join(report.failing)}")
+        print("the rerun agrees with the committed results")
+        return
     for path in executed:
         print(f"executed {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 

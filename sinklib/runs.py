@@ -44,20 +44,24 @@ class RunConfig:
                                        trust_remote_code=self.trust_remote_code)
 
     def save(self, result: "Result") -> "Result":
-        """Write the result's figures (PNG + PDF), tables (parquet) and texts, each with this run's provenance."""
+        """Write the result's figures (PNG + PDF), tables (parquet) and texts; each carries what defines it (config,
+        seed, notebook) and is entered in its folder's PROVENANCE.json with versions, machine and sha256."""
         from sinklib.plots import save_figure
-        from sinklib.provenance import describe, write_parquet
+        from sinklib.provenance import describe, record_artifacts, write_parquet
 
         record = describe(self, notebook=type(self).NOTEBOOK)
         figures, results = Path(self.figures_dir), Path(getattr(self, "results_dir", self.figures_dir))
+        written = []
         for name, fig in result.figures.items():
-            save_figure(fig, name, figures, record)
+            written += save_figure(fig, name, figures, record)
         if result.tables:
             results.mkdir(parents=True, exist_ok=True)
         for name, frame in result.tables.items():
-            write_parquet(frame, results / f"{name}.parquet", record)
+            written.append(write_parquet(frame, results / f"{name}.parquet", record))
         for name, text in result.texts.items():
             (figures / name).write_text(text)
+            written.append(figures / name)
+        record_artifacts(written, record)
         return result
 
 
@@ -178,10 +182,13 @@ class ExplorerRun(RunConfig):
     def export_pages(self, traces: Mapping[str, Any]) -> list[Path]:
         """figures_dir/explorer_<model>.html for every model (those in `traces` reuse their trace)."""
         from sinklib.explorer import export_pages
+        from sinklib.provenance import describe, record_artifacts
 
-        return export_pages(self.models, self.figures_dir, self.prompt, traces=traces, eps=self.eps, seed=self.seed,
-                            load_options=self._load_options(),
-                            sampling=dict(steps=self.steps, gen_length=self.gen_length, block_length=self.block_length))
+        pages = export_pages(self.models, self.figures_dir, self.prompt, traces=traces, eps=self.eps, seed=self.seed,
+                             load_options=self._load_options(),
+                             sampling=dict(steps=self.steps, gen_length=self.gen_length, block_length=self.block_length))
+        record_artifacts(pages, describe(self, notebook=self.NOTEBOOK))
+        return pages
 
     def _load_options(self) -> dict:
         return dict(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code)

@@ -10,6 +10,9 @@ Shapes (one prompt; padding already removed):
                positions never committed
   masked_keys  [steps, layers, heads, seq] bool or None: keys the intervention masked
   maps         {(step, layer, head): [queries, keys] float32}
+  margins      [steps] float64 or None: each step's decision margin, the relative gap by which the sampler's
+               choice (argmax token, top-k confident positions) beat the best alternative; NaN for sampled
+               decisions. Another CPU may decide differently only where this is within float rounding.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ class Trace:
     maps: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict)
     token_strings: dict[int, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    margins: torch.Tensor | None = None
 
     @property
     def n_steps(self) -> int:
@@ -94,10 +98,11 @@ class Trace:
         if self.masked_keys is not None:
             columns["masked"] = _fixed_list(self.masked_keys.reshape(-1, seq).numpy(), pa.bool_())
         pq.write_table(pa.table(columns), folder / "scores.parquet")
-        pq.write_table(pa.table({"step": np.arange(self.tokens.shape[0]),
-                                 "tokens": _fixed_list(self.tokens.numpy(), pa.int64()),
-                                 "is_masked": _fixed_list(np.concatenate([self.is_masked.numpy(), np.zeros((1, seq), bool)]), pa.bool_())}),
-                       folder / "canvas.parquet")
+        canvas = {"step": np.arange(self.tokens.shape[0]), "tokens": _fixed_list(self.tokens.numpy(), pa.int64()),
+                  "is_masked": _fixed_list(np.concatenate([self.is_masked.numpy(), np.zeros((1, seq), bool)]), pa.bool_())}
+        if self.margins is not None:  # one per step; the final canvas has no decision after it
+            canvas["margin"] = np.append(self.margins.numpy(), np.nan)
+        pq.write_table(pa.table(canvas), folder / "canvas.parquet")
         keys = sorted(self.maps)
         pq.write_table(pa.table({"step": [k[0] for k in keys], "layer": [k[1] for k in keys], "head": [k[2] for k in keys],
                                  "rows": [int(self.maps[k].shape[0]) for k in keys],
@@ -145,6 +150,7 @@ class Trace:
         _expect(folder, "canvas.parquet", canvas, steps + 1, seq, "tokens")
         tokens = torch.from_numpy(_unlist(canvas["tokens"], np.int64, seq))
         is_masked = torch.from_numpy(_unlist(canvas["is_masked"], np.bool_, seq))[:-1]
+        margins = torch.from_numpy(canvas["margin"].to_numpy()[:-1].copy()) if "margin" in canvas.column_names else None
         maps = {}
         for row in pq.read_table(folder / "maps.parquet").to_pylist():
             flat = torch.tensor(row["map"], dtype=torch.float32)
@@ -154,7 +160,8 @@ class Trace:
             maps[(row["step"], row["layer"], row["head"])] = flat.reshape(row["rows"], -1)
         return cls(scores=scores, tokens=tokens, is_masked=is_masked, prompt_len=meta["prompt_len"],
                    layer_names=meta["layer_names"], text=meta["text"], masked_keys=masked, maps=maps,
-                   token_strings={int(k): v for k, v in meta["token_strings"].items()}, meta=_from_json(meta["meta"]))
+                   token_strings={int(k): v for k, v in meta["token_strings"].items()}, meta=_from_json(meta["meta"]),
+                   margins=margins)
 
 
 FORMAT = 2  # 2: SHA-256 of every file in meta.json, tuples and non-string keys kept in meta

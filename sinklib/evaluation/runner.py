@@ -232,8 +232,16 @@ class _Run:
         for sample, trace in zip(batch, traces):
             if sample.id not in done:  # those finished before an interruption were regenerated only to keep the batch whole
                 yield {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,
-                       **self.spec.score(trace.text, sample, self.sandbox), "seconds": round(seconds, 4),
-                       "config_hash": self.digest}
+                       **self.spec.score(trace.text, sample, self.sandbox), "margin": smallest_margin(trace),
+                       "seconds": round(seconds, 4), "config_hash": self.digest}
+
+
+def smallest_margin(trace) -> float | None:
+    """The closest decision of the generation (Trace.margins): above float rounding, another CPU writes the same
+    output; None where no margin was recorded or a decision was sampled."""
+    if trace.margins is None or not len(trace.margins) or bool(trace.margins.isnan().any()):
+        return None
+    return float(trace.margins.min())
 
 
 def _summary(task: str, records: list[dict], limit) -> EvalSummary:
@@ -251,7 +259,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int 
     """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
 
     Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
-    seconds, config_hash) and resumes from it: batches are fixed slices of the task with a seed of their own, so
+    margin: the generation's closest decision, seconds, config_hash) and resumes from it: batches are fixed slices of the task with a seed of their own, so
     an interrupted and resumed run writes the same records as an uninterrupted one, sampled decoding (temperature
     > 0) and MaskRandomKeys included. batch_size is part of the configuration for that reason.
     Returns mean ± standard error over the samples.

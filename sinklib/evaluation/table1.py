@@ -30,11 +30,17 @@ def table1_settings(loaded: LoadedModel, task: str) -> dict[str, Any]:
     return loaded.family.preset(task)
 
 
+ITEM_COLUMNS = ["model", "condition", "k", "id", "correct", "output", "margin"]
+
+
 @dataclass
 class MaskingTable:
-    """frame: one row per (model, condition, k) with accuracy, stderr (binomial standard error) and n."""
+    """frame: one row per (model, condition, k) with accuracy, stderr (binomial standard error) and n. items: one
+    row per (model, condition, k, sample) with its correctness, output and closest decision margin — what lets a
+    rerun on another CPU name a flipped answer as a near-tie (sinklib.agreement)."""
     frame: pd.DataFrame
     task: str
+    items: pd.DataFrame | None = None
 
     def wide(self) -> pd.DataFrame:
         """Models × conditions, each cell "accuracy ± stderr", columns in the paper's order."""
@@ -68,7 +74,8 @@ class MaskingTable:
         """As a runs.Result: the figure and the frame by `name`, the markdown and LaTeX tables, the wide table shown."""
         from sinklib.runs import Result
 
-        return Result(figures={name: self.figure()}, tables={name: self.frame},
+        tables = {name: self.frame} if self.items is None else {name: self.frame, f"{name}_items": self.items}
+        return Result(figures={name: self.figure()}, tables=tables,
                       texts={f"{name}.md": self.to_markdown() + "\n", f"{name}.tex": self.to_latex()}, shown=self.wide())
 
     def save(self, folder: str | Path, name: str = "table1_masking") -> list[Path]:
@@ -121,7 +128,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
     models = _checked_models(models)
     _check_conditions(ks, eps, source, limit)
-    rows = []
+    rows, items = [], []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)
         run_settings = {**fit_layout(table1_settings(loaded, task), steps, gen_length, block_length), **(settings or {})}
@@ -136,7 +143,11 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                                allow_code_execution=allow_code_execution, **run_settings)
             rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": summary.accuracy,
                          "stderr": summary.stderr, "n": summary.n, "accuracy_flexible": summary.accuracy_flexible})
-    return MaskingTable(pd.DataFrame(rows), task)
+            items += [{"model": loaded.name, "condition": condition, "k": k, "id": str(r["id"]),
+                       "correct": bool(r["correct"]), "output": r["output"], "margin": r.get("margin")}
+                      for r in summary.records]
+    items = pd.DataFrame(items, columns=ITEM_COLUMNS).astype({"margin": "float64"})
+    return MaskingTable(pd.DataFrame(rows), task, items)
 
 
 def _checked_models(models) -> list:

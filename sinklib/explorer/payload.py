@@ -59,6 +59,9 @@ def header(trace: Trace, layer_ids: list[int] | None = None) -> dict[str, Any]:
         "main_score": float32_base64(main_score),
         "main_position": main_position.tolist(),
         "score_max": float(main_score.max()),
+        # each step's decision margin (sinklib.trace); null where none was recorded or nothing was left to decide
+        "margins": [m if np.isfinite(m) else None for m in trace.margins.tolist()] if trace.margins is not None
+        else [None] * steps,
     }
 
 

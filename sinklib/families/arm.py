@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_int
-from sinklib.families.base import AutoregressiveFamily
+from sinklib.families.base import AutoregressiveFamily, argmax_margin, note_decisions
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ def sample(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, 
     logits, cache = forward(x, mask, positions, None)
     for _ in range(settings.gen_length):
         token = next_token(logits[:, -1], settings.temperature, generator)
+        note_decisions(argmax_margin(logits[:, -1]) if settings.temperature == 0
+                       else torch.full((batch,), float("nan")))
         token = torch.where(done, torch.full_like(token, settings.pad_id), token)
         done = done | torch.isin(token, eos)
         x = torch.cat([x, token[:, None]], dim=1)

@@ -12,9 +12,11 @@ caller decides how a model is called and what is recorded.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 import torch
 
@@ -183,6 +185,55 @@ def option_owners() -> dict[str, list[str]]:
             if option not in SPECIAL_IDS:
                 owners.setdefault(option, []).append(name)
     return owners
+
+
+# --- decision margins: how close each step's choice came to going the other way ---------------------------------
+# Two CPUs compute logits that agree to a few float32 roundings; where a sampler's choice (the argmax token, the
+# top-k confident positions) is decided by less than that, another CPU may choose differently and the canvas
+# differs from that step on. Samplers note each forward's margin so such a divergence can be named as a near-tie.
+_DECISIONS: contextvars.ContextVar[list | None] = contextvars.ContextVar("sinklib_decisions", default=None)
+
+
+@contextlib.contextmanager
+def recording_decisions() -> Iterator[list[torch.Tensor]]:
+    """Collect the margins samplers note inside this block: one float64 tensor [batch] per forward."""
+    margins: list[torch.Tensor] = []
+    token = _DECISIONS.set(margins)
+    try:
+        yield margins
+    finally:
+        _DECISIONS.reset(token)
+
+
+def note_decisions(margins: torch.Tensor) -> None:
+    """Record this forward's decision margin per row (a no-op outside recording_decisions)."""
+    log = _DECISIONS.get()
+    if log is not None:
+        log.append(margins.detach().to("cpu", torch.float64))
+
+
+def relative_gap(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """(high − low) / (1 + |high|): a gap in units of the compared values' own rounding scale."""
+    high, low = high.double(), low.double()
+    return (high - low) / (1 + high.abs())
+
+
+def argmax_margin(logits: torch.Tensor) -> torch.Tensor:
+    """Relative gap between the best and second-best entry of the last dim (+inf with a single entry)."""
+    if logits.shape[-1] < 2:
+        return torch.full(logits.shape[:-1], float("inf"), dtype=torch.float64, device=logits.device)
+    top2 = logits.topk(2, dim=-1).values
+    return relative_gap(top2[..., 0], top2[..., 1])
+
+
+def choice_margin(values: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Per row of values [B, N]: the relative gap between the weakest chosen entry and the strongest finite
+    entry not chosen (+inf where either side is empty): how far a top-k choice was from taking another entry."""
+    inf = torch.tensor(float("inf"), dtype=values.dtype, device=values.device)
+    weakest = torch.where(chosen, values, inf).amin(-1)
+    rejected = torch.where(~chosen & values.isfinite(), values, -inf).amax(-1)
+    gap = relative_gap(weakest, rejected)
+    return torch.where(weakest.isfinite() & rejected.isfinite(), gap, torch.full_like(gap, float("inf")))
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

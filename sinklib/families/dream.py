@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_choice, check_int
-from sinklib.families.base import DiffusionFamily, Forward
+from sinklib.families.base import DiffusionFamily, Forward, argmax_margin, choice_margin, note_decisions
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -92,7 +92,8 @@ def _step(x, logits, i, timesteps, settings: DreamSettings, generator) -> torch.
     t, s = timesteps[i], timesteps[i + 1]
     last = i == settings.steps - 1
     x = x.clone()
-    if settings.alg == "origin":
+    if settings.alg == "origin":  # random by design: no margin to note
+        note_decisions(torch.full((x.shape[0],), float("nan")))
         p_transfer = 1.0 if last else float(1 - s / t)
         x0 = torch.full((mask_logits.shape[0],), settings.mask_id, dtype=torch.long, device=x.device)
         chosen = torch.rand(x0.shape, generator=generator, device=x.device) < p_transfer
@@ -104,6 +105,7 @@ def _step(x, logits, i, timesteps, settings: DreamSettings, generator) -> torch.
     mean_masked = mask_index.sum() / mask_index.shape[0]
     count = int(mean_masked) if last else int(mean_masked * (1 - s / t))
     if count == 0:
+        note_decisions(torch.full((x.shape[0],), float("inf")))
         return x
     full_confidence = torch.full(x.shape, float("-inf"), dtype=logits.dtype, device=x.device)
     full_confidence[mask_index] = confidence.to(logits.dtype)
@@ -116,7 +118,18 @@ def _step(x, logits, i, timesteps, settings: DreamSettings, generator) -> torch.
     candidate[mask_index] = x0
     rows = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(transfer)
     x[rows, transfer] = candidate[rows, transfer]
+    note_decisions(_margin(logits, full_confidence, rows, transfer, settings))
     return x
+
+
+def _margin(logits, confidence, rows, transfer, settings: DreamSettings) -> torch.Tensor:
+    """Per row: the smaller of the position choice's and the written tokens' argmax margins (NaN when sampled)."""
+    if settings.temperature > 0 or settings.alg_temp:
+        return torch.full((logits.shape[0],), float("nan"), dtype=torch.float64)
+    chosen = torch.zeros(confidence.shape, dtype=torch.bool, device=confidence.device)
+    chosen[rows, transfer] = True
+    written = filter_logits(logits[rows, transfer], settings.temperature, settings.top_p, settings.top_k)
+    return torch.minimum(choice_margin(confidence, chosen), argmax_margin(written).amin(-1)).cpu()
 
 
 def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, settings: DreamSettings,

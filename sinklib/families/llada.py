@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_choice, check_int
-from sinklib.families.base import DiffusionFamily, Forward
+from sinklib.families.base import DiffusionFamily, Forward, argmax_margin, choice_margin, note_decisions
 
 REMASKING = ("low_confidence", "random")
 
@@ -85,9 +85,14 @@ def _step(x, logits, block_end, count, settings: LLaDASettings, generator) -> to
     x0 = torch.where(mask_index, x0, x)
     confidence = torch.where(mask_index, confidence, torch.full_like(confidence, float("-inf")))
     transfer = torch.zeros_like(mask_index)
+    token_margin = torch.full((x.shape[0],), float("inf"), dtype=torch.float64)
     for row in range(x.shape[0]):
         _, chosen = torch.topk(confidence[row], k=int(count[row]))
         transfer[row, chosen] = True
+        if settings.temperature == 0 and len(chosen):
+            token_margin[row] = argmax_margin(logits[row, chosen]).min()
+    margin = torch.minimum(choice_margin(confidence, transfer).cpu(), token_margin)
+    note_decisions(margin if settings.temperature == 0 else torch.full_like(margin, float("nan")))
     return torch.where(transfer, x0, x)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sinklib import reproduce
+from sinklib import agreement, reproduce
 
 SMALL = dict(n_prompts=3, n_problems=20, ks=[0, 1], progress=False)
 PAPER_FIGURES = ["fig01_token_step_*", "fig03_score_histograms", "fig04_moving_sink_*", "fig05_layer_head_*",
@@ -45,10 +45,12 @@ def test_explorer_notebook_exports_a_page_per_diffusion_zoo_model(executed):
     assert pages == ["explorer_tiny-dream.html", "explorer_tiny-llada.html"]
     assert all((root / "figures" / name).stat().st_size < 2_000_000 for name in pages)
     # notebook 05 takes none of SMALL's parameters, so these are the pages `make figures` writes: the committed
-    # ones must be what the code writes now (regenerate with `make figures` after changing the explorer)
+    # ones must be what the code writes now (regenerate with `make figures` after changing the explorer) — the
+    # page around the data byte for byte, the data up to float rounding or a near-tie of another CPU
     committed = Path(reproduce.ROOT) / "figures"
     for name in pages:
-        assert (root / "figures" / name).read_bytes() == (committed / name).read_bytes(), f"figures/{name} is stale"
+        row = agreement.compare_page(committed / name, root / "figures" / name)
+        assert row.status != agreement.DIFFERS, f"figures/{name} is stale: {row.detail}"
 
 
 def test_nbval_reexecution_matches_and_results_are_byte_identical(executed):

@@ -75,8 +75,11 @@ def test_golden_the_chat_templates_first_token_is_the_sink_of_every_upper_head(s
     ids = torch.tensor([encode(smollm2, PROMPTS[1], chat=True)])
     with torch.no_grad(), sinklib.capture(smollm2) as rec:
         smollm2.model(ids)
-    top = rec.scores[0, :, 0].argmax(-1)  # [layers, heads]
-    assert (top[12:] == 0).all()
+    upper = rec.scores[0, 12:, 0]  # [layers from 12, heads, keys]
+    # an argmax is only as stable as its margin: another CPU moves these scores by ~4e-6 of 1 + |s|, so position 0
+    # must lead every other key by far more than that in every upper head, not just come first on this machine
+    runner_up = upper[..., 1:].amax(-1)
+    assert ((upper[..., 0] - runner_up) / (1 + upper[..., 0])).min() > 1e-2
     assert smollm2.tokenizer.convert_ids_to_tokens(int(ids[0, 0])) == "<|im_start|>"
 
 

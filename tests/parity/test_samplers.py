@@ -16,8 +16,26 @@ def logits_of(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0]
 
 
-def reference_llada(model, prompt, steps, gen_length, block_length):
-    """SPEC §4, LLaDA at temperature 0, one position at a time in plain Python."""
+def relative_gap(high: float, low: float) -> float:
+    return (high - low) / (1 + abs(high))
+
+
+def token_gap(logits_row) -> float:
+    """How far the argmax token was from the runner-up, relative (the sampler's token decision margin)."""
+    top = sorted((float(v) for v in logits_row), reverse=True)
+    return relative_gap(top[0], top[1])
+
+
+def choice_gap(candidates, k: int) -> float:
+    """candidates sorted by descending confidence (as (−confidence, …)): the weakest chosen vs the best rejected."""
+    if k == 0 or k >= len(candidates):
+        return float("inf")
+    return relative_gap(-candidates[k - 1][0], -candidates[k][0])
+
+
+def reference_llada(model, prompt, steps, gen_length, block_length, margins=None):
+    """SPEC §4, LLaDA at temperature 0, one position at a time in plain Python; each step's decision margin is
+    appended to `margins` when given."""
     x = list(prompt) + [MASK_ID] * gen_length
     blocks = gen_length // block_length
     per_block = steps // blocks
@@ -33,13 +51,17 @@ def reference_llada(model, prompt, steps, gen_length, block_length):
                     probs = torch.softmax(logits[j], -1)
                     token = int(logits[j].argmax())
                     candidates.append((-float(probs[token]), j, token))
-            for _, j, token in sorted(candidates)[:k]:
+            candidates = sorted(candidates)
+            if margins is not None:
+                margins.append(min([choice_gap(candidates, k)] + [token_gap(logits[j]) for _, j, _ in candidates[:k]]))
+            for _, j, token in candidates[:k]:
                 x[j] = token
     return x
 
 
-def reference_dream(model, prompt, steps, gen_length, alg, eps=1e-3):
-    """SPEC §4, Dream at temperature 0: shifted logits, float32 schedule, top confidences anywhere."""
+def reference_dream(model, prompt, steps, gen_length, alg, eps=1e-3, margins=None):
+    """SPEC §4, Dream at temperature 0: shifted logits, float32 schedule, top confidences anywhere; each step's
+    decision margin is appended to `margins` when given."""
     x = list(prompt) + [MASK_ID] * gen_length
     timesteps = np.linspace(1, eps, steps + 1).astype(np.float32)
     for i in range(steps):
@@ -56,7 +78,11 @@ def reference_dream(model, prompt, steps, gen_length, alg, eps=1e-3):
             count = len(masked)
         else:
             count = int(np.float32(len(masked)) * (np.float32(1) - timesteps[i + 1] / timesteps[i]))
-        for _, j, token in sorted(candidates)[:count]:
+        candidates = sorted(candidates)
+        if margins is not None:
+            margins.append(min([choice_gap(candidates, count)] +
+                               [token_gap(raw[max(j - 1, 0)]) for _, j, _ in candidates[:count]]))
+        for _, j, token in candidates[:count]:
             x[j] = token
     return x
 
@@ -91,17 +117,42 @@ def test_dream_sampler_matches_reference_loop(alg, steps):
     assert trace.tokens[-1].tolist() == reference_dream(model, PROMPT, steps, 8, alg)
 
 
+@pytest.mark.parametrize("steps, gen_length, block_length", [(8, 8, 8), (4, 8, 2)])
+def test_llada_decision_margins_match_the_reference_loop(steps, gen_length, block_length):
+    """Each step's margin (the weakest written position's confidence over the best one left masked, and each
+    written token's logit over the runner-up, relative) equals the plain-Python loop's."""
+    model = diffusion_llama("llada")
+    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=steps, gen_length=gen_length,
+                             block_length=block_length, progress=False)
+    expected = []
+    reference_llada(model, PROMPT, steps, gen_length, block_length, margins=expected)
+    assert trace.margins.shape == (steps,)
+    assert trace.margins.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "entropy"])
+def test_dream_decision_margins_match_the_reference_loop(alg):
+    model = diffusion_llama("dream", seed=1)
+    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=4, gen_length=8, alg=alg, progress=False)
+    expected = []
+    reference_dream(model, PROMPT, 4, 8, alg, margins=expected)
+    assert trace.margins.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
 def test_arm_sampler_with_cache_matches_uncached_greedy_loop():
     model = llama(causal=True)
     loaded = sinklib.load(model, family="arm", eos_ids=(63,))
     trace = sinklib.generate(loaded, PROMPT, gen_length=10, progress=False)
-    x = list(PROMPT)
+    x, margins = list(PROMPT), []
     for _ in range(10):
-        token = int(logits_of(model, x)[-1].argmax())
+        logits = logits_of(model, x)[-1]
+        token = int(logits.argmax())
+        margins.append(token_gap(logits))
         x.append(token)
         if token == 63:
             break
     assert trace.tokens[-1].tolist() == x
+    assert trace.margins.tolist() == pytest.approx(margins, rel=1e-4, abs=1e-6)
     assert trace.n_steps == len(x) - len(PROMPT) and trace.tokens.shape[0] == trace.n_steps + 1
     assert torch.isnan(trace.scores[0, ..., len(PROMPT):]).all() and not torch.isnan(trace.scores[-1, ..., :-1]).any()
 

@@ -80,6 +80,7 @@ def test_beside_the_records_their_config_says_how_they_were_made(tmp_path):
     assert record["config"]["intervention"] == repr(sinklib.MaskSinks(top_k=1, rows="last"))
     assert record["config"]["settings"] == {"gen_length": 16} and record["seed"] == 0
     assert record["code"]["sinklib_sources_sha256"] == provenance.code_identity()
+    assert record["machine"] == provenance.machine()
 
 
 def test_a_file_from_another_configuration_is_refused(tmp_path):

@@ -3,10 +3,12 @@
 how it was made — the same bytes for the same run, no timestamps."""
 import ast
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from sinklib import provenance, runs
 from sinklib.reproduce import NOTEBOOKS, notebook_paths
@@ -63,15 +65,49 @@ def test_saved_artifacts_carry_the_resolved_config_and_the_same_bytes_every_time
         return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
     first, second = save(tmp_path / "a"), save(tmp_path / "b")
-    assert sorted(first) == ["fig.pdf", "fig.png", "t.md", "table.parquet"] and first == second
+    assert sorted(first) == ["PROVENANCE.json", "fig.pdf", "fig.png", "t.md", "table.parquet"] and first == second
+    manifest = provenance.read_manifest(tmp_path / "a")
+    assert sorted(manifest) == ["fig.pdf", "fig.png", "t.md", "table.parquet"]
     for name in ("fig.pdf", "fig.png", "table.parquet"):
-        record = provenance.read_record(tmp_path / "a" / name)
-        assert record["config"]["eps"] == 1.5 and record["config"]["models"] == ["tiny-llada"]
-        assert record["seed"] == 0 and record["notebook"] == "02_moving_sinks"
-        assert record["code"] == {"sinklib_sources_sha256": provenance.code_identity()}
-        assert record["versions"]["torch"] == __import__("torch").__version__
-        assert "figures_dir" not in record["config"] and "progress" not in record["config"]
+        inside = provenance.read_record(tmp_path / "a" / name)
+        assert inside == {"config": inside["config"], "seed": 0, "notebook": "02_moving_sinks"}, "nothing volatile inside"
+        assert inside["config"]["eps"] == 1.5 and inside["config"]["models"] == ["tiny-llada"]
+        assert "figures_dir" not in inside["config"] and "progress" not in inside["config"]
+    for name, entry in manifest.items():
+        assert entry["sha256"] == hashlib.sha256((tmp_path / "a" / name).read_bytes()).hexdigest()
+        assert entry["config"]["eps"] == 1.5 and entry["notebook"] == "02_moving_sinks"
+        assert entry["code"] == {"sinklib_sources_sha256": provenance.code_identity()}
+        assert entry["versions"]["torch"] == torch.__version__
+        assert entry["machine"]["threads"] == torch.get_num_threads()
+        assert entry["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert pd.read_parquet(tmp_path / "a" / "table.parquet")["k"].tolist() == [1, 2]
+
+
+def test_a_code_only_edit_changes_the_manifest_not_the_artifacts(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    def save(folder: Path) -> dict[str, bytes]:
+        run = runs.TracesRun(models=["tiny-arm"], figures_dir=str(folder), results_dir=str(folder))
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        run.save(runs.Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1.5]})}))
+        plt.close(fig)
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+    before = save(tmp_path / "a")
+    monkeypatch.setattr(provenance, "code_identity", lambda: "0" * 16)  # as after an edit of a comment
+    after = save(tmp_path / "b")
+    assert {k: v for k, v in before.items() if k != "PROVENANCE.json"} == \
+        {k: v for k, v in after.items() if k != "PROVENANCE.json"}
+    assert before["PROVENANCE.json"] != after["PROVENANCE.json"]
+
+
+def test_a_truncated_pdf_is_refused_not_read_forever(tmp_path):
+    path = tmp_path / "cut.pdf"
+    path.write_bytes(b"%PDF-1.4 /Subject (" + b"{\"config\": {" * 10)
+    with pytest.raises(ValueError, match=r"record is cut off"):
+        provenance.read_record(path)
 
 
 def test_the_code_identity_is_a_hash_of_the_sources_not_a_commit_or_a_time(tmp_path):
@@ -95,3 +131,29 @@ def test_a_run_with_a_bad_eps_is_refused_before_any_model_loads(config):
     with pytest.raises(ValueError, match=r"eps=-2.0 is not allowed: eps must be a finite number >= 0"):
         config(models=["no-such-model"], eps=-2.0)
     assert config(eps=1.0).eps == 1.0
+
+
+@pytest.mark.parametrize("params_file", sorted((NOTEBOOKS / "params").glob("paper-*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("only", [["01"], ["03"], ["04"], ["05"]])
+def test_the_paper_parameter_files_run_with_only(params_file, only, tmp_path):
+    """Every key of the paper's parameter files is some notebook's parameter: with --only, the keys of the notebooks
+    left out are accepted (and not passed on); the run gets as far as resolving the model names."""
+    import yaml
+
+    from sinklib import reproduce
+
+    params = yaml.safe_load(params_file.read_text())
+    reproduce.check_parameters(params, reproduce.notebook_paths())
+    selected = reproduce.notebook_paths(only)[0]
+    assert set(reproduce.parameters_for(selected, params)) <= set(runs.run_for(selected).parameter_names())
+    with pytest.raises((ValueError, OSError)) as error:  # offline: the name cannot be resolved
+        reproduce.run({**params, "models": ["no-such-model-anywhere"]}, out=tmp_path, only=only)
+    assert "no-such-model-anywhere" in str(error.value) and "is not allowed: no notebook declares it" not in str(error.value)
+
+
+def test_a_key_no_notebook_declares_is_still_refused_with_only(tmp_path):
+    from sinklib import reproduce
+
+    with pytest.raises(ValueError, match=r"parameter 'n_problemz' is not allowed: no notebook declares it "
+                                         r"\(did you mean 'n_problems'\?\)"):
+        reproduce.run({"n_problemz": 3}, out=tmp_path, only=["01"])

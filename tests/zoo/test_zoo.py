@@ -50,12 +50,19 @@ def test_family_and_mask_token_come_from_the_shipped_config(zoo_model):
         assert loaded.mask_id == loaded.tokenizer.mask_token_id == 3
 
 
+# The shipped curve was written on one CPU; another rounds float32 sums differently in the last bits (seen: one
+# ulp, 1.1e-7 relative, at the second step on an Intel Xeon against the AMD EPYC that trained the zoo; 9e-8 with
+# torch's portable kernels). Three Adam steps compound a few ulps each, so the curve must agree to 1e-5
+# relative (about 80 float32 ulps), while any change of seed, data order or learning rate moves it by > 1e-3.
+LOSS_RTOL = 1e-5
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_retraining_reproduces_the_shipped_loss_curve_first_steps(name, tmp_path):
     _, curve = train(name, ZOO_DIR, steps=3, progress=False)
     with (ZOO_DIR / name / "loss_curve.csv").open() as handle:
         shipped = [float(row["loss"]) for row in csv.DictReader(handle)][:3]
-    assert [row["loss"] for row in curve] == shipped
+    assert [row["loss"] for row in curve] == pytest.approx(shipped, rel=LOSS_RTOL, abs=0)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,350 @@
+"""Does a rerun agree with the committed results? Results files compared as a scientist would, not byte by byte.
+
+Two CPUs (an AMD EPYC with AVX2, an Intel Xeon with AVX-512, or torch's portable kernels) round float32 sums
+differently in the last bits. On the same canvas that moves a score by a few parts per million; where a
+sampler's decision is closer than that — two positions equally confident, two tokens equally likely — the
+other CPU may decide the other way, and the generation differs from that step on. So a rerun is compared
+artifact by artifact:
+
+- identical: the same frame;
+- within tolerance: every identifying and discrete column equal, every float within FLOAT_TOLERANCE of
+  1 + |committed value|;
+- near-tie: everything else agrees, and the rows that differ all come after a generation parted from the
+  committed one at a step whose decision margin was within NEAR_TIE in both runs (the generations table
+  written by notebook 01 records each step's canvas and margin; Table 1's items table each sample's answer
+  and its generation's closest margin);
+- differs: anything else (a discrete result that moved without a near-tie, a float out of tolerance, a row
+  missing) — the check fails naming the artifact.
+
+The bounds, measured: one forward of each zoo model and of SmolLM2 on torch's AVX2 kernels against its portable
+("default") kernels differs by at most 6.6e-5 of 1 + |logit| (SmolLM2, 30 layers) and 3.5e-6 of 1 + |score|.
+A decision can flip only where its margin is below about twice the logit difference; NEAR_TIE = 1e-3 holds
+that with a factor of 15 to spare. FLOAT_TOLERANCE = 1e-4 is about 30 times the largest score difference, and
+covers the means, sums and quantiles built from scores (float64 over float32 inputs).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+NEAR_TIE = 1e-3
+FLOAT_TOLERANCE = 1e-4
+GENERATIONS = "generations"
+
+IDENTICAL, WITHIN, NEAR, DIFFERS = "identical", "within tolerance", "near-tie", "differs"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How to compare one results file: the columns that identify a row, and which generation a row comes from.
+
+    scope: "trace" (rows carry model and trace columns), "first" (rows come from each model's first generation),
+    "model" (rows pool all of a model's generations), "run" (a row is one evaluation run — Table 1 — explained
+    when every sample whose answer changed had a near-tie) or "none" (nothing to blame: must agree).
+    """
+    keys: tuple[str, ...]
+    scope: str = "model"
+    index: bool = False  # the frame's index holds the model names (pandas describe())
+
+
+LAYOUTS: dict[str, Layout] = {
+    "fig01_token_step": Layout(("model", "step", "layer", "head", "position"), "first"),
+    "fig03_score_summary": Layout(("model",), "model", index=True),
+    "fig05_layer_head": Layout(("model", "layer", "head")),
+    "fig07_greatest_sink": Layout(("model", "step"), "first"),
+    "fig10_threshold_sweep": Layout(("model", "eps", "units")),
+    "moving_sink_events": Layout(("model", "trace", "step", "layer", "head"), "trace"),
+    "sink_dynamics": Layout(("model", "trace"), "trace"),
+    "table2_sink_tokens": Layout(("model", "token")),
+    "transient_sinks": Layout(("model", "trace", "step", "layer", "head", "position"), "trace"),
+}
+EVALUATION = Layout(("model", "condition", "k"), "run")  # table1_masking_<task>: rows of one evaluation run
+ITEMS = "_items"  # table1_masking_<task>_items: one row per evaluated sample, with its closest decision margin
+_BASELINE = re.compile(r"^uniform causal attention \((.+)'s lengths\)$")  # fig10's reference rows, per model
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where one generation of a rerun first differs from the committed one."""
+    model: str
+    trace: int
+    step: int
+    margin_committed: float
+    margin_rerun: float
+
+    @property
+    def near_tie(self) -> bool:
+        """Both runs decided that step by less than NEAR_TIE: float rounding can explain the other choice."""
+        return all(math.isfinite(m) and m <= NEAR_TIE for m in (self.margin_committed, self.margin_rerun))
+
+    def describe(self) -> str:
+        kind = "near-tie" if self.near_tie else "NOT a near-tie"
+        return (f"{self.model} #{self.trace} parts at step {self.step} (margin {self.margin_committed:.2g} / "
+                f"{self.margin_rerun:.2g}: {kind})")
+
+
+@dataclass
+class Row:
+    """One line of the report."""
+    artifact: str
+    rows: str
+    status: str
+    largest_difference: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
+
+    @property
+    def agrees(self) -> bool:
+        return all(row.status != DIFFERS for row in self.rows)
+
+    @property
+    def failing(self) -> list[str]:
+        return [row.artifact for row in self.rows if row.status == DIFFERS]
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame([vars(row) for row in self.rows])
+
+    def to_text(self) -> str:
+        frame = self.frame()
+        frame["largest_difference"] = [f"{v:.2g}" if v else "0" for v in frame["largest_difference"]]
+        lines = [frame.to_markdown(index=False)]
+        lines += [f"- {d.describe()}" for d in self.divergences]
+        lines.append(f"tolerances: floats within {FLOAT_TOLERANCE:g} of 1 + |committed|; a near-tie is a decision "
+                     f"margin <= {NEAR_TIE:g} in both runs")
+        return "\n".join(lines)
+
+
+def divergences(committed: pd.DataFrame, rerun: pd.DataFrame) -> list[Divergence]:
+    """The first differing step of every generation in two generations tables (a generation only one side has
+    parts at step 0)."""
+    found = []
+    keys = sorted(set(map(tuple, committed[["model", "trace"]].drop_duplicates().values)) |
+                  set(map(tuple, rerun[["model", "trace"]].drop_duplicates().values)))
+    for model, trace in keys:
+        a = _steps(committed, model, trace)
+        b = _steps(rerun, model, trace)
+        for step in sorted(set(a) | set(b)):
+            if step not in a or step not in b or list(a[step][0]) != list(b[step][0]):
+                margin = lambda side: float(side[step][1]) if step in side else float("nan")  # noqa: E731
+                found.append(Divergence(str(model), int(trace), int(step), margin(a), margin(b)))
+                break
+    return found
+
+
+def _steps(table: pd.DataFrame, model: str, trace: int) -> dict[int, tuple]:
+    rows = table[(table["model"] == model) & (table["trace"] == trace)]
+    return {int(s): (c, m) for s, c, m in zip(rows["step"], rows["canvas"], rows["margin"])}
+
+
+def compare_folders(committed: Path, rerun: Path, rerun_only: bool = False, pages: tuple[Path, Path] | None = None
+                    ) -> Report:
+    """Compare every results file (*.parquet) of `committed` with the same file in `rerun` (rerun_only: only the
+    files the rerun wrote, for a rerun of some of the notebooks), and the explorer pages of the two figure
+    folders in `pages` (committed, rerun)."""
+    committed, rerun = Path(committed), Path(rerun)
+    report = Report()
+    if pages is not None:
+        page_names = {p.name for p in Path(pages[1]).glob("explorer_*.html")}
+        if not rerun_only:
+            page_names |= {p.name for p in Path(pages[0]).glob("explorer_*.html")}
+        report.rows += [compare_page(Path(pages[0]) / n, Path(pages[1]) / n) for n in sorted(page_names)]
+    names = {p.stem for p in rerun.glob("*.parquet")}
+    if not rerun_only:
+        names |= {p.stem for p in committed.glob("*.parquet")}
+    names = sorted(names)
+    explained: set[tuple] = set()
+    if GENERATIONS in names:
+        report.rows.append(_compare_generations(committed, rerun, report, explained))
+    for name in (n for n in names if n.endswith(ITEMS)):
+        report.rows.append(compare_items(committed / f"{name}.parquet", rerun / f"{name}.parquet", explained))
+    for name in names:
+        if name == GENERATIONS or name.endswith(ITEMS):
+            continue
+        report.rows.append(compare_file(committed / f"{name}.parquet", rerun / f"{name}.parquet", explained))
+    return report
+
+
+def compare_items(committed: Path, rerun: Path, explained: set[tuple]) -> Row:
+    """Table 1's samples: the same samples in each run, and the same answers except where the sample's closest
+    decision was a near-tie in both runs; adds each run with only such changes to `explained` as ("run", model,
+    condition, k)."""
+    name = committed.stem
+    missing = _missing(committed, rerun)
+    if missing:
+        return missing
+    a, b = pd.read_parquet(committed), pd.read_parquet(rerun)
+    rows = f"{len(a)} / {len(b)}"
+    if a.equals(b):
+        return Row(name, rows, IDENTICAL)
+    keys = ["model", "condition", "k", "id"]
+    merged = a.merge(b, on=keys, how="outer", suffixes=("", "__rerun"), indicator=True)
+    unmatched = int((merged["_merge"] != "both").sum())
+    merged = merged[merged["_merge"] == "both"]
+    changed = merged[(merged["correct"] != merged["correct__rerun"]) | (merged["output"] != merged["output__rerun"])]
+    near = (changed["margin"] <= NEAR_TIE) & (changed["margin__rerun"] <= NEAR_TIE)  # NaN: sampled, never near
+    problems = [f"{unmatched} samples on one side only"] if unmatched else []
+    if (~near).any():
+        first = changed[~near].iloc[0]
+        problems.append(f"{int((~near).sum())} answers changed without a near-tie (e.g. {first['model']} "
+                        f"{first['condition']} k={first['k']} sample {first['id']}: margin {first['margin']:.2g} / "
+                        f"{first['margin__rerun']:.2g})")
+    if problems:
+        return Row(name, rows, DIFFERS, detail="; ".join(problems))
+    runs = changed[["model", "condition", "k"]].drop_duplicates()
+    explained.update(("run", m, c, int(k)) for m, c, k in runs.itertuples(index=False))
+    if changed.empty:
+        return Row(name, rows, WITHIN, detail="the same answers")
+    return Row(name, rows, NEAR, detail=f"{len(changed)} outputs changed, each after a near-tie "
+                                        f"(closest margins <= {NEAR_TIE:g} in both runs)")
+
+
+def _compare_generations(committed: Path, rerun: Path, report: Report, explained: set) -> Row:
+    missing = _missing(committed / f"{GENERATIONS}.parquet", rerun / f"{GENERATIONS}.parquet")
+    if missing:
+        return missing
+    a, b = pd.read_parquet(committed / f"{GENERATIONS}.parquet"), pd.read_parquet(rerun / f"{GENERATIONS}.parquet")
+    report.divergences = divergences(a, b)
+    explained.update(("trace", d.model, d.trace) for d in report.divergences if d.near_tie)
+    rows = f"{len(a)} / {len(b)}"
+    if not report.divergences:
+        same_margins = _float_difference(a["margin"], b["margin"])
+        return Row(GENERATIONS, rows, IDENTICAL if a.equals(b) else WITHIN, same_margins, "every canvas identical")
+    status = NEAR if all(d.near_tie for d in report.divergences) else DIFFERS
+    return Row(GENERATIONS, rows, status, 0.0, "; ".join(d.describe() for d in report.divergences))
+
+
+def compare_file(committed: Path, rerun: Path, explained: set[tuple] = frozenset()) -> Row:
+    """Compare one results file; rows downstream of the `explained` near-ties may differ (("trace", model,
+    trace): a generation that parted at a near-tie; ("run", model, condition, k): an evaluation run whose
+    changed answers all had one)."""
+    name = committed.stem
+    missing = _missing(committed, rerun)
+    if missing:
+        return missing
+    a, b = pd.read_parquet(committed), pd.read_parquet(rerun)
+    rows = f"{len(a)} / {len(b)}"
+    if a.equals(b):
+        return Row(name, rows, IDENTICAL)
+    layout = LAYOUTS.get(name, EVALUATION if name.startswith("table1_masking_") else None)
+    if layout is None:
+        return Row(name, rows, DIFFERS, detail="no layout for this file: only an identical frame agrees")
+    if layout.index:
+        a, b = a.reset_index(), b.reset_index()
+    a, b = _downstream(a, layout, explained), _downstream(b, layout, explained)
+    skipped = int(a["_explained"].sum())  # committed rows set aside (the rerun's may number more or fewer)
+    a, b = a[~a["_explained"]], b[~b["_explained"]]
+    return _compare_rows(name, rows, a.drop(columns="_explained"), b.drop(columns="_explained"), layout, skipped)
+
+
+_PAGE_DATA = re.compile(r'(<script type="application/json" id="sinklib-explorer-data">)(.*?)(</script>)', re.S)
+_PAGE_SHAPE = ("format", "model", "n_steps", "n_layers", "n_heads", "seq", "prompt_len", "layer_names", "layer_ids",
+               "model_layers")
+
+
+def compare_page(committed: Path, rerun: Path) -> Row:
+    """Compare two explorer pages: the page around the data byte for byte (the front end, its style), the data's
+    shape exactly, the canvases exactly up to a near-tie, and the embedded scores within FLOAT_TOLERANCE."""
+    name = committed.name
+    missing = _missing(committed, rerun)
+    if missing:
+        return Row(name, "-", DIFFERS, detail=missing.detail)
+    a_text, b_text = committed.read_text(encoding="utf-8"), rerun.read_text(encoding="utf-8")
+    if a_text == b_text:
+        return Row(name, "1 / 1", IDENTICAL)
+    (a_page, a), (b_page, b) = _page_parts(a_text), _page_parts(b_text)
+    if a_page != b_page:
+        return Row(name, "1 / 1", DIFFERS, detail="the page around the data differs (front end or style changed)")
+    a_head, b_head = a["header"], b["header"]
+    shape = [key for key in _PAGE_SHAPE if a_head.get(key) != b_head.get(key)]
+    if shape:
+        return Row(name, "1 / 1", DIFFERS, detail=f"the data's shape differs: {shape}")
+    margins = lambda h: [float("nan") if m is None else m for m in h.get("margins") or []]  # noqa: E731
+    steps = lambda h: pd.DataFrame({"model": h["model"], "trace": 0, "step": range(len(h["canvas"]) - 1),  # noqa: E731
+                                    "canvas": h["canvas"][1:], "margin": (margins(h) + [math.nan] * len(h["canvas"]))[:len(h["canvas"]) - 1]})
+    parted = divergences(steps(a_head), steps(b_head))
+    if parted:
+        return Row(name, "1 / 1", NEAR if parted[0].near_tie else DIFFERS, detail=parted[0].describe())
+    scores = [np.frombuffer(base64.b64decode(d["scores"]), dtype="<f4") for d in (a, b)]
+    largest = _float_difference(pd.Series(scores[0]), pd.Series(scores[1]))
+    if largest > FLOAT_TOLERANCE:
+        return Row(name, "1 / 1", DIFFERS, largest, f"scores differ by {largest:.2g} of 1 + |score|")
+    return Row(name, "1 / 1", WITHIN, largest, "same canvases")
+
+
+def _page_parts(text: str) -> tuple[str, dict]:
+    found = _PAGE_DATA.search(text)
+    if found is None:
+        raise ValueError("this page holds no sinklib explorer data")
+    return text[:found.start(2)] + text[found.end(2):], json.loads(found.group(2))
+
+
+def _missing(committed: Path, rerun: Path) -> Row | None:
+    if committed.exists() and rerun.exists():
+        return None
+    side = "the committed results" if not committed.exists() else "the rerun"
+    return Row(committed.stem, "-", DIFFERS, detail=f"missing from {side}")
+
+
+def _downstream(frame: pd.DataFrame, layout: Layout, explained: set[tuple]) -> pd.DataFrame:
+    """frame with an _explained column: whether the row comes from a generation that parted at a near-tie."""
+    models = {entry[1] for entry in explained if entry[0] == "trace"}
+    owners = frame["model"].astype(str).map(lambda m: _BASELINE.sub(r"\1", m))
+    if layout.scope == "trace":
+        flag = [("trace", m, int(t)) in explained for m, t in zip(owners, frame["trace"])]
+    elif layout.scope == "first":
+        flag = [("trace", m, 0) in explained for m in owners]
+    elif layout.scope == "model":
+        flag = [m in models for m in owners]
+    elif layout.scope == "run":
+        flag = [("run", m, c, int(k)) in explained for m, c, k in zip(owners, frame["condition"], frame["k"])]
+    else:
+        flag = [False] * len(frame)
+    return frame.assign(_explained=np.asarray(flag, dtype=bool))
+
+
+def _compare_rows(name: str, rows: str, a: pd.DataFrame, b: pd.DataFrame, layout: Layout, skipped: int) -> Row:
+    merged = a.merge(b, on=list(layout.keys), how="outer", suffixes=("", "__rerun"), indicator=True)
+    unmatched = int((merged["_merge"] != "both").sum())
+    merged = merged[merged["_merge"] == "both"]
+    problems, largest = [], 0.0
+    if unmatched:
+        problems.append(f"{unmatched} rows on one side only")
+    for column in (c for c in a.columns if c not in layout.keys):
+        left, right = merged[column], merged[f"{column}__rerun"]
+        if pd.api.types.is_float_dtype(left) and pd.api.types.is_float_dtype(right):
+            difference = _float_difference(left, right)
+            largest = max(largest, difference)
+            if difference > FLOAT_TOLERANCE:
+                problems.append(f"{column} differs by {difference:.2g} of 1 + |value|")
+        else:
+            changed = int((left.astype(object).values != right.astype(object).values).sum())
+            if changed:
+                problems.append(f"{column} differs in {changed} rows")
+    note = f"{skipped} rows after a near-tie set aside" if skipped else ""
+    if problems:
+        return Row(name, rows, DIFFERS, largest, "; ".join(problems + ([note] if note else [])))
+    return Row(name, rows, NEAR if skipped else WITHIN, largest, note)
+
+
+def _float_difference(left: pd.Series, right: pd.Series) -> float:
+    """The largest |a − b| / (1 + |a|) over the rows, NaN = NaN (a NaN against a number is infinite)."""
+    x, y = left.to_numpy(dtype=np.float64), right.to_numpy(dtype=np.float64)
+    if x.size == 0:
+        return 0.0
+    both_nan = np.isnan(x) & np.isnan(y)
+    with np.errstate(invalid="ignore"):
+        difference = np.abs(x - y) / (1 + np.abs(x))
+    difference = np.where(both_nan | (x == y), 0.0, np.where(np.isnan(difference), np.inf, difference))
+    return float(difference.max())

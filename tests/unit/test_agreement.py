@@ -1,0 +1,138 @@
+"""Comparing a rerun with the committed results: what is identical, what is within float tolerance, what a
+near-tie explains, and what differs — each on hand-built results files whose answer is known."""
+import base64
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sinklib import agreement
+from sinklib.agreement import DIFFERS, FLOAT_TOLERANCE, IDENTICAL, NEAR, NEAR_TIE, WITHIN
+
+
+def _generations(canvases: dict[tuple[str, int], list[list[int]]], margins: dict[tuple[str, int], list[float]]):
+    rows = [{"model": m, "trace": t, "step": s, "margin": margins[(m, t)][s], "canvas": c}
+            for (m, t), steps in canvases.items() for s, c in enumerate(steps)]
+    return pd.DataFrame(rows)
+
+
+def _write(folder, name, frame):
+    folder.mkdir(exist_ok=True)
+    frame.to_parquet(folder / f"{name}.parquet")
+
+
+def _events(score_shift=0.0, position=4, models=("a", "b")):
+    return pd.DataFrame({"model": list(models), "trace": [0, 0], "step": [3, 3], "layer": [1, 1], "head": [0, 0],
+                         "position": [position, 4], "score": [5.0 + score_shift, 6.0]})
+
+
+def test_the_first_differing_step_and_its_margins_are_found():
+    canvas = [[1, 9, 9], [1, 2, 9], [1, 2, 3]]
+    committed = _generations({("a", 0): canvas, ("a", 1): canvas}, {("a", 0): [0.5, 0.0, 0.2], ("a", 1): [0.5] * 3})
+    rerun = _generations({("a", 0): canvas[:1] + [[1, 9, 4], [1, 5, 4]], ("a", 1): canvas},
+                         {("a", 0): [0.5, 2e-4, 0.3], ("a", 1): [0.5] * 3})
+    found = agreement.divergences(committed, rerun)
+    assert [(d.model, d.trace, d.step) for d in found] == [("a", 0, 1)]
+    assert (found[0].margin_committed, found[0].margin_rerun) == (0.0, 2e-4) and found[0].near_tie
+
+
+@pytest.mark.parametrize("margins, near_tie", [((0.0, 0.0), True), ((NEAR_TIE, 1e-9), True), ((0.0, 0.3), False),
+                                               ((float("nan"), 0.0), False), ((0.2, 0.2), False)])
+def test_a_near_tie_needs_both_runs_to_have_decided_within_the_bound(margins, near_tie):
+    assert agreement.Divergence("a", 0, 2, *margins).near_tie is near_tie
+
+
+def test_identical_and_within_tolerance(tmp_path):
+    _write(tmp_path / "c", "moving_sink_events", _events())
+    _write(tmp_path / "r", "moving_sink_events", _events(score_shift=FLOAT_TOLERANCE))
+    row = agreement.compare_file(tmp_path / "c" / "moving_sink_events.parquet", tmp_path / "c" / "moving_sink_events.parquet")
+    assert row.status == IDENTICAL
+    row = agreement.compare_file(tmp_path / "c" / "moving_sink_events.parquet", tmp_path / "r" / "moving_sink_events.parquet")
+    assert row.status == WITHIN and 0 < row.largest_difference <= FLOAT_TOLERANCE
+
+
+@pytest.mark.parametrize("rerun, detail", [
+    (_events(score_shift=0.01), "score differs by 0.0017 of 1 + |value|"),
+    (_events(position=5), "position differs in 1 rows"),
+    (_events().iloc[:1], "1 rows on one side only"),
+])
+def test_what_differs_is_named(tmp_path, rerun, detail):
+    _write(tmp_path / "c", "moving_sink_events", _events())
+    _write(tmp_path / "r", "moving_sink_events", rerun)
+    row = agreement.compare_file(tmp_path / "c" / "moving_sink_events.parquet", tmp_path / "r" / "moving_sink_events.parquet")
+    assert row.status == DIFFERS and detail in row.detail
+
+
+def _folders(tmp_path, rerun_margin: float):
+    """Model a's first generation parts at step 1 in the rerun; its events moved; model b's agree."""
+    canvas = [[1, 9], [1, 2]]
+    margins = {("a", 0): [0.4, 0.0], ("b", 0): [0.4, 0.4]}
+    _write(tmp_path / "c", "generations", _generations({("a", 0): canvas, ("b", 0): canvas}, margins))
+    _write(tmp_path / "r", "generations", _generations({("a", 0): [canvas[0], [1, 3]], ("b", 0): canvas},
+                                                       {**margins, ("a", 0): [0.4, rerun_margin]}))
+    _write(tmp_path / "c", "moving_sink_events", _events())
+    _write(tmp_path / "r", "moving_sink_events", _events(score_shift=0.3, position=7))
+    return agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+
+
+def test_rows_after_a_near_tie_are_set_aside_and_named(tmp_path):
+    report = _folders(tmp_path, rerun_margin=1e-6)
+    rows = {row.artifact: row for row in report.rows}
+    assert rows["generations"].status == NEAR and "a #0 parts at step 1" in rows["generations"].detail
+    assert rows["moving_sink_events"].status == NEAR and "1 rows after a near-tie" in rows["moving_sink_events"].detail
+    assert report.agrees and "near-tie" in report.to_text()
+
+
+def test_a_divergence_that_is_no_near_tie_fails_the_check(tmp_path):
+    report = _folders(tmp_path, rerun_margin=0.3)
+    assert not report.agrees and report.failing == ["generations", "moving_sink_events"]
+
+
+def test_a_file_missing_on_either_side_differs(tmp_path):
+    _write(tmp_path / "c", "sink_dynamics", pd.DataFrame({"model": ["a"], "trace": [0], "move_rate": [0.1]}))
+    (tmp_path / "r").mkdir()
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    assert report.failing == ["sink_dynamics"] and report.rows[0].detail == "missing from the rerun"
+    assert agreement.compare_folders(tmp_path / "c", tmp_path / "r", rerun_only=True).rows == []
+
+
+def _page(path, canvas, scores, margins, around="<p>page</p>"):
+    data = {"header": {"format": 1, "model": "m", "n_steps": len(canvas) - 1, "n_layers": 1, "n_heads": 1,
+                       "seq": len(canvas[0]), "prompt_len": 1, "layer_names": ["l0"], "layer_ids": [0],
+                       "model_layers": 1, "canvas": canvas, "margins": margins},
+            "scores": base64.b64encode(np.asarray(scores, dtype="<f4").tobytes()).decode()}
+    path.write_text(f'{around}<script type="application/json" id="sinklib-explorer-data">{json.dumps(data)}</script>')
+    return path
+
+
+@pytest.mark.parametrize("rerun, status", [
+    (dict(canvas=[[1, 9], [1, 2]], scores=[1.0, 2.00001, 1.5, 0.5], margins=[0.2]), WITHIN),
+    (dict(canvas=[[1, 9], [1, 3]], scores=[1.0, 2.0, 1.9, 0.1], margins=[0.0]), NEAR),
+    (dict(canvas=[[1, 9], [1, 3]], scores=[1.0, 2.0, 1.9, 0.1], margins=[0.2]), DIFFERS),
+    (dict(canvas=[[1, 9], [1, 2]], scores=[1.0, 2.1, 1.5, 0.5], margins=[0.2]), DIFFERS),
+    (dict(canvas=[[1, 9], [1, 2]], scores=[1.0, 2.0, 1.5, 0.5], margins=[0.2], around="<p>new front end</p>"), DIFFERS),
+])
+def test_explorer_pages_compare_their_data_not_their_bytes(tmp_path, rerun, status):
+    committed = _page(tmp_path / "c.html", [[1, 9], [1, 2]], [1.0, 2.0, 1.5, 0.5], [0.0])
+    assert agreement.compare_page(committed, _page(tmp_path / "r.html", **rerun)).status == status
+
+
+def _table1(tmp_path, side: str, correct: bool, margin: float):
+    """Table 1 with one run of two samples; sample "2"'s answer is `correct` with closest margin `margin`."""
+    items = pd.DataFrame({"model": ["a", "a"], "condition": ["sinks", "sinks"], "k": [1, 1], "id": ["1", "2"],
+                          "correct": [True, correct], "output": ["12", "7" if correct else "8"],
+                          "margin": [0.4, margin]})
+    table = pd.DataFrame({"model": ["a"], "condition": ["sinks"], "k": [1], "accuracy": [items["correct"].mean()],
+                          "stderr": [0.1], "n": [2], "accuracy_flexible": [items["correct"].mean()]})
+    _write(tmp_path / side, "table1_masking_arithmetic", table)
+    _write(tmp_path / side, "table1_masking_arithmetic_items", items)
+
+
+@pytest.mark.parametrize("margins, status", [((0.0, 1e-5), NEAR), ((0.0, 0.2), DIFFERS), ((np.nan, np.nan), DIFFERS)])
+def test_a_table1_answer_that_flipped_is_explained_only_by_a_near_tie(tmp_path, margins, status):
+    _table1(tmp_path, "c", True, margins[0])
+    _table1(tmp_path, "r", False, margins[1])
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    assert {row.artifact: row.status for row in report.rows} == {"table1_masking_arithmetic_items": status,
+                                                                  "table1_masking_arithmetic": status}
