@@ -64,6 +64,12 @@ def _attention_in(block: nn.Module) -> tuple[str, nn.Module]:
 def attention_layers(model: nn.Module, layer_names: Sequence[str] | None = None) -> list[AttentionLayer]:
     """The attention-bearing module of every block, in execution order."""
     if layer_names is not None:
+        if isinstance(layer_names, str):
+            raise ValueError(f"layer_names={layer_names!r} is not allowed: layer_names must be a list of module paths")
+        repeated = sorted({name for name in layer_names if list(layer_names).count(name) > 1})
+        if repeated:  # one module twice would enter one layer and leave the other empty (a layer of NaN)
+            raise ValueError(f"layer_names={list(layer_names)!r} is not allowed: layer_names must name each module once "
+                             f"({repeated} repeated)")
         modules = dict(model.named_modules())
         layers = []
         for index, name in enumerate(layer_names):

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from sinklib import compat, named
+from sinklib.validation import Consent, Index, checked
 from sinklib._checks import bad_value, check_choice, did_you_mean
 from sinklib.families.base import Family, family_names, get_family
 from sinklib.paths import ZOO_DIR
@@ -186,16 +187,17 @@ def _load_config(path: str, trust_remote_code: bool):
         raise OSError(_offline_hint(path)) from error
 
 
+@checked
 def load(
     name_or_model: str | os.PathLike | nn.Module,
     family: str | None = None,
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
-    trust_remote_code: bool = False,
+    trust_remote_code: Consent = False,
     *,
     tokenizer: Any = None,
-    mask_id: int | None = None,
-    eos_ids: tuple[int, ...] | None = None,
+    mask_id: Index | None = None,
+    eos_ids: tuple[Index, ...] | None = None,
 ) -> LoadedModel:
     """Load a model by hub id, local folder or zoo name (e.g. "tiny-llada"), or wrap a model object.
 

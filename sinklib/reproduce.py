@@ -47,24 +47,19 @@ def declared_parameters(paths: list[Path]) -> dict[str, Any]:
 
 
 def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
-    """Refuse, before anything runs, a key no notebook's run config has and a value whose type the default does
-    not have (numbers may be int or float; None is always allowed)."""
+    """Refuse, before anything runs, a key no notebook declares (a key of a notebook left out by --only is
+    fine), then build each selected notebook's run config from the given values: its declared types, ranges and
+    cross-field rules (sinklib.runs) refuse a bad value naming it."""
     from sinklib._checks import did_you_mean
+    from sinklib.runs import run_for
 
-    declared = declared_parameters(paths)
-    for key, value in given.items():
+    declared = declared_parameters(notebook_paths())
+    for key in given:
         if key not in declared:
             raise ValueError(f"parameter {key!r} is not allowed: no notebook declares it{did_you_mean(key, declared)}; "
                              f"allowed: {sorted(declared)}")
-        default = declared[key]
-        if value is None or default is None:
-            continue
-        numbers = (int, float)
-        same = isinstance(value, numbers) and isinstance(default, numbers) and not isinstance(value, bool) and \
-            not isinstance(default, bool) or type(value) is type(default)
-        if not same:
-            raise ValueError(f"parameter {key}={value!r} is not allowed: {key} must be a {type(default).__name__} "
-                             f"like its default {default!r}")
+    for path in paths:
+        run_for(path)(**parameters_for(path, given))
 
 
 def check_model_names(given: dict[str, Any]) -> None:
@@ -109,7 +104,7 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
 
     given = dict(params or {})
     paths = notebook_paths(only)
-    check_parameters(given, notebook_paths())  # a key of a notebook --only leaves out is still a known key
+    check_parameters(given, paths)
     check_model_names(given)
     given = {**output_folders(given), **given}
     if figures_dir is not None:
@@ -152,12 +147,28 @@ def check(params: dict[str, Any] | None = None, only: list[str] | None = None, p
                                          pages=(figures, scratch / "figures"))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice (plain YAML keeps the last, hiding a typo's twin)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is written twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_params(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """A YAML mapping of parameter names to values; anything else is refused with the file named."""
     if not path.is_file():
         parser.error(f"--params={str(path)!r} is not allowed: no such file")
     try:
-        params = yaml.safe_load(path.read_text())
+        params = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as error:
+        parser.error(f"--params={str(path)!r} is not allowed: it is not UTF-8 text ({error.reason} at byte {error.start})")
     except yaml.YAMLError as error:
         parser.error(f"--params={str(path)!r} is not valid YAML: {' '.join(str(error).split())}")
     if params is None:

@@ -13,6 +13,7 @@ import pandas as pd
 from sinklib._checks import did_you_mean
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
+from sinklib.validation import Consent, Count, Index, NonNegative, Text, validated
 
 
 @dataclass(frozen=True)
@@ -75,22 +76,35 @@ class Result:
     shown: Any = None
 
 
+def _check_layout(config) -> None:
+    """gen_length must split into blocks of block_length (LLaDA / MMaDA's layout), when both are given."""
+    if config.gen_length is not None and config.block_length is not None and config.gen_length % config.block_length:
+        raise ValueError(f"gen_length={config.gen_length!r} is not allowed: gen_length must be a multiple of "
+                         f"block_length={config.block_length}")
+
+
+@validated
 @dataclass(frozen=True)
 class TracesRun(RunConfig):
     """Notebook 01: traces of every model on n_prompts prompts, then their score distributions."""
     NOTEBOOK = "01_attention_distributions"
-    models: list[str] = field(default_factory=lambda: ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"])
-    trust_remote_code: bool = False
+    models: list[Text] = field(default_factory=lambda: ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"])
+    trust_remote_code: Consent = False
     device: str = "cpu"
     dtype: str | None = None
-    n_prompts: int = 6
-    steps: int | None = None
-    gen_length: int | None = None
-    block_length: int | None = None
-    seed: int = 0
+    n_prompts: Count = 6
+    steps: Count | None = None
+    gen_length: Count | None = None
+    block_length: Count | None = None
+    seed: Index = 0
     figures_dir: str = "../figures"
     results_dir: str = "../data/results"
     progress: bool = True
+
+    def check(self) -> None:
+        if not self.models:
+            raise ValueError("models=[] is not allowed: models must be a non-empty list of model names")
+        _check_layout(self)
 
     def collect(self) -> tuple[dict, dict]:
         """(loaded models by name, their traces by name): one generation per prompt with the family's settings."""
@@ -105,71 +119,86 @@ class TracesRun(RunConfig):
         return loaded, traces
 
 
+@validated
 @dataclass(frozen=True)
 class MovingSinksRun(TracesRun):
     """Notebook 02: sink tokens, dynamics and moving sinks, with the Eq. 3 threshold eps (sum units)."""
     NOTEBOOK = "02_moving_sinks"
-    eps: float = 3.0
-
-    def __post_init__(self) -> None:
-        self.rule  # a bad eps is refused here, before any model loads
+    eps: NonNegative = 3.0
 
     @property
     def rule(self) -> SinkRule:
         return SinkRule(self.eps)
 
 
+@validated
 @dataclass(frozen=True)
 class ThresholdSweepRun(TracesRun):
     """Notebook 03: the share of tokens Eq. 3 selects at each eps."""
     NOTEBOOK = "03_threshold_sweep"
-    eps_values: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0])
+    eps_values: list[NonNegative] = field(default_factory=lambda: [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0])
+
+    def check(self) -> None:
+        super().check()
+        if not self.eps_values:
+            raise ValueError("eps_values=[] is not allowed: eps_values must be a non-empty list of numbers >= 0")
 
 
+@validated
 @dataclass(frozen=True)
 class MaskingRun(RunConfig):
     """Notebook 04: Table 1, accuracy with the top-k sinks masked and a random-key control."""
     NOTEBOOK = "04_masking_ablation"
-    models: list[str] = field(default_factory=lambda: ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"])
+    models: list[Text] = field(default_factory=lambda: ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"])
     task: str = "arithmetic"
     tasks: dict[str, str] = field(default_factory=lambda: {"smollm2-135m-instruct": "capitals"})
     task_path: str | None = None
-    n_problems: int | None = 100
-    steps: int | None = None
-    gen_length: int | None = None
-    block_length: int | None = None
-    ks: list[int] = field(default_factory=lambda: [0, 1, 5, 10])
+    n_problems: Count | None = 100
+    steps: Count | None = None
+    gen_length: Count | None = None
+    block_length: Count | None = None
+    ks: list[Index] = field(default_factory=lambda: [0, 1, 5, 10])
     random_control: bool = True
-    seed: int = 0
-    eps: float = 3.0
-    batch_size: int = 50
-    allow_code_execution: bool = False
-    trust_remote_code: bool = False
+    seed: Index = 0
+    eps: NonNegative = 3.0
+    batch_size: Count = 50
+    allow_code_execution: Consent = False
+    trust_remote_code: Consent = False
     device: str = "cpu"
     dtype: str | None = None
     figures_dir: str = "../figures"
     results_dir: str = "../data/results"
     progress: bool = True
 
+    def check(self) -> None:
+        if not self.models:
+            raise ValueError("models=[] is not allowed: models must be a non-empty list of model names")
+        if not self.ks:
+            raise ValueError("ks=[] is not allowed: ks must be a non-empty list of integers >= 0")
+        _check_layout(self)
 
+
+@validated
 @dataclass(frozen=True)
 class ExplorerRun(RunConfig):
     """Notebook 05: one generation in the explorer, and a self-contained page per model."""
     NOTEBOOK = "05_explorer"
-    models: list[str] = field(default_factory=lambda: ["tiny-llada", "tiny-dream"])
-    trust_remote_code: bool = False
+    models: list[Text] = field(default_factory=lambda: ["tiny-llada", "tiny-dream"])
+    trust_remote_code: Consent = False
     device: str = "cpu"
     dtype: str | None = None
-    prompt: str = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:"
-    steps: int | None = None
-    gen_length: int | None = None
-    block_length: int | None = None
-    seed: int = 0
-    eps: float = 3.0
+    prompt: Text = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:"
+    steps: Count | None = None
+    gen_length: Count | None = None
+    block_length: Count | None = None
+    seed: Index = 0
+    eps: NonNegative = 3.0
     figures_dir: str = "../figures"
 
-    def __post_init__(self) -> None:
-        SinkRule(self.eps)  # a bad eps is refused here, before any model loads
+    def check(self) -> None:
+        if not self.models:
+            raise ValueError("models=[] is not allowed: models must be a non-empty list of model names")
+        _check_layout(self)
 
     def explore(self) -> tuple:
         """(the first model loaded, its generation of `prompt`): what the explorer shows."""

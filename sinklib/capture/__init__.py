@@ -14,6 +14,7 @@ This sees native transformers models running with attn_implementation="sdpa" and
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterator, Sequence
 
 import torch
@@ -49,23 +50,38 @@ def capture(
     """
     model, layer_names = _as_module(model, layer_names)
     options = CaptureOptions(maps or (), intervention, layer_names, chunk_size, store_device, keep_steps)
-    if getattr(model, "_sinklib_capture_active", False):
-        raise CaptureError("capture is already active on this model; nesting captures of one model is not supported "
-                           "(ask one capture for all maps and the intervention you need)")
     _check_sdpa_visible(model)
-    recorder = Recorder(model, attention_layers(model, options.layer_names), options)
-    _prepare_intervention(intervention, recorder)
-    handles = _hook(model, recorder)
-    model._sinklib_capture_active = True
-    route.install()
+    _claim(model)
+    handles, recorder, installed = [], None, False
     try:
+        recorder = Recorder(model, attention_layers(model, options.layer_names), options)
+        _prepare_intervention(intervention, recorder)
+        handles = _hook(model, recorder)
+        route.install()
+        installed = True
         yield recorder
     finally:
-        route.remove()
+        if installed:
+            route.remove()
         for handle in handles:
             handle.remove()
+        if recorder is not None:
+            route.forget(recorder)
+            recorder.close()
         model._sinklib_capture_active = False
-        recorder.close()
+
+
+_claims = threading.Lock()
+
+
+def _claim(model: nn.Module) -> None:
+    """Mark `model` as captured, atomically: of two threads opening a capture of one model, one is refused."""
+    with _claims:
+        if getattr(model, "_sinklib_capture_active", False):
+            raise CaptureError("capture is already active on this model; nesting captures of one model (or capturing "
+                               "it from two threads) is not supported: ask one capture for all maps and the "
+                               "intervention you need")
+        model._sinklib_capture_active = True
 
 
 def _prepare_intervention(intervention, recorder: Recorder) -> None:

@@ -63,6 +63,7 @@ class Recorder:
         self.model = model
         self.layers = layers
         self.layer_names = [layer.name for layer in layers]
+        self.closed = False
         self.options = options
         self.intervention = options.intervention
         self.query_mask: torch.Tensor | None = None  # optional [B, S] weights; 0 drops a query row (padding)
@@ -164,6 +165,7 @@ class Recorder:
 
     def close(self) -> None:
         self._store.current = None
+        self.closed = True
 
     # -- the attention call (route.py sends it here) -----------------------------------------------
     def attend(self, layer, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, kwargs):

@@ -28,6 +28,8 @@ def original_sdpa(query, key, value, **kwargs):
 
 def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kwargs):
     stack = frames()
+    while stack and stack[-1][0].closed:  # a frame a failed forward left in this thread after its capture closed
+        stack.pop()
     if not stack:
         return original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                              scale=scale, enable_gqa=enable_gqa, **kwargs)
@@ -61,3 +63,10 @@ def leave(recorder) -> None:
     stack = frames()
     if stack and stack[-1][0] is recorder:
         stack.pop()
+
+
+def forget(recorder) -> None:
+    """Drop every frame of `recorder` from this thread's stack (a capture ending, whatever a failed forward left):
+    a later capture never sees a frame of a closed one."""
+    stack = frames()
+    stack[:] = [frame for frame in stack if frame[0] is not recorder]

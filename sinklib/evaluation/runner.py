@@ -9,6 +9,8 @@ import hashlib
 import json
 import math
 import os
+import stat
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any, Iterator
 from tqdm.auto import tqdm
 
 from sinklib.generate import generate
+from sinklib.validation import Consent, Count, Index, checked
 from sinklib._checks import bad_value, check_int
 from sinklib.evaluation.sandbox import SandboxLimits
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
@@ -78,10 +81,13 @@ def write_provenance(out: Path, digest: str, config: dict[str, Any]) -> None:
     from sinklib.provenance import as_text, describe
 
     path = provenance_path(out)
+    if os.path.lexists(path) and not path.is_file() or path.is_symlink():
+        raise ValueError(f"out={str(out)!r} is not allowed: {path.name} beside it must be a regular file")
     known = json.loads(path.read_text()) if path.is_file() else {}
     known[digest] = describe(config)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(as_text(known) + "\n")
+    descriptor, temporary = tempfile.mkstemp(prefix=path.name, suffix=".partial", dir=path.parent)  # ours, new
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(as_text(known) + "\n")
     os.replace(temporary, path)  # atomic: an interruption leaves the old file or the new one
 
 
@@ -104,12 +110,26 @@ def _read_done(out: Path, digest: str) -> dict[str, dict]:
             found = record.get("config_hash") if isinstance(record, dict) else None
             raise ValueError(f"out={str(out)!r} is not allowed: line {number} was written by another configuration "
                              f"(config_hash {found} ≠ {digest}); use a new file")
+        if record.get("record_sha256") != record_digest(record):
+            raise ValueError(f"out={str(out)!r} is not allowed: line {number} was edited after it was written (its "
+                             "record_sha256 does not match its content); use a new file")
         if record.get("id") in done:
             raise ValueError(f"out={str(out)!r} is not allowed: sample {record['id']!r} is written twice (lines "
                              f"{lines[record['id']]} and {number}), so two runs wrote it at once; use a new file")
         done[record["id"]] = record
         lines[record["id"]] = number
     return done
+
+
+def record_digest(record: dict) -> str:
+    """sha256 of a record's canonical JSON without its own digest: a hand-edited record (a flipped `correct`) no
+    longer matches and is refused when the file is read back."""
+    body = {k: v for k, v in record.items() if k != "record_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=True).encode()).hexdigest()
+
+
+def _sealed(record: dict) -> dict:
+    return {**record, "record_sha256": record_digest(record)}
 
 
 def repair_tail(out: Path, digest: str) -> None:
@@ -124,7 +144,7 @@ def repair_tail(out: Path, digest: str) -> None:
         complete = isinstance(record, dict) and record.get("config_hash") == digest and "id" in record
     except ValueError:
         complete = False
-    with out.open("r+b") as handle:
+    with os.fdopen(os.open(out, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), "r+b") as handle:
         if complete:
             handle.seek(0, os.SEEK_END)
             handle.write(b"\n")
@@ -134,26 +154,68 @@ def repair_tail(out: Path, digest: str) -> None:
         os.fsync(handle.fileno())
 
 
-def _lock(out: Path):
-    """An exclusive lock held for the whole run: a second process writing the same file is refused at once."""
+@dataclass
+class _Results:
+    """The open results file: its handle (locked for the whole run), and whether this run created it."""
+    handle: Any
+    path: Path
+    created: bool
+
+
+def _lock(out: Path) -> _Results:
+    """Open `out` for appending and lock it for the whole run; a second process writing it is refused at once.
+    Only a regular file is ever opened: a symlink, device, FIFO or directory is refused before anything is
+    written (opened without following symlinks, then checked on the open descriptor, so nothing can be swapped
+    in between)."""
+    _check_results_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    handle = out.open("a")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor, created = os.open(out, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        try:
+            descriptor, created = os.open(out, flags), False
+        except OSError as error:
+            raise ValueError(f"out={str(out)!r} is not allowed: out must be a regular file ({error.strerror})") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise ValueError(f"out={str(out)!r} is not allowed: out must be a regular file, not a device, FIFO or socket")
+    os.set_blocking(descriptor, True)
+    handle = os.fdopen(descriptor, "a")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
         raise RuntimeError(f"out={str(out)!r} is being written by another evaluation run right now; wait for it to "
                            "finish or choose another file") from None
-    return handle
+    return _Results(handle, out, created)
 
 
-def _close(handle, out_path: Path | None) -> None:
-    """Release the lock; a file this run created and never wrote to is removed (no empty results file)."""
-    if handle is None:
+def _check_results_path(out: Path) -> None:
+    """Refuse, by what is at the path now, anything but a regular file or nothing (symlinks are never followed)."""
+    if not str(out).strip() or out.name in ("", ".", ".."):
+        raise ValueError(f"out={str(out)!r} is not allowed: out must be the path of a results file (.jsonl)")
+    try:
+        mode = os.lstat(out).st_mode
+    except FileNotFoundError:
         return
-    if out_path.exists() and out_path.stat().st_size == 0:
-        out_path.unlink()  # while the lock is held: nobody else can be writing to it
-    handle.close()
+    if not stat.S_ISREG(mode):
+        kind = "a symlink" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+        raise ValueError(f"out={str(out)!r} is not allowed: out must be a regular file, and it is {kind}")
+
+
+def _close(results: _Results | None) -> None:
+    """Release the lock. A file this run created and never wrote to is removed (no empty results file) — only
+    that file: it must still be the very file this run opened."""
+    if results is None:
+        return
+    try:
+        opened, there = os.fstat(results.handle.fileno()), os.lstat(results.path)
+        if results.created and opened.st_size == 0 and (opened.st_dev, opened.st_ino) == (there.st_dev, there.st_ino):
+            results.path.unlink()  # while the lock is held: nobody else can be writing to it
+    except OSError:
+        pass
+    results.handle.close()
 
 
 def batch_seed(seed: int, index: int) -> int:
@@ -174,8 +236,10 @@ def sampler_settings(model: LoadedModel, settings: dict[str, Any]) -> dict[str, 
     return settings
 
 
-def _checked(model, task: str, intervention, limit, batch_size, seed, allow_code_execution: bool):
+def _checked(model, task: str, intervention, limit, batch_size, seed, allow_code_execution: bool, out=None):
     """(LoadedModel, TaskSpec), refusing bad arguments before any model runs."""
+    if out is not None:
+        _check_results_path(Path(out))
     from sinklib.capture import check_intervention
     from sinklib.loading import load
 
@@ -198,13 +262,13 @@ def _open_results(out_path: Path | None, digest: str, config: dict):
     """(locked append handle or None, records already finished under this configuration by id)."""
     if out_path is None:
         return None, {}
-    handle = _lock(out_path)
+    results = _lock(out_path)
     try:
         repair_tail(out_path, digest)
         write_provenance(out_path, digest, config)
-        return handle, _read_done(out_path, digest)
+        return results, _read_done(out_path, digest)
     except BaseException:
-        _close(handle, out_path)
+        _close(results)
         raise
 
 
@@ -253,9 +317,10 @@ def _summary(task: str, records: list[dict], limit) -> EvalSummary:
     return EvalSummary(task, len(records), accuracy, stderr, flexible, records)
 
 
-def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int | None = None, batch_size: int = 8,
-             out: str | Path | None = None, seed: int = 0, progress: bool = True, task_path: str | None = None,
-             allow_code_execution: bool = False, sandbox: SandboxLimits | None = None, **settings) -> EvalSummary:
+@checked
+def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Count | None = None, batch_size: Count = 8,
+             out: str | Path | None = None, seed: Index = 0, progress: bool = True, task_path: str | None = None,
+             allow_code_execution: Consent = False, sandbox: SandboxLimits | None = None, **settings) -> EvalSummary:
     """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
 
     Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
@@ -265,7 +330,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int 
     Returns mean ± standard error over the samples.
     HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
     process (sinklib.evaluation.sandbox; `sandbox` sets its limits)."""
-    model, spec = _checked(model, task, intervention, limit, batch_size, seed, allow_code_execution)
+    model, spec = _checked(model, task, intervention, limit, batch_size, seed, allow_code_execution, out)
     settings = sampler_settings(model, settings)
     samples = spec.load(task_path)[:limit]
     if spec.executes_code:
@@ -273,7 +338,8 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int 
     config = run_config(model, task, intervention, limit, seed, batch_size, task_path, sandbox, settings)
     run = _Run(model, spec, intervention, settings, sandbox, config_hash(config), seed)
     out_path = Path(out) if out is not None else None
-    handle, done = _open_results(out_path, run.digest, config)
+    results, done = _open_results(out_path, run.digest, config)
+    handle = results.handle if results else None
     # Batches are fixed slices of the task, each with its own seed, so a sample's output never depends on
     # which samples an interrupted run had finished: sampled decoding and random-key masking resume exactly.
     batches = [samples[start:start + batch_size] for start in range(0, len(samples), batch_size)]
@@ -282,6 +348,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int 
                   disable=not progress) as bar:
             for index, batch in enumerate(batches):
                 for record in run.batch(index, batch, done):
+                    record = _sealed(record)
                     done[record["id"]] = record
                     if handle:
                         handle.write(json.dumps(record) + "\n")
@@ -289,5 +356,5 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: int 
                         os.fsync(handle.fileno())
                     bar.update(1)
     finally:
-        _close(handle, out_path)
+        _close(results)
     return _summary(task, [done[s.id] for s in samples], limit)

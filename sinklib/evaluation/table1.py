@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from sinklib.validation import Consent, Count, Index, NonNegative, checked
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
@@ -114,12 +115,13 @@ def conditions(family_kind: str, ks: Sequence[int], random_control: bool, eps: f
     return result
 
 
+@checked
 def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic", ks: Sequence[int] = (0, 1, 5, 10),
-                  random_control: bool = True, eps: float = 3.0, source: str = "previous_step", limit: int | None = None,
-                  out_dir: str | Path | None = None, batch_size: int = 8, seed: int = 0,
-                  allow_code_execution: bool = False, progress: bool = True, task_path: str | None = None,
-                  settings: dict[str, Any] | None = None, steps: int | None = None, gen_length: int | None = None,
-                  block_length: int | None = None) -> MaskingTable:
+                  random_control: bool = True, eps: NonNegative = 3.0, source: str = "previous_step",
+                  limit: Count | None = None, out_dir: str | Path | None = None, batch_size: Count = 8, seed: Index = 0,
+                  allow_code_execution: Consent = False, progress: bool = True, task_path: str | None = None,
+                  settings: dict[str, Any] | None = None, steps: Count | None = None, gen_length: Count | None = None,
+                  block_length: Count | None = None) -> MaskingTable:
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
     masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
     (default: table1_settings); steps / gen_length / block_length refit each model's layout (experiments.fit_layout,

