@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,40 +88,58 @@ class Trace:
 
     # -- persistence: parquet for tensors, json for metadata ----------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write the trace to a folder: scores.parquet, canvas.parquet, maps.parquet, meta.json."""
+        """Write the trace to a folder: scores.parquet, canvas.parquet, maps.parquet, meta.json. Over an existing
+        trace the new files are written beside the old ones first and only then moved into place, meta.json
+        (with every file's checksum) last: a full disk or an interruption leaves the old trace readable. A
+        folder holding anything but a trace's files is refused."""
         scores = self.require_scores()
         folder = Path(path)
+        _check_trace_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
+        written: dict[str, Path] = {}
+        try:
+            for name, write in self._writers(scores).items():
+                written[name] = _fresh_file(folder, name)
+                write(written[name])
+            meta = self._meta(scores)
+            meta["sha256"] = {name: _sha256_file(written[name]) for name in _DATA_FILES}
+            meta["sha256"]["meta.json"] = _sha256_meta(meta)
+            written["meta.json"] = _fresh_file(folder, "meta.json")
+            written["meta.json"].write_text(json.dumps(meta, indent=1, sort_keys=True))
+            for name in (*_DATA_FILES, "meta.json"):  # meta.json last: its presence means the folder is complete
+                os.replace(written.pop(name), folder / name)
+        finally:
+            for leftover in written.values():  # ours: partial files of this save
+                leftover.unlink(missing_ok=True)
+        return folder
+
+    def _writers(self, scores: torch.Tensor) -> dict:
         steps, layers, heads, seq = scores.shape
         s, l, h = np.meshgrid(np.arange(steps), np.arange(layers), np.arange(heads), indexing="ij")
         columns = {"step": s.ravel(), "layer": l.ravel(), "head": h.ravel(),
                    "scores": _fixed_list(scores.reshape(-1, seq).numpy(), pa.float32())}
         if self.masked_keys is not None:
             columns["masked"] = _fixed_list(self.masked_keys.reshape(-1, seq).numpy(), pa.bool_())
-        pq.write_table(pa.table(columns), folder / "scores.parquet")
         canvas = {"step": np.arange(self.tokens.shape[0]), "tokens": _fixed_list(self.tokens.numpy(), pa.int64()),
                   "is_masked": _fixed_list(np.concatenate([self.is_masked.numpy(), np.zeros((1, seq), bool)]), pa.bool_())}
         if self.margins is not None:  # one per step; the final canvas has no decision after it
             canvas["margin"] = np.append(self.margins.numpy(), np.nan)
-        pq.write_table(pa.table(canvas), folder / "canvas.parquet")
         keys = sorted(self.maps)
-        pq.write_table(pa.table({"step": [k[0] for k in keys], "layer": [k[1] for k in keys], "head": [k[2] for k in keys],
-                                 "rows": [int(self.maps[k].shape[0]) for k in keys],
-                                 "map": [self.maps[k].numpy().ravel().tolist() for k in keys]},
-                                schema=pa.schema([("step", pa.int64()), ("layer", pa.int64()), ("head", pa.int64()),
-                                                  ("rows", pa.int64()), ("map", pa.list_(pa.float32()))])),
-                       folder / "maps.parquet")
-        meta = {"prompt_len": self.prompt_len, "layer_names": self.layer_names, "text": self.text,
+        maps = pa.table({"step": [k[0] for k in keys], "layer": [k[1] for k in keys], "head": [k[2] for k in keys],
+                         "rows": [int(self.maps[k].shape[0]) for k in keys],
+                         "map": [self.maps[k].numpy().ravel().tolist() for k in keys]},
+                        schema=pa.schema([("step", pa.int64()), ("layer", pa.int64()), ("head", pa.int64()),
+                                          ("rows", pa.int64()), ("map", pa.list_(pa.float32()))]))
+        return {"scores.parquet": lambda target: pq.write_table(pa.table(columns), target),
+                "canvas.parquet": lambda target: pq.write_table(pa.table(canvas), target),
+                "maps.parquet": lambda target: pq.write_table(maps, target)}
+
+    def _meta(self, scores: torch.Tensor) -> dict:
+        steps, layers, heads, seq = scores.shape
+        return {"prompt_len": self.prompt_len, "layer_names": self.layer_names, "text": self.text,
                 "token_strings": {str(k): v for k, v in self.token_strings.items()}, "meta": _to_json(self.meta),
                 "shape": [steps, layers, heads, seq], "has_masked_keys": self.masked_keys is not None,
                 "format": FORMAT}
-        meta["sha256"] = {name: _sha256_file(folder / name) for name in _DATA_FILES}
-        meta["sha256"]["meta.json"] = _sha256_meta(meta)
-        # meta.json last and atomically: its presence means the folder is complete (resumed runs rely on it)
-        partial = folder / "meta.json.partial"
-        partial.write_text(json.dumps(meta, indent=1, sort_keys=True))
-        os.replace(partial, folder / "meta.json")
-        return folder
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
@@ -166,6 +185,25 @@ class Trace:
 
 FORMAT = 2  # 2: SHA-256 of every file in meta.json, tuples and non-string keys kept in meta
 _DATA_FILES = ("scores.parquet", "canvas.parquet", "maps.parquet")
+
+
+def _check_trace_folder(folder: Path) -> None:
+    """A trace is saved into a new folder, an empty one, or over a saved trace — never over other files."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise ValueError(f"path={str(folder)!r} is not allowed: a Trace is saved into a folder (this is a file or a symlink)")
+    if folder.is_dir():
+        foreign = sorted(p.name for p in folder.iterdir() if p.name not in (*_DATA_FILES, "meta.json")
+                         and not (p.name.startswith(".") and p.name.endswith(".partial")))  # an interrupted save's
+        if foreign:
+            raise ValueError(f"path={str(folder)!r} is not allowed: it holds files that are not a Trace's ({foreign[:3]}); "
+                             "save into a new or empty folder")
+
+
+def _fresh_file(folder: Path, name: str) -> Path:
+    """A new, empty file of ours beside `name` (created exclusively: never an existing file or a symlink)."""
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
+    os.close(descriptor)
+    return Path(temporary)
 
 
 def _sha256_file(path: Path) -> str:

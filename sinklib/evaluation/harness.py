@@ -14,10 +14,11 @@ Only `generate_until` tasks are supported: a masked diffusion model has no left-
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import os
 from collections import defaultdict
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lm_eval.api.model import LM
@@ -25,10 +26,11 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 import sinklib
-from sinklib._checks import bad_value, check_choice, check_int
+from sinklib._checks import bad_value, check_choice, did_you_mean
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import paper_masking
 from sinklib.interventions import MaskRandomKeys
+from sinklib.validation import Consent, Count, Index, NonNegative, Text, checked
 
 logger = logging.getLogger(__name__)
 
@@ -39,19 +41,19 @@ class SinklibLM(LM):
     temperature, alg (dream), remasking (llada), mask_top_k / mask_eps / mask_source (the paper's masking,
     SPEC §3), mask_random_k (the random-key control), seed, dtype, device, batch_size, trust_remote_code."""
 
-    def __init__(self, pretrained: str, family: str | None = None, steps: int | None = None,
-                 gen_length: int | None = None, block_length: int | None = None, temperature: float = 0.0,
-                 alg: str | None = None, remasking: str | None = None, mask_top_k: int = 0, mask_eps: float = 3.0,
-                 mask_source: str = "previous_step", mask_random_k: int = 0, seed: int = 0, dtype: str | None = None,
-                 device: str | None = None, batch_size: int | str = 1, max_batch_size: int | None = None,
-                 trust_remote_code: bool = False) -> None:
+    @checked
+    def __init__(self, pretrained: Text, family: str | None = None, steps: Count | None = None,
+                 gen_length: Count | None = None, block_length: Count | None = None, temperature: NonNegative = 0.0,
+                 alg: str | None = None, remasking: str | None = None, mask_top_k: Index = 0,
+                 mask_eps: NonNegative = 3.0, mask_source: str = "previous_step", mask_random_k: Index = 0,
+                 seed: Index = 0, dtype: str | None = None, device: str | None = None,
+                 batch_size: Count | Literal["auto"] | None = 1, max_batch_size: Count | None = None,
+                 trust_remote_code: Consent = False) -> None:
         super().__init__()
-        check_int(mask_top_k, "mask_top_k", 0)
-        check_int(mask_random_k, "mask_random_k", 0)
         if mask_top_k and mask_random_k:
             raise bad_value("mask_random_k", mask_random_k, "0 when mask_top_k is set (one intervention at a time)")
         check_choice(mask_source, "mask_source", ["previous_step", "previous_step_clean", "same_step"])
-        self.batch_size = 1 if batch_size in (None, "auto") else check_int(int(batch_size), "batch_size", 1)
+        self.batch_size = 1 if batch_size in (None, "auto") else batch_size
         self._rank, self._world_size = _init_distributed()
         if (device is None or str(device).startswith("cuda")) and torch.cuda.is_available() and self._world_size > 1:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"  # one GPU per data-parallel process
@@ -72,6 +74,30 @@ class SinklibLM(LM):
                              else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else None)
         self.seed = seed
         self._overridden: set[int] = set()
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "SinklibLM":
+        """lm-eval's model_args ("key=value,..."), checked: an unknown key is refused with "did you mean", a key
+        given twice is refused, `pretrained` is required, and where model_args and lm-eval's own options (its
+        --batch_size, --device) both set a key, model_args wins rather than clash."""
+        from lm_eval import utils
+
+        pairs = [item.split("=", 1) for item in (arg_string or "").split(",") if item.strip()]
+        keys = [pair[0].strip() for pair in pairs]
+        allowed = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+        for key in keys:
+            if key not in allowed:
+                raise ValueError(f"model_args {key}= is not allowed: the sinklib model takes {allowed}"
+                                 f"{did_you_mean(key, allowed)}")
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise ValueError(f"model_args {repeated[0]}= is not allowed: it is given twice")
+        args = utils.simple_parse_args_string(arg_string)
+        if "pretrained" not in args:
+            raise ValueError("model_args pretrained= is required: a hub id, a local folder or a zoo name "
+                             "(e.g. --model_args pretrained=tiny-llada)")
+        options = {k: v for k, v in (additional_config or {}).items() if v is not None and k in allowed}
+        return cls(**{**options, **args})
 
     # -- requests --------------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:

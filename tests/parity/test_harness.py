@@ -86,6 +86,28 @@ def test_loglikelihood_tasks_and_bad_model_args_get_clear_errors():
         SinklibLM(pretrained="tiny-llada", mask_top_k=1, mask_source="previous")
 
 
+@pytest.mark.parametrize("model_args, message", [
+    ("pretrained=tiny-llada,trust_remote_code=no", r"trust_remote_code='no' is not allowed: trust_remote_code must be True or False"),
+    ("pretrained=tiny-llada,trust_remote_code=1", r"trust_remote_code=1 is not allowed"),
+    ("steps=8", r"model_args pretrained= is required"),
+    ("pretrained=tiny-llada,steps=abc", r"steps='abc' is not allowed: steps must be an integer"),
+    ("pretrained=tiny-llada,temperature=inf", r"temperature=inf is not allowed: temperature must be a finite number"),
+    ("pretrained=tiny-llada,stesp=8", r"model_args stesp= is not allowed.*did you mean 'steps'"),
+    ("pretrained=tiny-llada,steps=8,steps=4", r"model_args steps= is not allowed: it is given twice"),
+])
+def test_model_args_are_checked_before_any_model_loads(model_args, message, monkeypatch):
+    """Before: trust_remote_code=no ran the folder's code (any non-empty string was consent)."""
+    monkeypatch.setattr(sinklib, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=message):
+        SinklibLM.create_from_arg_string(model_args, {"batch_size": 1, "device": None})
+
+
+def test_batch_size_in_model_args_wins_over_lm_evals_own():
+    """Before: "got multiple values for keyword argument 'batch_size'"."""
+    model = SinklibLM.create_from_arg_string("pretrained=tiny-arm,batch_size=4", {"batch_size": 1, "device": "cpu"})
+    assert model.batch_size == 4
+
+
 def test_outputs_are_cut_at_the_first_stop_string():
     assert cut_at_stops("5 + 3 = 8 #### 8 Q: next", ["Q:", "\n\n"]) == "5 + 3 = 8 #### 8 "
     assert cut_at_stops("no stop", ["Q:"]) == "no stop" and cut_at_stops("a\n\nb", ["", "\n\n"]) == "a"

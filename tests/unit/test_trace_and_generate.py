@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -244,3 +245,64 @@ def test_an_edited_shape_is_refused_not_used_to_reshape(trace, tmp_path):
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"scores.parquet's layer column does not match the shape"):
         sinklib.Trace.load(folder)
+
+
+FULL_DISK = """
+import os, sys, torch, sinklib
+folder = sys.argv[1]
+small = sinklib.Trace(scores=torch.rand(2, 1, 1, 4), tokens=torch.zeros(3, 4, dtype=torch.long),
+                      is_masked=torch.zeros(2, 4, dtype=torch.bool), prompt_len=1, layer_names=["l0"])
+small.save(folder + "/trace")
+with open(folder + "/ballast", "wb") as out:  # fill the disk but for a little room
+    try:
+        while True:
+            out.write(b"x" * 65536)
+    except OSError:
+        pass
+os.truncate(folder + "/ballast", os.path.getsize(folder + "/ballast") - 200_000)
+big = sinklib.Trace(scores=torch.rand(40, 4, 4, 512), tokens=torch.zeros(41, 512, dtype=torch.long),
+                    is_masked=torch.zeros(40, 512, dtype=torch.bool), prompt_len=1, layer_names=["l0", "l1", "l2", "l3"])
+try:
+    big.save(folder + "/trace")
+    print("SAVED")
+except OSError as error:
+    print("REFUSED", error.errno)
+again = sinklib.Trace.load(folder + "/trace")
+print("OLD" if again.scores.shape == small.scores.shape and torch.equal(again.scores, small.scores) else "LOST")
+print(sorted(os.listdir(folder + "/trace")))
+"""
+
+
+def test_saving_over_a_trace_on_a_full_disk_keeps_the_old_one(tmp_path):
+    """Before: the new scores.parquet overwrote the old one, then the disk filled, and neither trace was left.
+    On a 2 MB tmpfs of its own (a mount namespace: needs root and unshare; skipped elsewhere)."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a small tmpfs of the test's own needs root and unshare")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK)
+    command = f"mount -t tmpfs -o size=2m tmpfs {mount} && {sys.executable} {script} {mount}"
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
+                          capture_output=True, text=True, timeout=300)
+    if "mount:" in done.stderr and done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()[-200:]}")
+    lines = done.stdout.split("\n")
+    assert lines[0] == "REFUSED 28", done.stdout + done.stderr[-2000:]  # ENOSPC
+    assert lines[1] == "OLD", "the old trace is still there and intact"
+    assert lines[2] == "['canvas.parquet', 'maps.parquet', 'meta.json', 'scores.parquet']", "no partial file left"
+
+
+def test_a_trace_is_never_saved_over_other_files(tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "mine.txt").write_text("keep")
+    trace = sinklib.Trace(scores=torch.rand(1, 1, 1, 2), tokens=torch.zeros(2, 2, dtype=torch.long),
+                          is_masked=torch.zeros(1, 2, dtype=torch.bool), prompt_len=1, layer_names=["l0"])
+    with pytest.raises(ValueError, match=r"holds files that are not a Trace's \(\['mine.txt'\]\)"):
+        trace.save(folder)
+    assert (folder / "mine.txt").read_text() == "keep"
