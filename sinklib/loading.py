@@ -182,6 +182,10 @@ def _load_config(path: str, trust_remote_code: bool):
         if "trust_remote_code" in str(error):
             raise ValueError(f"{path!r} ships its own modelling code: pass trust_remote_code=True to sinklib.load if you "
                              "trust it (sinklib never turns it on by itself)") from None
+        if any(words in str(error) for words in ("Unrecognized model", "model_type", "model type")):
+            raise ValueError(f"name_or_model={path!r} is not allowed: transformers does not know its config.json's "
+                             "model_type and the folder ships no modelling code (auto_map); sinklib loads native "
+                             f"transformers models and the families {family_names()}") from None
         raise
     except OSError as error:
         raise OSError(_offline_hint(path)) from error
@@ -270,6 +274,7 @@ def _open_checkpoint(name: str, family: str | None, dtype, trust_remote_code: bo
         code = "the MMaDA repository's modelling code" if mmada_without_code else "its own modelling code"
         raise ValueError(f"{name!r} ships or needs {code}: pass trust_remote_code=True to sinklib.load if you trust it "
                          "(sinklib never turns it on by itself)")
+    _check_checkpoint_files(path, raw, name)
     if mmada_without_code:
         from sinklib import mmada_repo
 
@@ -362,7 +367,42 @@ def _raw_config(path: str) -> dict[str, Any]:
     except ValueError as error:
         raise ValueError(f"name_or_model={path!r} is not allowed: its config.json ({str(local)!r}) is not valid JSON "
                          f"({error}); the checkpoint is damaged") from None
-    return raw if isinstance(raw, dict) else {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"name_or_model={path!r} is not allowed: its config.json holds a JSON {type(raw).__name__}, "
+                         "not an object (name: value); the checkpoint is damaged")
+    return raw
+
+
+def _check_checkpoint_files(path: str, raw: dict[str, Any], name: str) -> None:
+    """Before any code is imported or weight read, a local folder's config must agree with itself and name files
+    that are there: the family its model_type declares is the one its auto_map's classes declare; each auto_map
+    module is in the folder (else transformers would look for it on the hub); every safetensors file is whole."""
+    folder = Path(path)
+    auto_map = raw.get("auto_map") or {}
+    if not isinstance(auto_map, dict):
+        raise ValueError(f"name_or_model={name!r} is not allowed: its config.json auto_map must be an object")
+    by_type = infer_family_from_dict(raw)
+    by_code = _declaring_family(" ".join(str(v) for v in auto_map.values()).lower())
+    if by_type and by_code and by_type != by_code:
+        raise ValueError(f"name_or_model={name!r} is not allowed: its config.json declares the {by_type} family "
+                         f"(model_type / architectures) but its auto_map loads {by_code} code ({auto_map}); the "
+                         "checkpoint is inconsistent")
+    if not folder.is_dir():
+        return
+    for target in auto_map.values():
+        module = str(target[0] if isinstance(target, (list, tuple)) else target).rsplit(".", 1)[0]
+        if "--" not in module and not (folder / f"{module}.py").is_file():
+            raise ValueError(f"name_or_model={name!r} is not allowed: its config.json auto_map names {module}.py, which "
+                             "is not in the folder; copy the checkpoint's modelling files beside config.json")
+    for weights in sorted(folder.glob("*.safetensors")):
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(weights), "pt"):
+                pass
+        except Exception as error:  # safetensors' own error type is not importable across its versions
+            raise ValueError(f"name_or_model={name!r} is not allowed: {weights.name} is damaged or cut off "
+                             f"({' '.join(str(error).split())}); download it again") from None
 
 
 def _load_tokenizer(path: str, trust_remote_code: bool):

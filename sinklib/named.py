@@ -45,8 +45,13 @@ def named_names() -> list[str]:
 
 
 def cache_root() -> Path:
+    """Where converted named models live: $SINKLIB_CACHE, else $XDG_CACHE_HOME/sinklib, else ~/.cache/sinklib
+    (a folder: a file there is refused naming the variable)."""
     if os.environ.get("SINKLIB_CACHE"):
-        return Path(os.environ["SINKLIB_CACHE"])
+        root = Path(os.environ["SINKLIB_CACHE"])
+        if root.exists() and not root.is_dir():
+            raise ValueError(f"SINKLIB_CACHE={str(root)!r} is not allowed: SINKLIB_CACHE must be a folder (this is a file)")
+        return root
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sinklib"
 
 
@@ -68,9 +73,29 @@ def resolve_named(name: str, progress: bool = True) -> str:
     spec = NAMED_MODELS[name]
     target = cache_root() / name
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        _check_conversion(spec, target)
         return str(target)
     convert(spec, package_folder(spec), target, progress)
     return str(target)
+
+
+_STAMP = "sinklib-source.txt"  # what the cached folder was converted from: the GGUF file's name and size
+
+
+def _source_stamp(spec: NamedModel) -> str:
+    """The GGUF file's name and size in bytes (the package pins the file: a reinstall of another version shows)."""
+    gguf = package_folder(spec) / spec.gguf_file
+    return f"{spec.gguf_file} {gguf.stat().st_size}\n"
+
+
+def _check_conversion(spec: NamedModel, target: Path) -> None:
+    """The cached folder must be this model's conversion (another model copied there would load under this
+    name): its stamp names the GGUF file it was made from."""
+    stamp = target / _STAMP
+    made_from = stamp.read_text() if stamp.is_file() else None
+    if made_from != _source_stamp(spec):
+        raise ValueError(f"name_or_model={spec.name!r}: the cached folder {str(target)!r} was not converted from "
+                         f"{spec.gguf_file} by this sinklib (found {made_from!r}); remove it to convert again")
 
 
 def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True) -> None:
@@ -85,6 +110,9 @@ def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True)
     except ImportError as error:
         raise ModuleNotFoundError(f"name_or_model={spec.name!r} needs the gguf package to convert its weights: "
                                   f"{spec.install}") from error
+    if os.path.lexists(target) and (not target.is_dir() or any(target.iterdir())):
+        raise ValueError(f"name_or_model={spec.name!r}: {str(target)!r} exists but is not a finished conversion; "
+                         "remove it (or point SINKLIB_CACHE elsewhere) to convert again")
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
     try:
@@ -103,9 +131,10 @@ def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True)
             model.load_state_dict(quantised.state_dict(), strict=True)
             model.save_pretrained(str(work))
             tokenizer.save_pretrained(str(work))
+            (work / _STAMP).write_text(_source_stamp(spec))
             bar.update(1)
-        if target.exists():
-            shutil.rmtree(target)
+        if target.is_dir():
+            target.rmdir()  # empty (checked above)
         work.rename(target)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -149,25 +149,33 @@ def read_record(path: str | Path) -> dict[str, Any]:
     """The content part of the provenance record of a parquet file, PNG or PDF written by sinklib (the whole
     record is in the folder's PROVENANCE.json)."""
     path = Path(path)
+    if path.suffix not in (".parquet", ".png", ".pdf"):
+        raise ValueError(f"path={str(path)!r} is not allowed: records are read from .parquet, .png or .pdf files")
+    try:
+        return json.loads(_record_text(path))
+    except (KeyError, ValueError) as error:
+        reason = str(error) if isinstance(error, ValueError) else "it holds no sinklib record"
+        raise ValueError(f"path={str(path)!r} is not allowed: {reason} (not written by sinklib, or damaged)") from None
+
+
+def _record_text(path: Path) -> str:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return json.loads(pq.read_schema(path).metadata[KEY.encode()])
+        return (pq.read_schema(path).metadata or {})[KEY.encode()]
     if path.suffix == ".png":
         from PIL import Image
 
         with Image.open(path) as image:
-            return json.loads(image.text[KEY])
-    if path.suffix == ".pdf":
-        return json.loads(_pdf_string(path.read_bytes(), b"/Subject ("))
-    raise ValueError(f"path={str(path)!r} is not allowed: records are read from .parquet, .png or .pdf files")
+            return image.text[KEY]
+    return _pdf_string(path.read_bytes(), b"/Subject (")
 
 
 def _pdf_string(data: bytes, opening: bytes) -> str:
     """The PDF literal string that starts right after `opening` (backslash escapes undone)."""
     start = data.find(opening)
     if start < 0:
-        raise ValueError("this PDF holds no sinklib record")
+        raise ValueError("it holds no sinklib record")
     out, i = bytearray(), start + len(opening)
     while data[i:i + 1] != b")":
         if i >= len(data):

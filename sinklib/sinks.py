@@ -33,6 +33,9 @@ def as_scores(scores: Any, param: str = "scores") -> torch.Tensor:
         raise bad_value(param, f"a tensor of shape {tuple(tensor.shape)}", "at least one key on the last axis")
     if not (tensor.is_floating_point() or tensor.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)):
         raise bad_value(param, f"a {tensor.dtype} tensor", "a real-valued tensor")
+    if tensor.is_floating_point() and bool(torch.isinf(tensor).any()):  # NaN marks an absent key; ±inf has no meaning
+        raise bad_value(param, f"a tensor holding {float(tensor[torch.isinf(tensor)][0])}",
+                        "finite scores (NaN for keys that do not count)")
     return tensor if tensor.is_floating_point() else tensor.float()
 
 

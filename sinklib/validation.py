@@ -82,7 +82,9 @@ def _allowed(detail: dict) -> str:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         sign = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
         bound = next(iter(context.values()))
-        return f"{'an integer' if isinstance(bound, int) else 'a number'} {sign} {bound}"
+        if isinstance(bound, float):  # the Number types: finite, bounds written as plain numbers
+            return f"a finite number {sign} {int(bound) if bound.is_integer() else bound}"
+        return f"an integer {sign} {bound}"
     if kind == "literal_error":
         return f"one of {context.get('expected')}"
     return _KINDS.get(kind, detail["msg"][0].lower() + detail["msg"][1:])
@@ -90,7 +92,7 @@ def _allowed(detail: dict) -> str:
 
 def _constrained(hint: Any) -> bool:
     """Whether an annotation carries a declared rule (Annotated metadata anywhere inside it)."""
-    if typing.get_origin(hint) is Annotated:
+    if typing.get_origin(hint) in (Annotated, typing.Literal):
         return True
     return any(_constrained(arg) for arg in typing.get_args(hint))
 

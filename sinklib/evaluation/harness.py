@@ -18,7 +18,7 @@ import inspect
 import logging
 import os
 from collections import defaultdict
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lm_eval.api.model import LM
@@ -30,7 +30,7 @@ from sinklib._checks import bad_value, check_choice, did_you_mean
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import paper_masking
 from sinklib.interventions import MaskRandomKeys
-from sinklib.validation import Consent, Count, Index, NonNegative, Text, checked
+from sinklib.validation import Consent, Count, Index, NonNegative, Text, check_value, checked
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +47,13 @@ class SinklibLM(LM):
                  alg: str | None = None, remasking: str | None = None, mask_top_k: Index = 0,
                  mask_eps: NonNegative = 3.0, mask_source: str = "previous_step", mask_random_k: Index = 0,
                  seed: Index = 0, dtype: str | None = None, device: str | None = None,
-                 batch_size: Count | Literal["auto"] | None = 1, max_batch_size: Count | None = None,
+                 batch_size: int | str | None = 1, max_batch_size: Count | None = None,
                  trust_remote_code: Consent = False) -> None:
         super().__init__()
         if mask_top_k and mask_random_k:
             raise bad_value("mask_random_k", mask_random_k, "0 when mask_top_k is set (one intervention at a time)")
         check_choice(mask_source, "mask_source", ["previous_step", "previous_step_clean", "same_step"])
-        self.batch_size = 1 if batch_size in (None, "auto") else batch_size
+        self.batch_size = _batch_size(batch_size)
         self._rank, self._world_size = _init_distributed()
         if (device is None or str(device).startswith("cuda")) and torch.cuda.is_available() and self._world_size > 1:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"  # one GPU per data-parallel process
@@ -96,6 +96,19 @@ class SinklibLM(LM):
         if "pretrained" not in args:
             raise ValueError("model_args pretrained= is required: a hub id, a local folder or a zoo name "
                              "(e.g. --model_args pretrained=tiny-llada)")
+        return cls._with_options(args, additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "SinklibLM":
+        """As create_from_arg_string, for model_args given as a mapping (lm-eval's Python API and newer CLI)."""
+        if "pretrained" not in arg_dict:
+            raise ValueError("model_args pretrained= is required: a hub id, a local folder or a zoo name")
+        return cls._with_options(dict(arg_dict), additional_config)
+
+    @classmethod
+    def _with_options(cls, args: dict, additional_config: dict | None) -> "SinklibLM":
+        """model_args over lm-eval's own options (--batch_size, --device): where both set a key, model_args win."""
+        allowed = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
         options = {k: v for k, v in (additional_config or {}).items() if v is not None and k in allowed}
         return cls(**{**options, **args})
 
@@ -177,6 +190,15 @@ class SinklibLM(LM):
     def barrier(self) -> None:
         if self.world_size > 1:
             torch.distributed.barrier()
+
+
+def _batch_size(value: int | str | None) -> int:
+    """lm-eval's batch size: an integer >= 1, its text ("4", from the command line), or "auto" / "auto:N" (one at
+    a time: sinklib does not probe memory)."""
+    if value is None or (isinstance(value, str) and value.split(":")[0] == "auto"):
+        return 1
+    number = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+    return check_value(number, Count, "batch_size")
 
 
 def _stops(gen_kwargs: dict) -> list[str]:

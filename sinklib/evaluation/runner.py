@@ -236,26 +236,24 @@ def sampler_settings(model: LoadedModel, settings: dict[str, Any]) -> dict[str, 
     return settings
 
 
-def _checked(model, task: str, intervention, limit, batch_size, seed, allow_code_execution: bool, out=None):
-    """(LoadedModel, TaskSpec), refusing bad arguments before any model runs."""
-    if out is not None:
-        _check_results_path(Path(out))
+def _checked(model, task: str, intervention, allow_code_execution: bool, out, task_path):
+    """(LoadedModel, TaskSpec, samples): every argument checked, the task file read, before any model loads
+    (the numbers are checked by evaluate's declared types)."""
     from sinklib.capture import check_intervention
     from sinklib.loading import load
 
-    if isinstance(model, (str, os.PathLike)):
-        model = load(model)
-    elif not isinstance(model, LoadedModel):
+    if out is not None:
+        _check_results_path(Path(out))
+    if not isinstance(model, (str, os.PathLike, LoadedModel)):
         raise TypeError(f"model={type(model).__name__} is not allowed: pass sinklib.load(...)'s result, a zoo name, "
                         "a local folder or a hub id")
     spec = get_task(task)
-    if limit is not None:
-        check_int(limit, "limit", 1)
-    check_int(batch_size, "batch_size", 1)
-    check_int(seed, "seed", 0)
     check_intervention(intervention)
     require_code_execution_opt_in(spec, allow_code_execution, "evaluate")
-    return model, spec
+    samples = spec.samples(task_path)
+    if isinstance(model, (str, os.PathLike)):
+        model = load(model)
+    return model, spec, samples
 
 
 def _open_results(out_path: Path | None, digest: str, config: dict):
@@ -330,9 +328,9 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
     Returns mean ± standard error over the samples.
     HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
     process (sinklib.evaluation.sandbox; `sandbox` sets its limits)."""
-    model, spec = _checked(model, task, intervention, limit, batch_size, seed, allow_code_execution, out)
+    model, spec, samples = _checked(model, task, intervention, allow_code_execution, out, task_path)
     settings = sampler_settings(model, settings)
-    samples = spec.load(task_path)[:limit]
+    samples = samples[:limit]
     if spec.executes_code:
         sandbox = sandbox or SandboxLimits()
     config = run_config(model, task, intervention, limit, seed, batch_size, task_path, sandbox, settings)

@@ -31,6 +31,21 @@ class Task:
     scorer: Callable[..., dict]
     executes_code: bool = False  # scoring runs model-written code (needs allow_code_execution=True)
 
+    def samples(self, path: str | None = None) -> list[Sample]:
+        """The task's samples (from `path` when given), refusing a file with no sample or an id twice (one
+        question would go unscored and another count twice)."""
+        samples = self.load(path)
+        where = f"task_path={path!r}" if path else f"task={self.name!r}"
+        if not samples:
+            raise ValueError(f"{where} is not allowed: it holds no sample")
+        seen: dict[str, int] = {}
+        for index, sample in enumerate(samples):
+            if sample.id in seen:
+                raise ValueError(f"{where} is not allowed: sample id {sample.id!r} appears twice (samples {seen[sample.id]} "
+                                 f"and {index}); ids must be unique")
+            seen[sample.id] = index
+        return samples
+
     def score(self, output: str, sample: Sample, sandbox=None) -> dict:
         """Per-sample fields: extracted answer(s), `correct` and, where defined, `correct_flexible`."""
         return self.scorer(output, sample, sandbox) if self.executes_code else self.scorer(output, sample)
@@ -69,12 +84,32 @@ def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
     return {"completion": completion, "status": result.status, "correct": result.passed, "error": result.error}
 
 
+def read_rows(file: Path, fields: tuple[str, ...], given: str | None) -> list[dict]:
+    """The JSON objects of a JSONL file, each with `fields` present and not null (a null answer would be scored
+    against the text 'None'); errors name the file and the line."""
+    where = f"task_path={given!r}" if given else f"the task file {str(file)!r}"
+    rows = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ValueError(f"{where} is not allowed: line {number} is not a JSON object") from None
+        missing = [name for name in fields if not isinstance(row, dict) or row.get(name) is None]
+        if missing:
+            raise ValueError(f"{where} is not allowed: line {number} has no {missing[0]!r} (or it is null); each line "
+                             f"needs {list(fields)}")
+        rows.append(row)
+    return rows
+
+
 def _arithmetic(path: str | None = None) -> list[Sample]:
     from sinklib.paths import DATA_DIR
 
     file = Path(path) if path else DATA_DIR / "arithmetic_test.jsonl"
-    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    return [Sample(r["id"], r["question"], str(r["answer"])) for r in rows]
+    rows = read_rows(file, ("id", "question", "answer"), path)
+    return [Sample(str(r["id"]), r["question"], str(r["answer"])) for r in rows]
 
 
 def _capitals(path: str | None = None) -> list[Sample]:
@@ -84,14 +119,14 @@ def _capitals(path: str | None = None) -> list[Sample]:
     from sinklib.paths import DATA_DIR
 
     file = Path(path) if path else DATA_DIR / "tasks" / "capitals.jsonl"
-    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    return [Sample(r["id"], r["question"], str(r["answer"])) for r in rows]
+    rows = read_rows(file, ("id", "question", "answer"), path)
+    return [Sample(str(r["id"]), r["question"], str(r["answer"])) for r in rows]
 
 
 def _gsm8k(path: str | None = None) -> list[Sample]:
     """GSM8K test: from a local JSONL with `question` and `answer` fields (the official format), else the hub."""
     if path:
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        rows = read_rows(Path(path), ("question", "answer"), path)
     else:
         import datasets
 

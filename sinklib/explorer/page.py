@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sinklib._checks import check_eps
+from sinklib.validation import NonNegative, Positive, checked
 from sinklib.explorer import payload
 from sinklib.trace import Trace
 
@@ -44,10 +44,12 @@ def page_layers(trace: Trace, layers: Sequence[int] | None, max_mb: float) -> li
     return sorted({int(round(x)) for x in np.linspace(0, n_layers - 1, fit)})
 
 
-def page_html(trace: Trace, eps: float = 3.0, title: str | None = None, *, layers: Sequence[int] | None = None,
-              max_mb: float = 25.0) -> str:
+@checked
+def page_html(trace: Trace, eps: NonNegative = 3.0, title: str | None = None, *, layers: Sequence[int] | None = None,
+              max_mb: Positive = 25.0) -> str:
     """The page's text (see to_html)."""
-    eps = check_eps(eps)
+    if trace.require_scores().shape[0] == 0:
+        raise ValueError("trace is not allowed: it has no step (0 forwards); an explorer page shows steps")
     kept = page_layers(trace, layers, max_mb)
     model_layers = trace.require_scores().shape[1]
     if len(kept) < trace.require_scores().shape[1]:
@@ -60,8 +62,11 @@ def page_html(trace: Trace, eps: float = 3.0, title: str | None = None, *, layer
     script = (payload.STATIC / "explorer.js").read_text()
     if _EXPORT not in script:
         raise RuntimeError(f"explorer.js must end with {_EXPORT!r} (the page replaces it with its own start-up)")
-    # "</" would end the <script> element early; JSON allows it escaped
-    embedded = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
+    # Inside <script>, "</script" ends the element and "<!--<script" starts a state where the real end is not
+    # seen (the page stays blank): every <, > and & travels as a JSON \u escape, which JSON.parse undoes.
+    # allow_nan=False: a NaN or an infinity would write a bare NaN / -Infinity, which JSON.parse refuses.
+    embedded = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    embedded = embedded.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     title = title or f"sinklib explorer — {trace.meta.get('model', 'trace')}"
     return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>\n{(payload.STATIC / 'explorer.css').read_text()}</style>\n</head>\n<body>\n"
@@ -70,8 +75,9 @@ def page_html(trace: Trace, eps: float = 3.0, title: str | None = None, *, layer
             f"<script type=\"module\">\n{script.replace(_EXPORT, _BOOT)}</script>\n</body>\n</html>\n")
 
 
-def to_html(trace: Trace, path: str | Path, eps: float = 3.0, title: str | None = None, *,
-            layers: Sequence[int] | None = None, max_mb: float = 25.0) -> Path:
+@checked
+def to_html(trace: Trace, path: str | Path, eps: NonNegative = 3.0, title: str | None = None, *,
+            layers: Sequence[int] | None = None, max_mb: Positive = 25.0) -> Path:
     """Write the explorer for `trace` as a self-contained page (for slides, nbviewer, e-mail): play through the
     steps, click a head, adjust ε. Deterministic: the same trace writes the same bytes.
 

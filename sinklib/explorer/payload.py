@@ -58,11 +58,17 @@ def header(trace: Trace, layer_ids: list[int] | None = None) -> dict[str, Any]:
         "decoded_at": trace.unmasked_at.tolist(),
         "main_score": float32_base64(main_score),
         "main_position": main_position.tolist(),
-        "score_max": float(main_score.max()),
+        "score_max": _finite_max(main_score),
         # each step's decision margin (sinklib.trace); null where none was recorded or nothing was left to decide
         "margins": [m if np.isfinite(m) else None for m in trace.margins.tolist()] if trace.margins is not None
         else [None] * steps,
     }
+
+
+def _finite_max(values: torch.Tensor) -> float:
+    """The largest finite value (0.0 when none is: an all-NaN trace still gives valid JSON)."""
+    finite = values[torch.isfinite(values)]
+    return float(finite.max()) if finite.numel() else 0.0
 
 
 def strongest_head(trace: Trace, step: int = 0) -> tuple[int, int]:

@@ -25,6 +25,21 @@ def _in_range(name: str, value: int, size: int) -> int:
     return value
 
 
+def _check_same_model(trace: Trace, loaded: LoadedModel) -> None:
+    """Replayed maps are only the trace's own when the model that made it replays them: the same name (when the
+    trace records one) and the same attention layers."""
+    made_by = trace.meta.get("model")
+    if made_by is not None and made_by != loaded.name:
+        raise ValueError(f"loaded={loaded.name!r} is not allowed: this trace was made by {made_by!r}; pass that model "
+                         "(or no model, to explore the recorded scores without replayed maps)")
+    layers = trace.require_scores().shape[1]
+    from sinklib.layers import attention_layers
+
+    if len(attention_layers(loaded.model, loaded.layer_names)) != layers:
+        raise ValueError(f"loaded={loaded.name!r} is not allowed: it has a different number of attention layers than "
+                         f"the trace ({layers})")
+
+
 class Explorer(anywidget.AnyWidget):
     """Play through the denoising steps of `trace`; click a head in the layer × head grid; ε is adjustable.
     With `loaded` (the model that made the trace) the selected head's attention map is replayed."""
@@ -49,6 +64,8 @@ class Explorer(anywidget.AnyWidget):
         if loaded is not None and not isinstance(loaded, LoadedModel):
             raise TypeError(f"loaded={type(loaded).__name__} is not allowed: loaded must be the LoadedModel that made "
                             f"the trace, or None")
+        if loaded is not None:
+            _check_same_model(trace, loaded)
         self._trace, self._loaded = trace, loaded
         self._shape = tuple(trace.require_scores().shape)
         self._maps: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()

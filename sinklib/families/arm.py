@@ -10,16 +10,19 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_int
+from sinklib.validation import Count, Index, NonNegative, validated
 from sinklib.families.base import AutoregressiveFamily, argmax_margin, note_decisions
 
 
+@validated
 @dataclass(frozen=True)
 class ARMSettings:
-    gen_length: int
-    temperature: float = 0.0
-    eos_ids: tuple[int, ...] = ()
-    pad_id: int = 0
-    steps: int | None = None  # unused: one step per token; accepted so callers can pass it uniformly
+    """Greedy (or sampled) next-token decoding of up to `gen_length` tokens with a KV cache."""
+    gen_length: Count
+    temperature: NonNegative = 0.0
+    eos_ids: tuple[Index, ...] = ()
+    pad_id: Index = 0
+    steps: Count | None = None  # unused: one step per token; accepted so callers can pass it uniformly
 
     def validate(self) -> "ARMSettings":
         check_int(self.gen_length, "gen_length", 1)

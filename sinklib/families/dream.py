@@ -16,22 +16,25 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_choice, check_int
+from sinklib.validation import Count, Index, NonNegative, Number, validated
 from sinklib.families.base import DiffusionFamily, Forward, argmax_margin, choice_margin, note_decisions
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 
+@validated
 @dataclass(frozen=True)
 class DreamSettings:
-    steps: int
-    gen_length: int
-    temperature: float = 0.0
+    """Dream's sampler: `steps` forwards for `gen_length` new tokens, confidence by `alg`."""
+    steps: Count
+    gen_length: Count
+    temperature: NonNegative = 0.0
     alg: str = "entropy"
-    alg_temp: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    final_time: float = 1e-3  # upstream Dream's `eps`: the schedule runs from t = 1 down to this
-    mask_id: int = 151666
+    alg_temp: NonNegative | None = None
+    top_p: Number | None = None
+    top_k: Count | None = None
+    final_time: Number = 1e-3  # upstream Dream's `eps`: the schedule runs from t = 1 down to this
+    mask_id: Index = 151666
 
     def validate(self) -> "DreamSettings":
         check_int(self.steps, "steps", 1)

@@ -10,25 +10,29 @@ positions are written. Classifier-free guidance batches the unconditional (promp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from sinklib._checks import bad_value, check_choice, check_int
+from sinklib.validation import Count, Index, NonNegative, validated
 from sinklib.families.base import DiffusionFamily, Forward, argmax_margin, choice_margin, note_decisions
 
 REMASKING = ("low_confidence", "random")
 
 
+@validated
 @dataclass(frozen=True)
 class LLaDASettings:
-    steps: int
-    gen_length: int
-    block_length: int | None = None
-    temperature: float = 0.0
+    """LLaDA's / MMaDA's sampler: `steps` forwards for `gen_length` new tokens in blocks of `block_length`."""
+    steps: Count
+    gen_length: Count
+    block_length: Count | None = None
+    temperature: NonNegative = 0.0
     remasking: str = "low_confidence"
-    cfg_scale: float = 0.0
-    mask_id: int = 126336
-    confidence_dtype: str | None = None  # None: the logits' dtype
+    cfg_scale: NonNegative = 0.0
+    mask_id: Index = 126336
+    confidence_dtype: Literal["float16", "bfloat16", "float32", "float64"] | None = None  # None: the logits' dtype
 
     def validate(self) -> "LLaDASettings":
         check_int(self.steps, "steps", 1)

@@ -248,3 +248,165 @@ def test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path)
 
 def test_there_are_at_least_sixty_cases():
     assert len(CASES) + len(CLI_CASES) >= 60
+
+
+# -- issue 26's classes: silent results, late or deep errors, consent --------------------------------------------
+def _checkpoint(tmp: Path, config: dict | list, files: dict[str, bytes] | None = None) -> str:
+    folder = tmp / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    for name, data in (files or {}).items():
+        (folder / name).write_bytes(data)
+    return str(folder)
+
+
+def _truncated_zoo(tmp: Path) -> str:
+    import shutil
+
+    folder = tmp / "cut"
+    shutil.copytree(ROOT / "data" / "models" / "tiny-llada", folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    return str(folder)
+
+
+def _page(tmp: Path, **kwargs):
+    from sinklib.explorer.page import to_html
+
+    return to_html(trace(), tmp / "p.html", **kwargs)
+
+
+def _explore(tmp: Path):
+    from sinklib.explorer import Explorer
+
+    return Explorer(trace(), model("tiny-dream"))
+
+
+def _cache_file(tmp: Path):
+    import os
+
+    (tmp / "cache").write_text("")
+    os.environ["SINKLIB_CACHE"] = str(tmp / "cache")
+    try:
+        return sinklib.load("smollm2-135m-instruct")
+    finally:
+        del os.environ["SINKLIB_CACHE"]
+
+
+DREAM_AUTO_MAP = {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"}
+
+CASES_26 = [
+    Case("load trust_remote_code 'no'", lambda t: sinklib.load("tiny-llada", trust_remote_code="no"), ValueError, "trust_remote_code"),
+    Case("load trust_remote_code 'false'", lambda t: sinklib.load("tiny-llada", trust_remote_code="false"), ValueError, "trust_remote_code"),
+    Case("load trust_remote_code 1", lambda t: sinklib.load("tiny-llada", trust_remote_code=1), ValueError, "trust_remote_code"),
+    Case("load trust_remote_code numpy bool", lambda t: sinklib.load("tiny-llada", trust_remote_code=np.bool_(True)), ValueError, "trust_remote_code"),
+    Case("load mask_id negative", lambda t: sinklib.load("tiny-llada", mask_id=-1), ValueError, "mask_id"),
+    Case("load list-shaped config", lambda t: sinklib.load(_checkpoint(t, [1, 2])), ValueError, "name_or_model"),
+    Case("load unknown model_type", lambda t: sinklib.load(_checkpoint(t, {"model_type": "no-such-arch"})), ValueError, "name_or_model"),
+    Case("load llada type with dream code", lambda t: sinklib.load(_checkpoint(t, {"model_type": "llada", "auto_map": DREAM_AUTO_MAP}), trust_remote_code=True), ValueError, "name_or_model"),
+    Case("load missing modelling file", lambda t: sinklib.load(_checkpoint(t, {"model_type": "llada", "auto_map": {"AutoModel": "modeling_llada.LLaDAModelLM"}}), trust_remote_code=True), ValueError, "name_or_model"),
+    Case("load truncated weights", lambda t: sinklib.load(_truncated_zoo(t)), ValueError, "name_or_model"),
+    Case("SINKLIB_CACHE a file", lambda t: _cache_file(t), ValueError, "SINKLIB_CACHE"),
+    Case("generate temperature inf", lambda t: gen(temperature=float("inf")), ValueError, "temperature"),
+    Case("generate temperature True", lambda t: gen(temperature=True), ValueError, "temperature"),
+    Case("generate cfg_scale inf", lambda t: gen(cfg_scale=float("inf")), ValueError, "cfg_scale"),
+    Case("generate steps numpy negative", lambda t: gen(steps=np.int64(-4)), ValueError, "steps"),
+    Case("generate dream alg_temp negative", lambda t: gen(model=model("tiny-dream"), alg_temp=-1.0), ValueError, "alg_temp"),
+    Case("generate dream alg_temp text", lambda t: gen(model=model("tiny-dream"), alg_temp="hot"), ValueError, "alg_temp"),
+    Case("generate dream top_k zero", lambda t: gen(model=model("tiny-dream"), top_k=0), ValueError, "top_k"),
+    Case("capture layer named twice", lambda t: capture_forward(layer_names=["model.layers.0.self_attn"] * 2), ValueError, "layer_names"),
+    Case("capture layer_names a string", lambda t: capture_forward(layer_names="model.layers.0.self_attn"), ValueError, "layer_names"),
+    Case("find_sinks +inf key", lambda t: sinklib.find_sinks(torch.tensor([[1.0, float("inf"), 1.0]])), ValueError, "scores"),
+    Case("find_sinks -inf key", lambda t: sinklib.find_sinks(torch.tensor([[1.0, float("-inf"), 1.0]])), ValueError, "scores"),
+    Case("SinkRule find inf", lambda t: sinklib.SinkRule(3.0).find(torch.tensor([[1.0, float("inf")]])), ValueError, "scores"),
+    Case("SandboxLimits processes 1.5", lambda t: SandboxLimits(max_processes=1.5), ValueError, "max_processes"),
+    Case("SandboxLimits memory True", lambda t: SandboxLimits(memory_mb=True), ValueError, "memory_mb"),
+    Case("SandboxLimits disk 0", lambda t: SandboxLimits(max_disk_mb=0), ValueError, "max_disk_mb"),
+    Case("SandboxLimits timeout inf", lambda t: SandboxLimits(timeout=float("inf")), ValueError, "timeout"),
+    Case("evaluate allow_code_execution 'yes'", lambda t: evaluate(model("tiny-arm"), "humaneval", allow_code_execution="yes"), ValueError, "allow_code_execution"),
+    Case("evaluate out empty", lambda t: evaluate(model("tiny-arm"), "arithmetic", out=""), ValueError, "out"),
+    Case("evaluate out a folder", lambda t: evaluate(model("tiny-arm"), "arithmetic", out=str(t)), ValueError, "out"),
+    Case("evaluate limit numpy zero", lambda t: evaluate(model("tiny-arm"), "arithmetic", limit=np.int64(0)), ValueError, "limit"),
+    Case("evaluate batch_size 2.5", lambda t: evaluate(model("tiny-arm"), "arithmetic", batch_size=2.5), ValueError, "batch_size"),
+    Case("masking_table allow_code_execution 1", lambda t: masking_table([model("tiny-arm")], task="humaneval", allow_code_execution=1), ValueError, "allow_code_execution"),
+    Case("masking_table eps nan", lambda t: masking_table([model("tiny-arm")], eps=float("nan")), ValueError, "eps"),
+    Case("masking_table steps negative", lambda t: masking_table([model("tiny-arm")], steps=-2), ValueError, "steps"),
+    Case("TracesRun n_prompts -1", lambda t: __import__("sinklib.runs").runs.TracesRun(n_prompts=-1), ValueError, "n_prompts"),
+    Case("TracesRun n_prompts 2.5", lambda t: __import__("sinklib.runs").runs.TracesRun(n_prompts=2.5), ValueError, "n_prompts"),
+    Case("TracesRun models a string", lambda t: __import__("sinklib.runs").runs.TracesRun(models="tiny-llada"), ValueError, "models"),
+    Case("TracesRun models empty", lambda t: __import__("sinklib.runs").runs.TracesRun(models=[]), ValueError, "models"),
+    Case("TracesRun gen_length not a multiple", lambda t: __import__("sinklib.runs").runs.TracesRun(gen_length=10, block_length=4), ValueError, "gen_length"),
+    Case("TracesRun steps negative", lambda t: __import__("sinklib.runs").runs.TracesRun(steps=-1), ValueError, "steps"),
+    Case("TracesRun trust_remote_code 'no'", lambda t: __import__("sinklib.runs").runs.TracesRun(trust_remote_code="no"), ValueError, "trust_remote_code"),
+    Case("MaskingRun ks float", lambda t: __import__("sinklib.runs").runs.MaskingRun(ks=[0, 1.5]), ValueError, "ks"),
+    Case("MaskingRun ks empty", lambda t: __import__("sinklib.runs").runs.MaskingRun(ks=[]), ValueError, "ks"),
+    Case("MaskingRun batch_size 0", lambda t: __import__("sinklib.runs").runs.MaskingRun(batch_size=0), ValueError, "batch_size"),
+    Case("MaskingRun allow_code_execution 'true'", lambda t: __import__("sinklib.runs").runs.MaskingRun(allow_code_execution="true"), ValueError, "allow_code_execution"),
+    Case("ThresholdSweepRun eps_values empty", lambda t: __import__("sinklib.runs").runs.ThresholdSweepRun(eps_values=[]), ValueError, "eps_values"),
+    Case("ThresholdSweepRun eps_values negative", lambda t: __import__("sinklib.runs").runs.ThresholdSweepRun(eps_values=[1.0, -1.0]), ValueError, "eps_values"),
+    Case("ExplorerRun prompt empty", lambda t: __import__("sinklib.runs").runs.ExplorerRun(prompt=" "), ValueError, "prompt"),
+    Case("page max_mb nan", lambda t: _page(t, max_mb=float("nan")), ValueError, "max_mb"),
+    Case("page max_mb inf", lambda t: _page(t, max_mb=float("inf")), ValueError, "max_mb"),
+    Case("page max_mb text", lambda t: _page(t, max_mb="25"), ValueError, "max_mb"),
+    Case("page eps negative", lambda t: _page(t, eps=-1), ValueError, "eps"),
+    Case("explorer with another model", lambda t: _explore(t), ValueError, "loaded"),
+    Case("export_pages same page name", lambda t: __import__("sinklib.explorer").explorer.export_pages(["/a/m", "/b/m"], t, "1+2="), ValueError, "models"),
+    Case("read_record no record", lambda t: _no_record(t), ValueError, "path"),
+    Case("read_record truncated pdf", lambda t: _cut_pdf(t), ValueError, "path"),
+    Case("Trace.save over other files", lambda t: _save_over(t), ValueError, "path"),
+]
+
+
+def _no_record(tmp: Path):
+    import pandas as pd
+
+    from sinklib import provenance
+
+    pd.DataFrame({"a": [1]}).to_parquet(tmp / "plain.parquet")
+    return provenance.read_record(tmp / "plain.parquet")
+
+
+def _cut_pdf(tmp: Path):
+    from sinklib import provenance
+
+    (tmp / "cut.pdf").write_bytes(b"%PDF-1.4 /Subject (" + b"x" * 50)
+    return provenance.read_record(tmp / "cut.pdf")
+
+
+def _save_over(tmp: Path):
+    (tmp / "folder").mkdir()
+    (tmp / "folder" / "notes.txt").write_text("mine")
+    return trace().save(tmp / "folder")
+
+
+@pytest.mark.parametrize("case", CASES_26, ids=[c.name for c in CASES_26])
+def test_issue_26_bad_input_is_refused_naming_the_parameter(case, tmp_path):
+    with pytest.raises(case.error) as caught:
+        case.call(tmp_path)
+    assert re.search(rf"(?<![\w]){re.escape(case.param)}(?![\w])", str(caught.value)), str(caught.value)
+
+
+CLI_CASES_26 = [
+    ("reproduce duplicated key", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "n_prompts: 2\nn_prompts: 3\n")], "--params"),
+    ("reproduce non-utf8", lambda t: ["sinklib.reproduce", "--params", _bytes(t, b"n_prompts: \xff\xfe\n")], "--params"),
+    ("reproduce negative steps", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "steps: -4\n")], "steps"),
+    ("reproduce n_prompts 2.5", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "n_prompts: 2.5\n")], "n_prompts"),
+    ("reproduce gen_length vs block", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "gen_length: 10\nblock_length: 4\n")], "gen_length"),
+    ("reproduce trust 'no'", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "trust_remote_code: 'no'\n")], "trust_remote_code"),
+    ("reproduce check with out", lambda t: ["sinklib.reproduce", "--check", "--out", str(t)], "--out"),
+]
+
+
+def _bytes(tmp: Path, data: bytes) -> str:
+    path = tmp / "params.yaml"
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize("name, argv, param", CLI_CASES_26, ids=[c[0] for c in CLI_CASES_26])
+def test_issue_26_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path):
+    test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path)
+
+
+def test_issue_26_added_at_least_sixty_cases():
+    assert len(CASES_26) + len(CLI_CASES_26) >= 60

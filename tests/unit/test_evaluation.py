@@ -294,3 +294,23 @@ def test_a_file_this_run_did_not_create_is_never_removed(tmp_path, monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
     assert mine.exists() and not fresh.exists()
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"id": "a", "question": "1+1", "answer": 2}', '{"id": "a", "question": "2+2", "answer": 4}'],
+     r"sample id 'a' appears twice"),
+    (['{"id": "a", "question": "1+1", "answer": null}'], r"line 1 has no 'answer' \(or it is null\)"),
+    (['{"id": "a", "question": "1+1"}', "not json"], r"line 1 has no 'answer'"),
+    ([], r"task_path=.* is not allowed: it holds no sample"),
+])
+def test_a_task_file_that_would_score_silently_wrong_is_refused_before_the_model_loads(lines, message, tmp_path,
+                                                                                     monkeypatch):
+    """Before: a duplicated id left one question unscored and counted another twice; a null answer was scored
+    against the text 'None'; an empty file was blamed on `limit`."""
+    from sinklib.evaluation import runner
+
+    path = tmp_path / "task.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr("sinklib.loading.load", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=message):
+        runner.evaluate("tiny-arm", "arithmetic", task_path=str(path), progress=False)

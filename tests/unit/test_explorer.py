@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 import traitlets  # noqa: E402
 
 from sinklib.explorer import payload  # noqa: E402
+from sinklib.explorer.page import to_html  # noqa: E402
 
 
 def _floats(text: str) -> np.ndarray:
@@ -178,3 +179,56 @@ def test_page_of_a_large_trace_keeps_evenly_spaced_layers_within_its_budget(setu
         explorer.to_html(trace, tmp_path / "r.html", max_mb=1e-6)
     with pytest.raises(ValueError, match=r"layers=\[2\] is not allowed: layers must be distinct ints in 0\.\.1"):
         explorer.to_html(trace, tmp_path / "r.html", layers=[2])
+
+
+def _one_trace(token_text: str = "x", scores=None) -> sinklib.Trace:
+    scores = torch.rand(2, 1, 2, 4) if scores is None else scores
+    return sinklib.Trace(scores=scores, tokens=torch.tensor([[1, 2, 3, 4]] * 3), is_masked=torch.zeros(2, 4, dtype=torch.bool),
+                         prompt_len=1, layer_names=["l0"], token_strings={1: token_text, 2: "b", 3: "c", 4: "d"},
+                         meta={"model": "tiny-llada"})
+
+
+@pytest.mark.parametrize("text", ["<!--<script>", "</script><script>alert(1)</script>", "a & b > c"])
+def test_a_page_keeps_any_token_text_inside_its_data(text, tmp_path):
+    """Before: a token holding `<!--<script>` left the page blank (the data's <script> element never ended)."""
+    page = to_html(_one_trace(text), tmp_path / "page.html").read_text()
+    data = page.split('id="sinklib-explorer-data">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in data and ">" not in data and "&" not in data, "nothing in the data can end its element"
+    assert json.loads(data)["header"]["vocab"]["1"] == text
+
+
+def test_an_all_nan_trace_writes_valid_json(tmp_path):
+    """Before: -Infinity in the JSON (JSON.parse refuses it: a blank page)."""
+    page = to_html(_one_trace(scores=torch.full((2, 1, 2, 4), float("nan"))), tmp_path / "page.html").read_text()
+    data = page.split('id="sinklib-explorer-data">', 1)[1].split("</script>", 1)[0]
+    assert "Infinity" not in data and "NaN" not in data and json.loads(data)["header"]["score_max"] == 0.0
+
+
+@pytest.mark.parametrize("max_mb, message", [(float("nan"), "max_mb=nan"), (float("inf"), "max_mb=inf"), ("25", "max_mb='25'"),
+                                             (0, "max_mb=0")])
+def test_bad_page_sizes_are_refused(max_mb, message, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(message) + " is not allowed"):
+        to_html(_one_trace(), tmp_path / "page.html", max_mb=max_mb)
+
+
+def test_a_trace_without_steps_is_refused(tmp_path):
+    empty = sinklib.Trace(scores=torch.zeros(0, 1, 1, 2), tokens=torch.zeros(1, 2, dtype=torch.long),
+                          is_masked=torch.zeros(0, 2, dtype=torch.bool), prompt_len=1, layer_names=["l0"])
+    with pytest.raises(ValueError, match="it has no step"):
+        to_html(empty, tmp_path / "page.html")
+
+
+def test_pages_that_would_share_a_name_are_refused(tmp_path):
+    """Before: two folders with one last name wrote one page and returned two paths."""
+    from sinklib.explorer import export_pages
+
+    with pytest.raises(ValueError, match=r"would share the name 'explorer_model.html'"):
+        export_pages(["/a/model", "/b/model"], tmp_path, "1+2=")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_explorer_refuses_a_model_that_did_not_make_the_trace():
+    from sinklib.explorer import Explorer
+
+    with pytest.raises(ValueError, match=r"loaded='tiny-dream' is not allowed: this trace was made by 'tiny-llada'"):
+        Explorer(_one_trace(), sinklib.load("tiny-dream"))
