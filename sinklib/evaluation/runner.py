@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from sinklib.generate import generate
 from sinklib.validation import Consent, Count, Index, checked
-from sinklib._checks import bad_value, check_int
+from sinklib._checks import bad_value
 from sinklib.evaluation.sandbox import SandboxLimits
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.interventions import identity
@@ -60,10 +60,14 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+RECORD_FORMAT = 2  # 2: each record carries its record_sha256 (files of older runs resume under their own hash)
+
+
 def run_config(model: LoadedModel, task: str, intervention, limit: int | None, seed: int, batch_size: int,
                task_path: str | None, sandbox: SandboxLimits | None, settings: dict[str, Any]) -> dict[str, Any]:
     """Everything a run's records depend on; its config_hash is written into every record."""
-    config = {"model": model.name, "weights": model_fingerprint(model), "family": model.family.name, "task": task,
+    config = {"records": RECORD_FORMAT, "model": model.name, "weights": model_fingerprint(model),
+              "family": model.family.name, "task": task,
               "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
               "settings": settings, "task_path": task_path}
     if get_task(task).executes_code:

@@ -228,7 +228,6 @@ def test_capture_takes_the_loaded_model_that_load_returns():
 def test_a_capture_that_failed_mid_forward_leaves_no_frame_for_the_next():
     """Before: a forward that failed inside a captured layer left its route frame in the thread, and the next
     valid capture failed with "'NoneType' object is not subscriptable"."""
-    import threading
 
     from sinklib.capture import route
 

@@ -3,7 +3,6 @@ LLaDA, Dream and MMaDA code (tests/remote_standins/) and a native Llama — load
 transformers majors and give exactly the model their own code builds. On transformers 5.x every named
 compat fix is shown to be needed: with it switched off, the load fails the way the real code fails."""
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
