@@ -72,3 +72,4 @@ benchmark: setup
 	$(PY) benchmarks/generate_overhead.py
 	$(PY) benchmarks/eval_throughput.py
 	$(PY) benchmarks/explorer_latency.py
+	$(PY) benchmarks/sandbox_cost.py --out benchmarks/results/sandbox_cost.md

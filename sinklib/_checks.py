@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 from typing import Any, Iterable
 
 
@@ -11,17 +12,20 @@ def bad_value(param: str, value: Any, allowed: str) -> ValueError:
 
 
 def check_eps(eps: Any, param: str = "eps") -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or math.isnan(eps) or eps < 0 or math.isinf(eps):
+    """A finite number >= 0 (Python or numpy; never a bool) as a float."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or math.isnan(eps) or eps < 0 or math.isinf(eps):
         raise bad_value(param, eps, "a finite number >= 0")
     return float(eps)
 
 
 def check_int(value: Any, param: str, low: int, high: int | None = None) -> int:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
+    """An integer in [low, high] (Python or numpy; never a bool) as an int."""
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low and \
+        (high is None or value <= high)
     if not ok:
         upper = f" and <= {high}" if high is not None else ""
         raise bad_value(param, value, f"an integer >= {low}{upper}")
-    return value
+    return int(value)
 
 
 def did_you_mean(value: Any, choices: Iterable[str], cutoff: float = 0.6) -> str:

@@ -181,17 +181,11 @@ def compare_items(committed: Path, rerun: Path, explained: set[tuple]) -> Row:
     decision was a near-tie in both runs; adds each run with only such changes to `explained` as ("run", model,
     condition, k)."""
     name = committed.stem
-    missing = _missing(committed, rerun)
-    if missing:
-        return missing
-    a, b = pd.read_parquet(committed), pd.read_parquet(rerun)
+    a, b, settled = _read_pair(committed, rerun)
+    if settled:
+        return settled
     rows = f"{len(a)} / {len(b)}"
-    if a.equals(b):
-        return Row(name, rows, IDENTICAL)
-    keys = ["model", "condition", "k", "id"]
-    merged = a.merge(b, on=keys, how="outer", suffixes=("", "__rerun"), indicator=True)
-    unmatched = int((merged["_merge"] != "both").sum())
-    merged = merged[merged["_merge"] == "both"]
+    merged, unmatched = _matched(a, b, ["model", "condition", "k", "id"])
     changed = merged[(merged["correct"] != merged["correct__rerun"]) | (merged["output"] != merged["output__rerun"])]
     near = (changed["margin"] <= NEAR_TIE) & (changed["margin__rerun"] <= NEAR_TIE)  # NaN: sampled, never near
     problems = [f"{unmatched} samples on one side only"] if unmatched else []
@@ -230,13 +224,10 @@ def compare_file(committed: Path, rerun: Path, explained: set[tuple] = frozenset
     trace): a generation that parted at a near-tie; ("run", model, condition, k): an evaluation run whose
     changed answers all had one)."""
     name = committed.stem
-    missing = _missing(committed, rerun)
-    if missing:
-        return missing
-    a, b = pd.read_parquet(committed), pd.read_parquet(rerun)
+    a, b, settled = _read_pair(committed, rerun)
+    if settled:
+        return settled
     rows = f"{len(a)} / {len(b)}"
-    if a.equals(b):
-        return Row(name, rows, IDENTICAL)
     layout = LAYOUTS.get(name, EVALUATION if name.startswith("table1_masking_") else None)
     if layout is None:
         return Row(name, rows, DIFFERS, detail="no layout for this file: only an identical frame agrees")
@@ -290,6 +281,24 @@ def _page_parts(text: str) -> tuple[str, dict]:
     return text[:found.start(2)] + text[found.end(2):], json.loads(found.group(2))
 
 
+def _read_pair(committed: Path, rerun: Path) -> tuple[pd.DataFrame | None, pd.DataFrame | None, Row | None]:
+    """(committed frame, rerun frame, None), or the row that settles the comparison already: a file missing on
+    one side, or two identical frames."""
+    missing = _missing(committed, rerun)
+    if missing:
+        return None, None, missing
+    a, b = pd.read_parquet(committed), pd.read_parquet(rerun)
+    return a, b, Row(committed.stem, f"{len(a)} / {len(b)}", IDENTICAL) if a.equals(b) else None
+
+
+def _matched(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, int]:
+    """The rows of a and b with the same keys side by side (b's columns suffixed __rerun), and how many rows only
+    one side has."""
+    merged = a.merge(b, on=keys, how="outer", suffixes=("", "__rerun"), indicator=True)
+    unmatched = int((merged["_merge"] != "both").sum())
+    return merged[merged["_merge"] == "both"], unmatched
+
+
 def _missing(committed: Path, rerun: Path) -> Row | None:
     if committed.exists() and rerun.exists():
         return None
@@ -315,9 +324,7 @@ def _downstream(frame: pd.DataFrame, layout: Layout, explained: set[tuple]) -> p
 
 
 def _compare_rows(name: str, rows: str, a: pd.DataFrame, b: pd.DataFrame, layout: Layout, skipped: int) -> Row:
-    merged = a.merge(b, on=list(layout.keys), how="outer", suffixes=("", "__rerun"), indicator=True)
-    unmatched = int((merged["_merge"] != "both").sum())
-    merged = merged[merged["_merge"] == "both"]
+    merged, unmatched = _matched(a, b, list(layout.keys))
     problems, largest = [], 0.0
     if unmatched:
         problems.append(f"{unmatched} rows on one side only")

@@ -410,3 +410,17 @@ def test_issue_26_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, 
 
 def test_issue_26_added_at_least_sixty_cases():
     assert len(CASES_26) + len(CLI_CASES_26) >= 60
+
+
+def test_numbers_are_accepted_in_every_numeric_form_users_pass():
+    """numpy scalars are numbers wherever numbers are meant (and come back as Python numbers)."""
+    from sinklib import runs
+
+    plain = sinklib.find_sinks(SCORES, eps=3.0)
+    assert torch.equal(sinklib.find_sinks(SCORES, eps=np.float32(3.0)), plain)
+    assert torch.equal(sinklib.top_sinks(SCORES, k=np.int64(1)), sinklib.top_sinks(SCORES, k=1))
+    assert repr(sinklib.MaskSinks(top_k=np.int64(2))) == repr(sinklib.MaskSinks(top_k=2))  # hashed by resumable runs
+    config = runs.MaskingRun(ks=[np.int64(0), np.int64(1)], n_problems=np.int32(5), eps=np.float64(2.5))
+    assert config.ks == [0, 1] and type(config.n_problems) is int and type(config.eps) is float
+    traced = gen(steps=np.int64(4), gen_length=np.int64(4))
+    assert traced.n_steps == 4
