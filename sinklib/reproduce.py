@@ -13,6 +13,7 @@ file is compared with the committed one (sinklib.agreement); the exit status say
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -24,8 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
 
+TUTORIAL = NOTEBOOKS / "00_what_is_an_attention_sink.ipynb"
+
+
 def notebook_paths(only: list[str] | None = None) -> list[Path]:
-    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    """The figure notebooks (01, 02, …), in order; `only` keeps those whose names start with a given prefix. The
+    tutorial (00) is not one of them: it takes no run parameters (run_tutorial executes it)."""
+    paths = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if p != TUTORIAL)
     if only:
         paths = [p for p in paths if any(p.name.startswith(prefix) for prefix in only)]
         if not paths:
@@ -123,6 +129,39 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     return executed
 
 
+def run_tutorial(path: Path = TUTORIAL, progress: bool = True) -> Path:
+    """Execute the tutorial in place — its outputs are committed so that a reader sees them on GitHub — written
+    to a temporary file first, its volatile metadata stripped, then moved over the notebook."""
+    import papermill
+
+    scratch = path.with_name(f".{path.stem}.executing.ipynb")
+    try:
+        papermill.execute_notebook(str(path), str(scratch), cwd=str(path.parent), progress_bar=progress,
+                                   kernel_name="python3", execution_timeout=600)
+        strip_volatile(scratch)
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
+    return path
+
+
+def strip_volatile(path: Path) -> None:
+    """Remove what changes on every run though the content does not: papermill's times and paths, Jupyter's
+    execution timestamps, widget model ids (a widget's live view cannot be committed: its text stays)."""
+    import nbformat
+
+    notebook = nbformat.read(str(path), as_version=4)
+    for key in ("papermill", "widgets"):
+        notebook.metadata.pop(key, None)
+    for cell in notebook.cells:
+        for key in ("papermill", "execution"):
+            cell.metadata.pop(key, None)
+        for output in cell.get("outputs", []):
+            output.get("data", {}).pop("application/vnd.jupyter.widget-view+json", None)
+            output.get("metadata", {}).pop("application/vnd.jupyter.widget-view+json", None)
+    nbformat.write(notebook, str(path))
+
+
 def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:
     """(results, figures): the folders a run with these parameters writes to (notebooks resolve relative paths
     from notebooks/)."""
@@ -202,6 +241,9 @@ def main(argv: list[str] | None = None) -> None:
             executed = run(params, args.out, args.only)
     except (ValueError, OSError) as error:
         parser.error(" ".join(str(error).split()))
+    if not args.check and not params and not args.only and args.out is None:
+        run_tutorial()  # the default run (`make figures`) also refreshes the tutorial's committed outputs
+        executed.append(TUTORIAL)
     if args.check:
         print(report.to_text())
         if not report.agrees:

@@ -77,6 +77,12 @@ class Explorer(anywidget.AnyWidget):
         self._show()
         self.observe(lambda _: self._show(), names=["step", "layer", "head"])
 
+    def __repr__(self) -> str:
+        # what a notebook stores beside the live view (no memory address: a rerun writes the same text)
+        steps, layers, heads, _ = self._trace.require_scores().shape
+        made_by = self._trace.meta.get("model", "a trace")
+        return f"Explorer({made_by}: {steps} steps, {layers} layers x {heads} heads, eps={self.eps})"
+
     @traitlets.validate("step")
     def _valid_step(self, proposal):
         return _in_range("step", proposal["value"], self._shape[0])
