@@ -119,7 +119,7 @@ class Report:
     def to_text(self) -> str:
         frame = self.frame()
         frame["largest_difference"] = [f"{v:.2g}" if v else "0" for v in frame["largest_difference"]]
-        lines = [frame.to_markdown(index=False)]
+        lines = [frame.to_string(index=False, justify="left")]
         lines += [f"- {d.describe()}" for d in self.divergences]
         lines.append(f"tolerances: floats within {FLOAT_TOLERANCE:g} of 1 + |committed|; a near-tie is a decision "
                      f"margin <= {NEAR_TIE:g} in both runs")

@@ -271,12 +271,21 @@ def _truncated_zoo(tmp: Path) -> str:
 
 
 def _page(tmp: Path, **kwargs):
+    pytest.importorskip("matplotlib", reason="the explorer needs the notebooks extra")
     from sinklib.explorer.page import to_html
 
     return to_html(trace(), tmp / "p.html", **kwargs)
 
 
+def _export_clash(tmp: Path):
+    pytest.importorskip("matplotlib", reason="the explorer needs the notebooks extra")
+    from sinklib.explorer import export_pages
+
+    return export_pages(["/a/m", "/b/m"], tmp, "1+2=")
+
+
 def _explore(tmp: Path):
+    pytest.importorskip("anywidget", reason="the explorer widget needs the notebooks extra")
     from sinklib.explorer import Explorer
 
     return Explorer(trace(), model("tiny-dream"))
@@ -350,7 +359,7 @@ CASES_26 = [
     Case("page max_mb text", lambda t: _page(t, max_mb="25"), ValueError, "max_mb"),
     Case("page eps negative", lambda t: _page(t, eps=-1), ValueError, "eps"),
     Case("explorer with another model", lambda t: _explore(t), ValueError, "loaded"),
-    Case("export_pages same page name", lambda t: __import__("sinklib.explorer").explorer.export_pages(["/a/m", "/b/m"], t, "1+2="), ValueError, "models"),
+    Case("export_pages same page name", lambda t: _export_clash(t), ValueError, "models"),
     Case("read_record no record", lambda t: _no_record(t), ValueError, "path"),
     Case("read_record truncated pdf", lambda t: _cut_pdf(t), ValueError, "path"),
     Case("Trace.save over other files", lambda t: _save_over(t), ValueError, "path"),
