@@ -58,8 +58,10 @@ def test_runs_outside_the_zoo_write_beside_the_zoo_outputs_not_over_them():
 
 @pytest.mark.parametrize("params, message", [
     ({"n_promts": 1}, "parameter 'n_promts' is not allowed: no notebook declares it (did you mean 'n_prompts'?)"),
-    ({"models": "tiny-llada"}, "parameter models='tiny-llada' is not allowed: models must be a list"),
-    ({"n_prompts": "6"}, "parameter n_prompts='6' is not allowed: n_prompts must be a int"),
+    ({"models": "tiny-llada"}, "models='tiny-llada' is not allowed: models must be a list"),
+    ({"n_prompts": "6"}, "n_prompts='6' is not allowed: n_prompts must be an integer"),
+    ({"steps": -4}, "steps=-4 is not allowed: steps must be an integer >= 1"),
+    ({"gen_length": 10, "block_length": 4}, "gen_length=10 is not allowed: gen_length must be a multiple of block_length=4"),
 ])
 def test_unknown_or_mistyped_parameters_are_refused_before_anything_runs(params, message, tmp_path):
     with pytest.raises(ValueError) as error:

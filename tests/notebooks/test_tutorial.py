@@ -15,6 +15,9 @@ pytestmark = pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smol
 
 
 def test_the_committed_tutorial_reproduces_its_outputs_under_strict_nbval():
+    import sinklib
+
+    sinklib.load("smollm2-135m-instruct")  # a first load converts the GGUF (with a progress bar): not inside the notebook
     done = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "-p", "no:cacheprovider",
                            str(reproduce.TUTORIAL)], capture_output=True, text=True, timeout=900,
                           cwd=reproduce.NOTEBOOKS)
