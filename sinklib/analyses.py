@@ -12,6 +12,7 @@ from sinklib import dynamics, experiments, plots
 from sinklib.loading import LoadedModel
 from sinklib.runs import Result
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
+from sinklib.summary import Summary, is_near_tie, label, near_tie_models, significant
 from sinklib.trace import Trace
 
 Traces = Mapping[str, Sequence[Trace]]
@@ -27,8 +28,12 @@ def score_distribution(traces: Traces) -> Result:
     """Fig. 3 / 9: every score of every model, as histograms; the table summarises each model's scores."""
     distribution = dynamics.score_distribution([t for ts in traces.values() for t in ts])
     summary = distribution.groupby("model")["score"].describe()
+    flagged = near_tie_models(traces)
+    findings = [f"{label(name, flagged)}: half of its scores are below {significant(row['50%'])} (the mean is 1 by construction); "
+                f"the largest is {significant(row['max'])} times the mean." for name, row in summary.iterrows()]
+    findings.append("Paper (Fig. 3, LLaDA-8B; Fig. 9, Dream and MMaDA): most scores sit near 0 and a few are very large.")
     return Result(figures={"fig03_score_histograms": plots.score_histograms(distribution)},
-                  tables={"fig03_score_summary": summary}, shown=summary.round(3))
+                  tables={"fig03_score_summary": summary}, shown=Summary.by_model(summary.astype({"count": int}), flagged, findings))
 
 
 def token_step(traces: Traces) -> Result:
@@ -52,7 +57,14 @@ def layer_head_maps(traces: Traces) -> Result:
         result.figures[f"fig05_layer_head_{_stem(name)}"] = plots.layer_head_map(frame, name)
         frames.append(frame.assign(model=name))
     table = result.tables["fig05_layer_head"] = pd.concat(frames, ignore_index=True)
-    result.shown = table.groupby("model")["score"].agg(["mean", "max"]).round(2)
+    by_layer = table.groupby(["model", "layer"])["score"].mean()
+    flagged = near_tie_models(traces)
+    findings = [f"{label(name, flagged)}: the main sink is strongest in layer {layer} of {table[table['model'] == name]['layer'].nunique()} "
+                f"(mean over its heads {significant(by_layer[(name, layer)])}), weakest in layer {by_layer[name].idxmin()} "
+                f"({significant(by_layer[name].min())})." for name in traces for layer in [by_layer[name].idxmax()]]
+    findings.append("Paper (Fig. 5, LLaDA-8B): deeper layers have fewer sinks, so each receives a higher score.")
+    shown = table.groupby("model")["score"].agg(["mean", "max"])
+    result.shown = Summary.by_model(shown, flagged, findings)
     return result
 
 
@@ -67,8 +79,12 @@ def generations(traces: Traces) -> Result:
             rows += [{"model": name, "trace": index, "step": step, "margin": margins[step],
                       "canvas": trace.tokens[step + 1].tolist()} for step in range(trace.n_steps)]
     table = pd.DataFrame(rows, columns=["model", "trace", "step", "margin", "canvas"])
-    shown = table.groupby("model")["margin"].agg(steps="size", smallest_margin="min")
-    return Result(tables={"generations": table}, shown=shown)
+    flagged = near_tie_models(traces)
+    shown = table.groupby("model", sort=False)["margin"].agg(
+        decisions="size", within_float_rounding=lambda m: int(sum(is_near_tie(x) for x in m)))
+    findings = [f"{label(name, flagged)}: {row['within_float_rounding']} of its {row['decisions']} decisions were within "
+                f"float rounding." for name, row in shown.iterrows()]
+    return Result(tables={"generations": table}, shown=Summary.by_model(shown, flagged, findings))
 
 
 # --- notebook 02 ---------------------------------------------------------------------------------------------
@@ -76,18 +92,31 @@ def sink_tokens(traces: Traces, eps: float) -> Result:
     """Table 2: which tokens become sinks, per model."""
     table = pd.concat([dynamics.sink_token_frequency(ts, eps).assign(model=name) for name, ts in traces.items()],
                       ignore_index=True)[["model", "token", "count", "share"]]
+    flagged = near_tie_models(traces)
+    findings = [f"{label(name, flagged)}: its most frequent sink token is {group.iloc[0]['token']!r} "
+                f"({group.iloc[0]['share']:.0%} of its sinks), then {group.iloc[1]['token']!r} ({group.iloc[1]['share']:.0%})."
+                for name, group in table.groupby("model", sort=False) if len(group) >= 2]
+    findings.append("Paper (Table 2): LLaDA-8B 'Ċ' (newline) .368, '<|mdm_mask|>' .366; Dream-7B '<|mask|>' .321, "
+                    "'Ċ' .090; MMaDA-8B 'Ċ' .180, '<|mdm_mask|>' .166 — whitespace and the mask token host most sinks.")
+    shown = Summary.by_model(table.set_index("model")[["token", "count", "share"]], flagged, findings)
     return Result(figures={"table2_sink_tokens": plots.sink_token_bars(table, models=list(traces), eps=eps)},
                   tables={"table2_sink_tokens": table},
-                  texts={"table2_sink_tokens.md": table.to_markdown(index=False, floatfmt=".3f")}, shown=table.round(3))
+                  texts={"table2_sink_tokens.md": table.to_markdown(index=False, floatfmt=".3f")}, shown=shown)
 
 
 def sink_dynamics(traces: Traces, eps: float) -> Result:
     """Lifetime, move rate and distance to the unmasking frontier of each head's sinks."""
     summary = pd.concat([dynamics.dynamics_summary(ts, eps).assign(model=name) for name, ts in traces.items()],
                         ignore_index=True)
-    shown = summary.groupby("model")[["mean_lifetime", "move_rate", "mean_distance_to_frontier",
-                                      "share_heads_with_sink"]].mean().round(3)
-    return Result(tables={"sink_dynamics": summary}, shown=shown)
+    shown = summary.groupby("model", sort=False)[["mean_lifetime", "move_rate", "mean_distance_to_frontier",
+                                                  "share_heads_with_sink"]].mean()
+    flagged = near_tie_models(traces)
+    findings = [f"{label(name, flagged)}: a head's greatest sink moves at {row['move_rate']:.0%} of step-to-step transitions "
+                f"and stays {significant(row['mean_lifetime'])} steps at one position on average; {row['share_heads_with_sink']:.0%} "
+                f"of heads × steps have a sink." for name, row in shown.iterrows()]
+    findings.append("Paper (Fig. 7): Dream-7B's and LLaDA-8B's sinks shift position across steps, MMaDA-8B's are "
+                    "mostly static, and an autoregressive model's stay where they are.")
+    return Result(tables={"sink_dynamics": summary}, shown=Summary.by_model(shown, flagged, findings))
 
 
 def _diffusion(models: Models, name: str) -> bool:
@@ -111,7 +140,8 @@ def moving_sinks(models: Models, traces: Traces, eps: float) -> Result:
             result.figures[f"fig04_moving_sink_{_stem(name)}"] = plots.attention_pair(
                 maps, [step - 1, step], trace, layer, head, marked=[int(top["position_before"]), int(top["position"])])
     table = result.tables["moving_sink_events"] = pd.concat(events, ignore_index=True) if events else dynamics.empty_events()
-    result.shown = table.groupby("model").size().rename("moving-sink events")
+    counts = table.groupby("model").size().reindex([n for n in traces if _diffusion(models, n)], fill_value=0)
+    result.shown = Summary.by_model(counts.rename("moving-sink events").to_frame(), near_tie_models(traces))
     return result
 
 
@@ -146,7 +176,8 @@ def transient(models: Models, traces: Traces, eps: float) -> Result:
                 model_traces[int(top["trace"])], int(top["step"]), int(top["layer"]), int(top["head"]),
                 int(top["position"]))
     table = result.tables["transient_sinks"] = pd.concat(frames, ignore_index=True)
-    result.shown = table.groupby("model").size().rename("one-step sinks")
+    counts = table.groupby("model").size().reindex(list(traces), fill_value=0)
+    result.shown = Summary.by_model(counts.rename("one-step sinks").to_frame(), near_tie_models(traces))
     return result
 
 
@@ -181,6 +212,14 @@ def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]
         sweeps.append(threshold_sweep(scores, eps_values).assign(model=name))
     sweep = pd.concat(sweeps, ignore_index=True)
     baseline = pd.concat(baselines, ignore_index=True) if baselines else None
+    shares = sweep.pivot(index="model", columns="eps", values="share").loc[list(traces)]
+    shares.columns = [f"eps={eps:g}" for eps in shares.columns]
+    flagged = near_tie_models(traces)
+    near_three = min(eps_values, key=lambda eps: abs(eps - 3.0))
+    findings = [f"{label(name, flagged)}: at eps = {near_three:g}, Eq. 3 selects {share:.1%} of tokens."
+                for name, share in sweep[sweep["eps"] == near_three].set_index("model")["share"].items()]
+    findings.append("Paper (Appendix B): for a 64-token sequence, eps = 3 keeps at most about 4% of tokens in most "
+                    "diffusion models.")
     return Result(figures={"fig10_threshold_sweep": plots.threshold_sweep_plot(sweep, baseline)},
                   tables={"fig10_threshold_sweep": pd.concat([sweep, baseline])},
-                  shown=sweep.pivot(index="eps", columns="model", values="share").round(4))
+                  shown=Summary.by_model(shares, flagged, findings))

@@ -4,7 +4,8 @@
     python -m sinklib.reproduce --params notebooks/params/paper-llada.yaml   # a real checkpoint on a GPU
     python -m sinklib.reproduce --check                           # rerun elsewhere, compare with the committed
 
-Executed copies go to notebooks/executed/; figures to figures/ (PNG + PDF); numbers to data/results/. A run
+The default run executes the notebooks in place (they are committed with their outputs); any other run writes
+executed copies to notebooks/executed/. Figures go to figures/ (PNG + PDF); numbers to data/results/. A run
 on models outside the zoo writes into figures/<model names>/ and data/results/<model names>/ unless the
 parameters name figures_dir / results_dir. Unknown or mistyped parameters are refused before anything runs.
 With --check nothing in the checkout is written: the notebooks run into a temporary folder and each results
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -106,48 +108,64 @@ def parameters_for(path: Path, given: dict[str, Any]) -> dict[str, Any]:
 
 def run(params: dict[str, Any] | None = None, out: Path | None = None, only: list[str] | None = None,
         figures_dir: Path | None = None, results_dir: Path | None = None, progress: bool = True) -> list[Path]:
-    import papermill
+    """Execute the figure notebooks in order; returns the executed notebooks' paths.
 
+    The default run (no parameters, no folders) executes each notebook in place: its outputs are committed so that
+    a reader sees the figures on GitHub. Any other run writes executed copies to `out` (notebooks/executed/)."""
     given = dict(params or {})
     paths = notebook_paths(only)
     check_parameters(given, paths)
     check_model_names(given)
+    in_place = out is None and not given and figures_dir is None and results_dir is None
     given = {**output_folders(given), **given}
     if figures_dir is not None:
         given["figures_dir"] = str(Path(figures_dir).resolve())
     if results_dir is not None:
         given["results_dir"] = str(Path(results_dir).resolve())
-    out = Path(out or NOTEBOOKS / "executed")
+    out = NOTEBOOKS if in_place else Path(out or NOTEBOOKS / "executed")
     out.mkdir(parents=True, exist_ok=True)
-    executed = []
-    for path in paths:
-        target = out / path.name
-        papermill.execute_notebook(str(path), str(target), parameters=parameters_for(path, given), cwd=str(NOTEBOOKS),
-                                   progress_bar=progress, kernel_name="python3",
-                                   execution_timeout=3600)
-        executed.append(target)
-    return executed
+    return [execute(path, out / path.name, parameters_for(path, given), progress) for path in paths]
 
 
 def run_tutorial(path: Path = TUTORIAL, progress: bool = True) -> Path:
-    """Execute the tutorial in place — its outputs are committed so that a reader sees them on GitHub — written
-    to a temporary file first, its volatile metadata stripped, then moved over the notebook."""
+    """Execute the tutorial in place (it takes no run parameters)."""
+    return execute(path, path, {}, progress)
+
+
+def execute(path: Path, target: Path, parameters: dict[str, Any], progress: bool = True) -> Path:
+    """Execute one notebook with papermill (from notebooks/, so its relative folders resolve there) into a
+    temporary file beside `target`, strip what changes on every run, then move it over `target`: an interrupted
+    run leaves the previous notebook whole."""
     import papermill
 
-    scratch = path.with_name(f".{path.stem}.executing.ipynb")
+    scratch = target.with_name(f".{target.stem}.executing.ipynb")
     try:
-        papermill.execute_notebook(str(path), str(scratch), cwd=str(path.parent), progress_bar=progress,
-                                   kernel_name="python3", execution_timeout=600)
+        papermill.execute_notebook(str(path), str(scratch), parameters=parameters, cwd=str(NOTEBOOKS),
+                                   progress_bar=progress, kernel_name="python3", execution_timeout=3600)
         strip_volatile(scratch)
-        os.replace(scratch, path)
+        os.replace(scratch, target)
     finally:
         scratch.unlink(missing_ok=True)
-    return path
+    return target
+
+
+_PROGRESS_BAR = re.compile(r"\d+%\|.*\| *[\d.?]+[kMG]?/[\d.?]+[kMG]? \[")
+
+
+def is_progress_bar(output: dict) -> bool:
+    """A tqdm bar's output: a live widget whose stored text is its first frame ("0%| | 0/6 [00:00<?, ?it/s]"), or
+    its text on stderr. Neither says anything once the run is over."""
+    if output.get("output_type") == "stream":
+        return output.get("name") == "stderr" and bool(_PROGRESS_BAR.search(output.get("text", "")))
+    data = output.get("data", {})
+    return ("application/vnd.jupyter.widget-view+json" in data
+            and bool(_PROGRESS_BAR.search(str(data.get("text/plain", "")))))
 
 
 def strip_volatile(path: Path) -> None:
     """Remove what changes on every run though the content does not: papermill's times and paths, Jupyter's
-    execution timestamps, widget model ids (a widget's live view cannot be committed: its text stays)."""
+    execution timestamps, progress bars, widget model ids (a widget's live view cannot be committed: its text
+    stays)."""
     import nbformat
 
     notebook = nbformat.read(str(path), as_version=4)
@@ -156,7 +174,10 @@ def strip_volatile(path: Path) -> None:
     for cell in notebook.cells:
         for key in ("papermill", "execution"):
             cell.metadata.pop(key, None)
-        for output in cell.get("outputs", []):
+        if cell.cell_type != "code":
+            continue
+        cell.outputs = [output for output in cell.outputs if not is_progress_bar(output)]
+        for output in cell.outputs:
             output.get("data", {}).pop("application/vnd.jupyter.widget-view+json", None)
             output.get("metadata", {}).pop("application/vnd.jupyter.widget-view+json", None)
     nbformat.write(notebook, str(path))

