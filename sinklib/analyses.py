@@ -59,10 +59,13 @@ def layer_head_maps(traces: Traces) -> Result:
     table = result.tables["fig05_layer_head"] = pd.concat(frames, ignore_index=True)
     by_layer = table.groupby(["model", "layer"])["score"].mean()
     flagged = near_tie_models(traces)
-    findings = [f"{label(name, flagged)}: the main sink is strongest in layer {layer} of {table[table['model'] == name]['layer'].nunique()} "
-                f"(mean over its heads {significant(by_layer[(name, layer)])}), weakest in layer {by_layer[name].idxmin()} "
-                f"({significant(by_layer[name].min())})." for name in traces for layer in [by_layer[name].idxmax()]]
-    findings.append("Paper (Fig. 5, LLaDA-8B): deeper layers have fewer sinks, so each receives a higher score.")
+    layers = table.groupby("model")["layer"].max()
+    findings = [f"{label(name, flagged)}: its top key scores highest in layer {layer} (of layers 0–{layers[name]}; "
+                f"{significant(by_layer[(name, layer)])} on average over heads) and lowest in layer "
+                f"{by_layer[name].idxmin()} ({significant(by_layer[name].min())})."
+                for name in traces for layer in [by_layer[name].idxmax()]]
+    findings.append("The table: the top key's score, averaged over steps and prompts, then its mean and max over layers "
+                    "and heads. Paper (Fig. 5, LLaDA-8B): deeper layers have fewer sinks, so each receives a higher score.")
     shown = table.groupby("model")["score"].agg(["mean", "max"])
     result.shown = Summary.by_model(shown, flagged, findings)
     return result
@@ -94,7 +97,7 @@ def sink_tokens(traces: Traces, eps: float) -> Result:
                       ignore_index=True)[["model", "token", "count", "share"]]
     flagged = near_tie_models(traces)
     findings = [f"{label(name, flagged)}: its most frequent sink token is {group.iloc[0]['token']!r} "
-                f"({group.iloc[0]['share']:.0%} of its sinks), then {group.iloc[1]['token']!r} ({group.iloc[1]['share']:.0%})."
+                f"({group.iloc[0]['share']:.0%} of its sink detections over steps, layers and heads), then {group.iloc[1]['token']!r} ({group.iloc[1]['share']:.0%})."
                 for name, group in table.groupby("model", sort=False) if len(group) >= 2]
     findings.append("Paper (Table 2): LLaDA-8B 'Ċ' (newline) .368, '<|mdm_mask|>' .366; Dream-7B '<|mask|>' .321, "
                     "'Ċ' .090; MMaDA-8B 'Ċ' .180, '<|mdm_mask|>' .166 — whitespace and the mask token host most sinks.")
@@ -111,8 +114,9 @@ def sink_dynamics(traces: Traces, eps: float) -> Result:
     shown = summary.groupby("model", sort=False)[["mean_lifetime", "move_rate", "mean_distance_to_frontier",
                                                   "share_heads_with_sink"]].mean()
     flagged = near_tie_models(traces)
-    findings = [f"{label(name, flagged)}: a head's greatest sink moves at {row['move_rate']:.0%} of step-to-step transitions "
-                f"and stays {significant(row['mean_lifetime'])} steps at one position on average; {row['share_heads_with_sink']:.0%} "
+    findings = [f"{label(name, flagged)}: a head's greatest sink moves at {row['move_rate']:.0%} of the step-to-step transitions "
+                f"where both steps have a sink"
+                f", and stays {significant(row['mean_lifetime'])} steps at one position on average; {row['share_heads_with_sink']:.0%} "
                 f"of heads × steps have a sink." for name, row in shown.iterrows()]
     findings.append("Paper (Fig. 7): Dream-7B's and LLaDA-8B's sinks shift position across steps, MMaDA-8B's are "
                     "mostly static, and an autoregressive model's stay where they are.")
@@ -216,7 +220,9 @@ def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]
     shares.columns = [f"eps={eps:g}" for eps in shares.columns]
     flagged = near_tie_models(traces)
     near_three = min(eps_values, key=lambda eps: abs(eps - 3.0))
-    findings = [f"{label(name, flagged)}: at eps = {near_three:g}, Eq. 3 selects {share:.1%} of tokens."
+    full_pass = {name for name in traces if models[name].family.kind != "diffusion"}
+    findings = [f"{label(name, flagged)}: at eps = {near_three:g}, Eq. 3 selects {share:.1%} of its (step, layer, head, key) "
+                f"entries{' (one full causal pass of each final sequence)' if name in full_pass else ''}."
                 for name, share in sweep[sweep["eps"] == near_three].set_index("model")["share"].items()]
     findings.append("Paper (Appendix B): for a 64-token sequence, eps = 3 keeps at most about 4% of tokens in most "
                     "diffusion models.")

@@ -127,10 +127,14 @@ def greatest_sink_positions(frames: Mapping[str, pd.DataFrame]) -> plt.Figure:
 def threshold_sweep_plot(frame: pd.DataFrame, baseline: pd.DataFrame | None = None) -> plt.Figure:
     """Fig. 10: share of tokens selected as ε grows, per model, optionally with the causal-uniform baseline."""
     fig, ax = plt.subplots(figsize=(5.4, 3.8))
+    colours = {}
     for (model, group), colour in zip(frame.groupby("model", sort=False), PALETTE):
         ax.plot(group["eps"], group["share"], marker="o", markersize=3, color=colour, label=model)
-    if baseline is not None:
-        ax.plot(baseline["eps"], baseline["share"], color="black", linestyle=":", label="uniform causal attention")
+        colours[model] = colour
+    for name, group in ([] if baseline is None else baseline.groupby("model", sort=False)):
+        # one dotted curve per autoregressive model, in its colour: uniform causal attention over its lengths
+        owner = next((m for m in colours if name.endswith(f"({m}'s lengths)")), None)
+        ax.plot(group["eps"], group["share"], color=colours.get(owner, "black"), linestyle=":", label=name)
     ax.set_xlabel("ε (sum units)")
     ax.set_ylabel("share of tokens selected as sinks")
     ax.set_yscale("symlog", linthresh=1e-3)

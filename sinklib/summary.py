@@ -20,8 +20,9 @@ import pandas as pd
 from sinklib.agreement import NEAR_TIE
 
 NEAR_TIE_MARK = "≈"
-FOOTNOTE = (f"{NEAR_TIE_MARK}: this model decided some step by a margin within float rounding (≤ {NEAR_TIE:g}); "
-            "another CPU may take the other branch there, and these numbers with it.")
+FOOTNOTE = (f"{NEAR_TIE_MARK}: in this run, this model decided some step by a relative margin of at most {NEAR_TIE:g}, "
+            "small enough that another CPU's float differences (measured below 7e-5) could decide it the other way, "
+            "and these numbers with it.")
 
 
 def closest_margin(margins: Iterable[float]) -> float:

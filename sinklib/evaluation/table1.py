@@ -87,12 +87,28 @@ class MaskingTable:
         flagged = set() if self.items is None else {
             name for name, margins in self.items.groupby("model")["margin"] if any(is_near_tie(m) for m in margins)}
         wide = self.wide()
-        shown = [column for column in ("unmasked", "top-1", "random-1") if column in wide.columns]
-        findings = [f"{label(name, flagged)}: " + ", ".join(f"{row[column]} {_in_words(column)}" for column in shown) + "."
-                    for name, row in wide.iterrows()]
+        findings = [self._finding(name, row, label(name, flagged)) for name, row in wide.iterrows()]
         findings.append("Paper (Table 1, GSM8K): Llama-3.1-8B .85 unmasked, .02 with its top-1 sink masked; "
                         "LLaDA-8B .76 → .75, Dream-7B .82 → .79, MMaDA-8B .54 → .53.")
         return Summary.by_model(wide, flagged, findings)
+
+    def _finding(self, name: str, row: pd.Series, shown_name: str) -> str:
+        """"<model> (n = N): a unmasked, b with its top-1 sink masked (−drop), c with 1 random key masked (−drop)"
+        and, where the items were decided at near-ties, how many."""
+        frame = self.frame[self.frame["model"] == name]
+        accuracy = {_column(c, k): a for c, k, a in zip(frame["condition"], frame["k"], frame["accuracy"])}
+        parts = [f"{row[column]} {_in_words(column)}"
+                 + (f" ({accuracy[column] - accuracy['unmasked']:+.2f})" if column != "unmasked" and "unmasked" in accuracy else "")
+                 for column in ("unmasked", "top-1", "random-1") if column in row]
+        text = f"{shown_name} (n = {int(frame['n'].max())}): " + ", ".join(parts)
+        if self.items is not None:
+            from sinklib.summary import is_near_tie
+
+            margins = self.items.loc[self.items["model"] == name, "margin"]
+            near = sum(is_near_tie(m) for m in margins)
+            if near:
+                text += f"; answers decided at a near-tie: {near} of {len(margins)}"
+        return text + "."
 
     def save(self, folder: str | Path, name: str = "table1_masking") -> list[Path]:
         """name.md, name.tex, name.png, name.pdf in `folder`."""
