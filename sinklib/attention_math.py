@@ -11,9 +11,9 @@ import torch
 # a CPU wants the chunk to stay in cache (2 MB: fastest of 1–16 MB at head dims 32 and 64, S 512–2048, measured).
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
 CPU_CHUNK_ELEMENTS = 1 << 19
-# Below this many (query, key) pairs per call, one exp(q·kᵀ − lse) block in cache beats a second fused call;
-# above it, the fused call's blockwise pass wins (measured on 2 CPU cores, head dims 32 and 64: crossover at
-# S ≈ 512 with 8 heads; benchmarks/capture_routes.py).
+# Below this many (query, key) pairs per non-causal call, one exp(q·kᵀ − lse) block in cache beats a second fused
+# call; above it, the fused call's blockwise pass wins (measured on 2 CPU cores, head dims 32 and 64: crossover at
+# S ≈ 300–500 with 8–9 heads; benchmarks/capture_routes.py). Causal calls take the fused route at any size.
 TRANSPOSED_ROUTE_MIN_ELEMENTS = 1 << 21
 
 
@@ -74,11 +74,11 @@ def attention_statistics(
     e.g. left padding). map_heads: heads whose full [B, Sq, Sk] map is kept.
     """
     batch, heads, n_queries, head_dim = q.shape
-    n_keys = k.shape[-2]
+    n_keys, mask = k.shape[-2], as_4d(attn_mask) if attn_mask is not None else None
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    mask = as_4d(attn_mask) if attn_mask is not None else None
-    plain_sums = lse is not None and not map_heads and query_weight is None and chunk_size is None
-    if plain_sums and _transposable(mask, is_causal, q, k):
+    if n_queries == 1 and lse is None and query_weight is None and not is_causal:
+        return _single_row_statistics(q, k, mask, scale, map_heads)
+    if lse is not None and not map_heads and query_weight is None and chunk_size is None and _transposable(mask, is_causal, q, k):
         return _statistics_by_transposed_lse(q, k, mask, is_causal, scale, lse, want_last_row)
     chunk_size = chunk_size or _rows_per_chunk(q, n_keys)
     logits_of = _chunk_logits(q, k, scale)
@@ -94,6 +94,25 @@ def attention_statistics(
     return AttentionStats(totals.scores, totals.query_count, totals.key_valid, totals.maps, last_row)
 
 
+def _single_row_statistics(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                           map_heads: tuple[int, ...]) -> AttentionStats:
+    """One query row (a decoding step): its softmax is its scores. The same sums as the chunked route, without
+    its bookkeeping, which costs more than the row itself on every layer of every decoding step."""
+    batch, heads, _, _ = q.shape
+    logits = _chunk_logits(q, k, scale)(0, 1)
+    part, allowed = _apply_masks(logits, mask, False, 1, 0, 1)
+    probs = _probabilities(logits, None, part, allowed)
+    scores = probs[:, :, 0]
+    if allowed is None:
+        query_count = torch.ones(batch, device=q.device)
+        key_valid = torch.ones(batch, k.shape[-2], dtype=torch.bool, device=q.device)
+    else:
+        query_count = allowed.any(-1).any(1).expand(batch, 1)[:, 0].float()
+        key_valid = allowed.any(-2).any(1).expand(batch, k.shape[-2])
+    maps = {h: probs[:, h].clone() for h in map_heads}
+    return AttentionStats(scores, query_count, key_valid, maps, scores)
+
+
 def _rows_per_chunk(q: torch.Tensor, n_keys: int) -> int:
     """Query rows per chunk: the device's memory budget over the [B, H, ·, Sk] block one row takes."""
     budget = CPU_CHUNK_ELEMENTS if q.device.type == "cpu" else DEFAULT_CHUNK_ELEMENTS
@@ -101,11 +120,14 @@ def _rows_per_chunk(q: torch.Tensor, n_keys: int) -> int:
 
 
 def _transposable(mask: torch.Tensor | None, is_causal: bool, q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the column sums should come from a second fused call (see _statistics_by_transposed_lse): a call
-    large enough to gain from it, a mask that is the same for every query, and a causal pattern only when square."""
+    """Whether the column sums should come from a second fused call (see _statistics_by_transposed_lse): a mask
+    that is the same for every query, a causal pattern only when square, and — without one — a call large enough
+    to gain from it. A causal call always gains: the fused kernel skips the pairs the pattern hides, where the
+    one-block route computes every pair and then masks half of them (measured: 1.3–2.3× faster at S 64–512)."""
     large = q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] > TRANSPOSED_ROUTE_MIN_ELEMENTS
-    key_only = mask is None or (mask.shape[-2] == 1 and not is_causal)
-    return large and key_only and (not is_causal or q.shape[-2] == k.shape[-2])
+    if is_causal:
+        return mask is None and q.shape[-2] == k.shape[-2]
+    return large and (mask is None or mask.shape[-2] == 1)
 
 
 def _probabilities(logits: torch.Tensor, lse: torch.Tensor | None, part: torch.Tensor | None,
@@ -122,18 +144,24 @@ def _probabilities(logits: torch.Tensor, lse: torch.Tensor | None, part: torch.T
 def _chunk_logits(q: torch.Tensor, k: torch.Tensor, scale: float):
     """A function (start, stop) → float32 logits [B, H, stop − start, Sk] of those query rows.
 
+    Grouped KV heads are not copied: the query rows of the heads that share a KV head are stacked into one
+    matrix against that head's keys (heads h = kv·G + g, the order transformers' repeat_kv gives).
     A bf16 model on a GPU: every bf16 value is exact in TF32, so q·kᵀ in TF32 forms each product exactly and
     accumulates in fp32 — an fp32 result at tensor-core speed — provided the scale is applied afterwards
     (q·scale would no longer be a bf16 value). Elsewhere scale the small [Sq, D] side, not the logits."""
-    keys_t = repeat_heads(k, q.shape[1]).float().transpose(-1, -2)
+    batch, heads, _, dim = q.shape
+    kv_heads = k.shape[1]
+    groups = heads // kv_heads
+    keys_t = k.float().transpose(-1, -2)
     tf32 = q.is_cuda and q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16
-    q_scaled = q.float() if tf32 else q.float() * scale
+    q_scaled = (q.float() if tf32 else q.float() * scale).reshape(batch, kv_heads, groups, -1, dim)
 
     def logits(start: int, stop: int) -> torch.Tensor:
+        rows = q_scaled[:, :, :, start:stop].reshape(batch, kv_heads, groups * (stop - start), dim)
         if not tf32:
-            return torch.matmul(q_scaled[:, :, start:stop], keys_t)
+            return torch.matmul(rows, keys_t).view(batch, heads, stop - start, -1)
         with _tf32_matmul():
-            return torch.matmul(q_scaled[:, :, start:stop], keys_t).mul_(scale)
+            return torch.matmul(rows, keys_t).mul_(scale).view(batch, heads, stop - start, -1)
     return logits
 
 
@@ -307,3 +335,54 @@ def mask_keys(
     if is_causal:
         additive = additive.masked_fill(~causal_allowed(n_queries, n_keys, device), float("-inf"))
     return additive.masked_fill(kill, float("-inf"))
+
+
+def masked_causal_route(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor,
+                        scale: float | None, enable_gqa: bool) -> tuple[torch.Tensor, AttentionStats] | None:
+    """(output, statistics) of square causal attention with key_mask [B, H, Sk] masked for every query, without
+    an S×S mask: the fused kernel takes the causal pattern itself and the masked keys as one additive row
+    (−∞), and the statistics come from its log-sum-exp by the transposed route. The same semantics as
+    mask_keys: a query row whose every visible key is masked — rows below a head's first unmasked key, in
+    causal attention — keeps its own unmasked row (recomputed on that short prefix). None where the fused
+    CPU kernel would not run (then the caller builds the full mask)."""
+    batch, heads, n_queries, _ = q.shape
+    n_keys = key.shape[-2]
+    if n_queries != n_keys:
+        return None
+    bias = torch.zeros(batch, heads, 1, n_keys, dtype=q.dtype, device=q.device).masked_fill_(
+        key_mask[:, :, None, :], float("-inf"))
+    fused = sdpa_with_lse(q, key, value, bias, 0.0, True, scale, enable_gqa, {})
+    if fused is None:
+        return None
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    first_live = (~key_mask).int().argmax(-1)  # [B, H]: rows before it have only masked keys to see
+    output, lse, dead = _restore_dead_rows(q, key, value, fused, first_live, scale, enable_gqa)
+    # live rows by the transposed route (a dead row's lse set to +∞ leaves it out), dead rows added by hand
+    live_lse = lse if dead is None else torch.cat([lse[:, :, :dead.shape[-1]].masked_fill(dead, float("inf")),
+                                                   lse[:, :, dead.shape[-1]:]], -1)
+    stats = _statistics_by_transposed_lse(q, key, bias, True, scale, live_lse, want_last_row=True)
+    seen = ~key_mask
+    if dead is not None:
+        rows = dead.shape[-1]
+        logits = torch.matmul(q[:, :, :rows].float() * scale, repeat_heads(key[:, :, :rows], heads).float().transpose(-1, -2))
+        logits.masked_fill_(~causal_allowed(rows, rows, q.device), float("-inf"))
+        stats.scores[..., :rows] += (logits.sub_(lse[:, :, :rows, None].float()).exp_() * dead[..., None]).sum(-2)
+        seen = seen | (torch.arange(n_keys, device=q.device)[None, None, :] < first_live[:, :, None])
+    stats.key_valid = seen.any(1)
+    return output, stats
+
+
+def _restore_dead_rows(q, key, value, fused, first_live: torch.Tensor, scale: float, enable_gqa: bool):
+    """(output, lse, dead [B, H, rows] bool or None): the rows before each head's first unmasked key, which the
+    masked call left with nothing to attend to, replaced by their own unmasked rows from a call on that prefix."""
+    output, lse = fused
+    rows = int(first_live.max())
+    if not rows:
+        return output, lse, None
+    prefix_output, prefix_lse = sdpa_with_lse(q[:, :, :rows], key[:, :, :rows], value[:, :, :rows], None, 0.0, True,
+                                              scale, enable_gqa, {})
+    dead = torch.arange(rows, device=q.device)[None, None, :] < first_live[:, :, None]
+    output, lse = output.clone(), lse.clone()
+    output[:, :, :rows] = torch.where(dead[..., None], prefix_output, output[:, :, :rows])
+    lse[:, :, :rows] = torch.where(dead, prefix_lse, lse[:, :, :rows])
+    return output, lse, dead

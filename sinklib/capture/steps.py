@@ -49,6 +49,9 @@ class StepStore:
             shape = template.shape[:1] if name == "query_count" else (*template.shape[:-1], width)
             dtype = torch.bool if name == "masked" else torch.float32
             rows = [record[name].get(index) for index in range(self.n_layers)]
+            if name == "masked" and all(row is None for row in rows):  # nothing masked in any layer: one block
+                stacked[name] = torch.zeros((self.n_layers, *shape), dtype=dtype, device=self.store_device or template.device)
+                continue
             rows = [torch.full(shape, fill, dtype=dtype, device=template.device) if row is None else row for row in rows]
             stacked[name] = torch.stack(rows) if self.store_device is None else torch.stack(rows).to(self.store_device)
         return stacked

@@ -147,3 +147,30 @@ def test_on_a_gpu_bfloat16_scores_from_the_tf32_recompute_stay_within_1e_5_of_fl
     reference = reference_scores(q.float(), k.float(), mask, causal)
     got = attention_statistics(q.cuda(), k.cuda(), None if mask is None else mask.cuda(), causal).scores.cpu()
     assert ((got.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
+
+
+@pytest.mark.parametrize("kv_heads", [9, 3])
+@pytest.mark.parametrize("masked_prefix", [0, 3])
+def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_heads, masked_prefix):
+    """Masked causal attention from the fused kernel with one additive key row: output, column sums and the last
+    row against a float64 softmax under the full mask mask_keys builds — rows whose every visible key is masked
+    (a head's prefix before its first unmasked key) keep their own row, as mask_keys says."""
+    from sinklib.attention_math import mask_keys, masked_causal_route
+
+    g = torch.Generator().manual_seed(3)
+    batch, heads, seq, dim = 2, 9, 160, 64
+    q, k, v = (torch.randn(batch, h, seq, dim, generator=g) for h in (heads, kv_heads, kv_heads))
+    key_mask = torch.zeros(batch, heads, seq, dtype=torch.bool)
+    key_mask[:, :, 5] = True
+    key_mask[0, 2, :masked_prefix] = True
+    key_mask[1, :, 10:20] = True
+    output, stats = masked_causal_route(q, k, v, key_mask, None, kv_heads != heads)
+    allowed = mask_keys(None, True, key_mask, seq)
+    keys, values = (t.repeat_interleave(heads // kv_heads, 1).double() for t in (k, v))
+    probs = (q.double() @ keys.transpose(-1, -2) / dim ** 0.5).masked_fill(~allowed, float("-inf")).softmax(-1)
+    reference = probs.sum(-2)
+    assert ((stats.scores.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
+    torch.testing.assert_close(output.double(), probs @ values, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats.last_row.double(), probs[:, :, -1], atol=1e-6, rtol=1e-5)
+    slow = attention_statistics(q, k, allowed, False, None, want_last_row=True)  # the full-mask route's bookkeeping
+    assert torch.equal(stats.key_valid, slow.key_valid) and torch.equal(stats.query_count, slow.query_count)

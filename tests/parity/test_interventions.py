@@ -1,9 +1,10 @@
+import importlib
 import pytest
 import torch
 
 import sinklib
 from sinklib.interventions import key_normalised
-from tests.models import eager_twin, llama
+from tests.models import eager_twin, llama, qwen2_gqa
 from tests.standin import StandInLM
 from tests.unit.test_sinks import reference_sinks
 
@@ -249,3 +250,25 @@ def test_a_policy_whose_record_would_name_a_memory_address_is_refused_before_any
         sinklib.evaluate("tiny-llada", "arithmetic", intervention=policy, limit=1, out=tmp_path / "e.jsonl",
                          progress=False)
     assert policy._calls == 0 and not (tmp_path / "e.jsonl").exists()
+
+
+@pytest.mark.parametrize("build", [llama, qwen2_gqa], ids=["heads", "grouped-kv-heads"])
+def test_a_causal_call_is_masked_without_a_full_mask_and_agrees_with_the_full_mask_route(build, monkeypatch):
+    """A square causal call takes masked_causal_route (the kernel's causal pattern plus one additive key row);
+    forced onto the full-mask route, the logits and scores agree."""
+    attend_module = importlib.import_module("sinklib.capture.attend")
+
+    model = build()
+    ids = torch.randint(0, model.config.vocab_size - 1, (1, 400), generator=torch.Generator().manual_seed(4))
+    taken, original = [], attend_module.masked_causal_route
+    monkeypatch.setattr(attend_module, "masked_causal_route", lambda *a: taken.append(1) or original(*a))
+    policy = sinklib.MaskKeys([0, 7])
+    with torch.no_grad(), sinklib.capture(model, intervention=policy) as fast:
+        fast_logits = model(input_ids=ids).logits
+    assert taken, "the large causal call took masked_causal_route"
+    monkeypatch.setattr(attend_module, "_fits_masked_causal_route", lambda *a: False)
+    with torch.no_grad(), sinklib.capture(model, intervention=policy) as full:
+        full_logits = model(input_ids=ids).logits
+    torch.testing.assert_close(fast_logits, full_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.scores, full.scores, atol=1e-5, rtol=1e-5)
+    assert torch.equal(fast.masked_keys, full.masked_keys)

@@ -1,0 +1,143 @@
+"""Capture on the real model a laptop runs, SmolLM2-135M-Instruct (30 layers, 9 heads over 3 KV heads, head dim 64,
+float32, CPU), measured side by side in one run.
+
+    python benchmarks/smollm2_capture.py                    # S = 256, 1024, 2048; then traced generation
+    python benchmarks/smollm2_capture.py --seqs 256 --rounds 3
+
+Per length S, one forward of a prompt of S tokens, median of interleaved rounds:
+- plain: the model's own forward;
+- capture: under sinklib.capture (every layer's column sums);
+- masking: capture with SmolLM2's sink, position 0, masked in every layer and head (MaskKeys: what a step of the
+  paper's policy does once it has found the sink, here from the first forward on);
+- floor: plain + the least an exact column sum beside the model's attention must compute in each of its 30 layers,
+  q·kᵀ, exp and the column sum over every causal (query, key) pair (query blocks of 128 rows, each against the keys
+  it may see), timed on the same shapes. capture ÷ plain cannot go below floor ÷ plain by any route that
+  recomputes exactly.
+Then generation: 64 new tokens, greedy, sinklib.generate traced (capture on) against the same sampler with the
+capture off; the tokens must be the same.
+Goals: capture ≤ 1.10× plain, masking ≤ 1.15×, traced generation ≤ 1.08× — or the floor, where it is higher.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import sinklib
+
+FLOOR_BLOCK = 128
+
+
+def median_seconds(run, rounds: int) -> list[float]:
+    times = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - began)
+    return times
+
+
+def column_sum_floor(heads: int, seq: int, head_dim: int) -> None:
+    """q·kᵀ, exp and the column sum over the causal pairs of one layer (the work any exact recompute does)."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, heads, seq, head_dim, generator=generator) / head_dim ** 0.5
+    k = torch.randn(1, heads, seq, head_dim, generator=generator)
+    scores = torch.zeros(1, heads, seq)
+
+    def run():
+        scores.zero_()
+        for start in range(0, seq, FLOOR_BLOCK):
+            stop = min(start + FLOOR_BLOCK, seq)
+            block = torch.matmul(q[:, :, start:stop], k[:, :, :stop].transpose(-1, -2)).exp_()
+            scores[..., :stop] += block.sum(-2)
+    return run
+
+
+def forwards(loaded, seqs: list[int], rounds: int) -> list[dict]:
+    model = loaded.model
+    config = model.config
+    heads, layers = config.num_attention_heads, config.num_hidden_layers
+    head_dim = config.hidden_size // heads
+    rows = []
+    for seq in seqs:
+        ids = torch.randint(0, config.vocab_size, (1, seq), generator=torch.Generator().manual_seed(seq))
+        floor_layer = column_sum_floor(heads, seq, head_dim)
+        captures = {"capture": lambda: sinklib.capture(model),
+                    "masking": lambda: sinklib.capture(model, intervention=sinklib.MaskKeys(positions=[0]))}
+
+        def forward():
+            model(input_ids=ids)
+
+        def floor():
+            for _ in range(layers):
+                floor_layer()
+
+        modes = {"plain": forward, "capture": forward, "masking": forward, "floor work": floor}
+        times = {mode: [] for mode in modes}
+        with torch.no_grad():
+            for mode, run in modes.items():  # warm-up
+                with captures.get(mode, _Nothing)():
+                    run()
+            for _ in range(rounds):  # interleaved, so that drift hits every mode alike
+                for mode, run in modes.items():
+                    with captures.get(mode, _Nothing)():
+                        times[mode] += median_seconds(run, 1)
+        plain = statistics.median(times["plain"])
+        floor_seconds = plain + statistics.median(times["floor work"])
+        print(f"\nS = {seq}: one forward, median of {rounds} interleaved rounds")
+        for mode in ("plain", "capture", "masking"):
+            t = statistics.median(times[mode])
+            print(f"  {mode:8s} {1000 * t:8.1f} ms   {t / plain:.3f}× plain")
+            rows.append({"S": seq, "mode": mode, "ms": 1000 * t, "x_plain": t / plain})
+        print(f"  floor    {1000 * floor_seconds:8.1f} ms   {floor_seconds / plain:.3f}× plain  "
+              f"(plain + {layers} × q·kᵀ, exp, column sum over the causal pairs)")
+        rows.append({"S": seq, "mode": "floor", "ms": 1000 * floor_seconds, "x_plain": floor_seconds / plain})
+    return rows
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def generation(loaded, new_tokens: int, rounds: int) -> None:
+    prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+    options = dict(gen_length=new_tokens, progress=False)
+
+    def traced():
+        return sinklib.generate(loaded, prompt, **options)
+
+    def plain():
+        return sinklib.generate(loaded, prompt, keep_scores=False, **options)
+
+    first, bare = traced(), plain()
+    assert first.tokens[-1].tolist() == bare.tokens[-1].tolist(), "the capture changed the generated tokens"
+    times = {"plain": [], "traced": []}
+    for _ in range(rounds):
+        times["plain"] += median_seconds(plain, 1)
+        times["traced"] += median_seconds(traced, 1)
+    p, t = statistics.median(times["plain"]), statistics.median(times["traced"])
+    print(f"\ngeneration: {new_tokens} new tokens, greedy, median of {rounds} interleaved rounds (same tokens: yes)")
+    print(f"  plain   {p:7.3f} s\n  traced  {t:7.3f} s   {t / p:.3f}× plain")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqs", type=int, nargs="+", default=[256, 1024, 2048])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    loaded = sinklib.load("smollm2-135m-instruct")
+    print(f"SmolLM2-135M-Instruct, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    forwards(loaded, args.seqs, args.rounds)
+    generation(loaded, args.new_tokens, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
