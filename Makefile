@@ -69,6 +69,7 @@ benchmark: setup
 	$(PY) benchmarks/capture_routes.py
 	$(PY) benchmarks/capture_profile.py
 	$(PY) benchmarks/capture_overhead.py
+	$(PY) benchmarks/smollm2_capture.py | tee benchmarks/results/smollm2_capture.txt
 	$(PY) benchmarks/generate_overhead.py
 	$(PY) benchmarks/eval_throughput.py
 	$(PY) benchmarks/explorer_latency.py
