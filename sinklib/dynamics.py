@@ -26,7 +26,7 @@ def _valid(trace: Trace) -> torch.Tensor:
 def comparable_scores(trace: Trace) -> torch.Tensor:
     """Scores with mean 1 over the keys of every step: unchanged for diffusion traces and the prefill; an
     autoregressive decoding step's single row is multiplied by its number of keys."""
-    if trace.meta.get("family") != "arm" or trace.n_steps < 2:
+    if not trace.is_autoregressive or trace.n_steps < 2:
         return trace.require_scores()
     keys = _valid(trace).sum(-1, keepdim=True).float()
     scaled = trace.scores.clone()

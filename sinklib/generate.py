@@ -257,7 +257,8 @@ def _meta(loaded: LoadedModel, settings, seed: int, intervention, chat: bool) ->
 
     import sinklib
 
-    return {"model": loaded.name, "family": loaded.family.name, "settings": dataclasses.asdict(settings), "seed": seed,
+    return {"model": loaded.name, "family": loaded.family.name, "kind": loaded.family.kind,
+            "settings": dataclasses.asdict(settings), "seed": seed,
             "intervention": repr(intervention) if intervention is not None else None, "chat": chat,
             "versions": {"sinklib": sinklib.__version__, "torch": torch.__version__,
                          "transformers": transformers.__version__, "python": platform.python_version()}}

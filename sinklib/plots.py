@@ -59,7 +59,7 @@ def token_step_heatmap(trace: Trace, layer: int, head: int, max_labels: int = 60
 
 
 def _score_label(trace: Trace) -> str:
-    if trace.meta.get("family") == "arm":
+    if trace.is_autoregressive:
         return SCORE_LABEL + "\n(decoding rows × number of keys)"
     return SCORE_LABEL
 

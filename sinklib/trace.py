@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from sinklib.families.base import get_family
+
 
 @dataclass
 class Trace:
@@ -48,6 +50,15 @@ class Trace:
     @property
     def n_steps(self) -> int:
         return self.tokens.shape[0] - 1
+
+    @property
+    def is_autoregressive(self) -> bool:
+        """Whether the family that made it decodes left to right, one query row per step after the prompt: its
+        kind, recorded at generation (for a trace saved before kinds were recorded, its family's kind)."""
+        kind = self.meta.get("kind")
+        if kind is None and self.meta.get("family"):
+            kind = get_family(self.meta["family"]).kind
+        return kind == "autoregressive"
 
     def require_scores(self) -> torch.Tensor:
         """The scores, or a clear error for a trace generated with keep_scores=False."""

@@ -132,3 +132,28 @@ def test_the_top_moving_event_is_the_strongest_over_every_prompt():
     top = dynamics.top_moving_event(events)
     assert (int(top["trace"]), int(top["step"]), int(top["position"])) == (1, 4, 2)
     assert dynamics.top_moving_event(dynamics.moving_events([build_trace([0, 0, 0])])) is None
+
+
+def test_a_registered_autoregressive_family_is_rescaled_by_its_kind_not_its_name():
+    """An autoregressive family added with register_family (any name) gets its decoding rows scaled to key units,
+    as "arm" does; a trace saved before kinds were recorded falls back to its family's kind."""
+    from sinklib.dynamics import comparable_scores
+    from sinklib.trace import Trace
+
+    scores = torch.full((3, 1, 1, 4), float("nan"))
+    scores[0, ..., :2] = torch.tensor([1.5, 0.5])
+    scores[1, ..., :3] = torch.tensor([0.5, 0.25, 0.25])
+    scores[2] = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    tokens = torch.zeros(3, 4, dtype=torch.long)
+
+    def trace(meta):
+        return Trace(scores=scores, tokens=tokens, is_masked=torch.zeros(3, 4, dtype=torch.bool), prompt_len=1,
+                     layer_names=["l0"],
+                     meta=meta)
+
+    scaled = comparable_scores(trace({"family": "my-causal-lm", "kind": "autoregressive"}))
+    assert torch.equal(scaled[1, ..., :3], torch.tensor([[[1.5, 0.75, 0.75]]]))  # × 3 keys
+    assert torch.equal(scaled[2], torch.ones(1, 1, 4))
+    assert torch.equal(comparable_scores(trace({"family": "arm"}))[1, ..., :3], scaled[1, ..., :3])
+    torch.testing.assert_close(comparable_scores(trace({"family": "llada", "kind": "diffusion"})), scores, rtol=0, atol=0,
+                               equal_nan=True)
