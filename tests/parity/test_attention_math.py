@@ -60,16 +60,13 @@ def test_the_fused_route_keeps_the_output_bits_and_the_scores(kind):
 
 @pytest.mark.parametrize("kind", ["none", "causal", "bool"])
 def test_bfloat16_inputs_stay_within_1e_5_of_a_float32_computation_from_the_same_inputs(kind):
-    """A bf16 model: the kernel's own lse from bf16 inputs misses 1e-5 (measured up to 3.6e-5 here), so the fused
-    route declines bf16 and the scores come from a float32 softmax of the same bf16 inputs."""
+    """A bf16 model: the kernel's own lse from bf16 inputs missed 1e-5 on AVX2 (measured up to 3.6e-5 here; about
+    1e-6 on torch's portable kernels — it depends on the CPU), so the fused route declines bf16 everywhere and the
+    scores come from a float32 softmax of the same bf16 inputs."""
     q, k, v = _inputs(torch.bfloat16)
     mask, causal = _masks()[kind]
     assert sdpa_with_lse(q, k, v, mask, 0.0, causal, None, False, {}) is None
-    _, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=None if mask is None
-                                                                        else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf")))
     reference = reference_scores(q.float(), k.float(), mask, causal)
-    from_kernel_lse = attention_statistics(q, k, mask, causal, lse=lse).scores
-    assert ((from_kernel_lse.double() - reference).abs() / (1 + reference.abs())).max() > 1e-5, "why the route declines"
     got = attention_statistics(q, k, mask, causal).scores
     assert ((got.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
 
