@@ -138,15 +138,25 @@ def execute(path: Path, target: Path, parameters: dict[str, Any], progress: bool
     run leaves the previous notebook whole."""
     import papermill
 
-    scratch = target.with_name(f".{target.stem}.executing.ipynb")
+    # a name no other file has (created exclusively), so the run can only ever replace or remove its own file
+    handle, scratch_name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".executing.ipynb", dir=target.parent)
+    os.close(handle)
+    scratch = Path(scratch_name)
     try:
         papermill.execute_notebook(str(path), str(scratch), parameters=parameters, cwd=str(NOTEBOOKS),
                                    progress_bar=progress, kernel_name="python3", execution_timeout=3600)
         strip_volatile(scratch)
+        os.chmod(scratch, target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask())
         os.replace(scratch, target)
     finally:
         scratch.unlink(missing_ok=True)
     return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 _PROGRESS_BAR = re.compile(r"\d+%\|.*\| *[\d.?]+[kMG]?/[\d.?]+[kMG]? \[")
