@@ -3,6 +3,7 @@ exception type, before any heavy work, with a message that names the parameter t
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import json
 import re
@@ -214,6 +215,21 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
+_ENTRY_POINTS = {"sinklib.reproduce": "sinklib.reproduce", "sinklib.zoo": "sinklib.zoo.__main__"}
+
+
+def _cli_in_process(capsys, module: str, *argv: str) -> tuple[int, str]:
+    """(exit code, stderr) of `python -m module argv` run as the module's main(argv) in this process: the same
+    parser and checks as the command (each command's own process is tested once, below) without paying a Python
+    start and torch import per case. Any exception other than the parser's exit fails the test, as a traceback
+    would."""
+    main = importlib.import_module(_ENTRY_POINTS[module]).main
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    return exited.value.code, capsys.readouterr().err
+
+
 def _yaml(tmp: Path, text: str) -> str:
     path = tmp / "params.yaml"
     path.write_text(text)
@@ -236,9 +252,21 @@ CLI_CASES = [
 
 
 @pytest.mark.parametrize("name, argv, param", CLI_CASES, ids=[c[0] for c in CLI_CASES])
-def test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path):
+def test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path, capsys):
     if name.startswith("reproduce") and "--params" != param and importlib.util.find_spec("papermill") is None:
         pytest.skip("reading the notebooks' parameters needs papermill (the notebooks extra)")
+    code, stderr = _cli_in_process(capsys, *argv(tmp_path))
+    assert code == 2, (code, stderr[-500:])
+    last = stderr.strip().splitlines()[-1]
+    assert "error:" in last and param in last, last
+
+
+@pytest.mark.parametrize("name", ["reproduce model typo", "zoo steps"])
+def test_each_command_exits_2_naming_the_parameter_in_its_own_process(name, tmp_path):
+    """The commands as a user types them: `python -m ...` reaches the same main and exits 2 without a traceback."""
+    if name.startswith("reproduce") and importlib.util.find_spec("papermill") is None:
+        pytest.skip("reading the notebooks' parameters needs papermill (the notebooks extra)")
+    _, argv, param = next(case for case in CLI_CASES if case[0] == name)
     done = _cli(*argv(tmp_path))
     assert done.returncode == 2, (done.returncode, done.stderr[-500:])
     last = done.stderr.strip().splitlines()[-1]
@@ -413,8 +441,8 @@ def _bytes(tmp: Path, data: bytes) -> str:
 
 
 @pytest.mark.parametrize("name, argv, param", CLI_CASES_26, ids=[c[0] for c in CLI_CASES_26])
-def test_issue_26_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path):
-    test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path)
+def test_issue_26_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path, capsys):
+    test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path, capsys)
 
 
 def test_issue_26_added_at_least_sixty_cases():
