@@ -32,6 +32,7 @@ FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
 
 
 def median_ms(run, rounds: int = 7) -> float:
+    """Median milliseconds of `rounds` calls of `run`, after one warm-up call."""
     run()
     times = []
     for _ in range(rounds):
@@ -66,6 +67,8 @@ def column_floor_ms(layers: int, heads: int, seq: int, head_dim: int) -> float:
 
 
 def main() -> None:
+    """Profile one forward at S = 256, 1024 and 2048, print the table and write it to
+    benchmarks/results/capture_profile.txt."""
     torch.set_grad_enabled(False)
     lines = []
 

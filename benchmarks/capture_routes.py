@@ -9,10 +9,11 @@ Routes, each one forward of a bidirectional Llama-shaped model (4 layers, 8 head
   masking    sinklib.capture with MaskSinks(top_k=5, threshold=False)
   eager      eager attention with output_attentions=True, reduced to the same scores afterwards (most tools)
   hooks      eager attention with forward hooks keeping every layer's full map (the usual notebook approach)
-Time: routes interleaved within each round; ratios are per round (paired), reported as median and quartiles. Peak memory: each route in a fresh process,
-the growth of its peak resident set over what the process held with the model built (Linux).
-Writes benchmarks/results/capture_routes.{csv,md,png}. Goals (issue 16, CPU): capture ≤ 1.25× plain and faster
-than eager at every S, masking ≤ 1.3× plain.
+Time: routes interleaved within each round; ratios are per round (paired), reported as median and quartiles.
+Peak memory: each route in a fresh process, the growth of its peak resident set over what the process held with
+the model built (Linux).
+Writes benchmarks/results/capture_routes.{csv,md,png}. Goals (CPU): capture ≤ 1.25× plain and faster than eager
+at every S, masking ≤ 1.3× plain.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ ROUTES = ("plain", "capture", "masking", "eager", "hooks")
 
 
 def build(width: int, seq: int, attn: str) -> transformers.PreTrainedModel:
+    """The benchmark's random-weight bidirectional Llama (hidden size `width`, 4 layers, 8 heads, vocabulary 512,
+    positions for at least `seq` tokens) with attention implementation `attn`, in eval mode."""
     config = transformers.LlamaConfig(hidden_size=width, intermediate_size=width * 8 // 3, num_hidden_layers=4,
                                       num_attention_heads=8, num_key_value_heads=8, vocab_size=512,
                                       max_position_embeddings=max(4096, seq), is_causal=False, attn_implementation=attn)
@@ -106,6 +109,8 @@ def peak_growth(name: str, width: int, seq: int) -> float:
 
 
 def main() -> None:
+    """Time every route at every length and width (and, unless --no-memory, its peak memory); print the ratios
+    and write the csv, markdown and png results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=5, help="rounds at S = 1024; shorter forwards get more")

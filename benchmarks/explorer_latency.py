@@ -4,7 +4,7 @@ a click on ▶, until the next frame), measured in one run.
 
     python benchmarks/explorer_latency.py
 
-Goal (issue 15): a step change redraws in well under a second on 2 cores for a zoo model.
+Goal: a step change redraws in well under a second on 2 cores for a zoo model.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import sinklib
-from sinklib import experiments, explorer
+from sinklib import explorer
+from sinklib.generate import demo_trace
 
 PROMPT = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:"
 MODELS = ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"]
@@ -32,6 +33,7 @@ REDRAW = """async () => {
 
 
 def kernel_side(widget: explorer.Explorer, steps: int) -> list[float]:
+    """Seconds of each step change of the widget, steps 1 to steps − 1."""
     seconds = []
     for step in range(1, steps):
         start = time.perf_counter()
@@ -41,6 +43,8 @@ def kernel_side(widget: explorer.Explorer, steps: int) -> list[float]:
 
 
 def browser_side(page_path: Path, steps: int) -> list[float] | None:
+    """Seconds from each click on ▶ of the saved page in headless Chromium to the frame after it shows the next
+    step (steps − 1 clicks); None without playwright or a chromium executable."""
     executable = shutil.which("chromium") or shutil.which("chromium-browser")
     try:
         from playwright.sync_api import sync_playwright
@@ -59,11 +63,12 @@ def browser_side(page_path: Path, steps: int) -> list[float] | None:
 
 
 def main() -> None:
+    """Print, for every model, the median and largest milliseconds of a step change in the kernel and the page."""
     print(f"{'model':24} {'steps':>5} {'seq':>4} {'kernel: step + map (ms)':>24} {'page redraw (ms)':>17}")
     with tempfile.TemporaryDirectory() as folder:
         for name in MODELS:
             loaded = sinklib.load(name)
-            trace = experiments.demo_trace(loaded, PROMPT)
+            trace = demo_trace(loaded, PROMPT)
             steps, _, _, seq = trace.scores.shape
             kernel = kernel_side(explorer.Explorer(trace, loaded), steps)
             browser = browser_side(explorer.to_html(trace, Path(folder) / f"{name}.html"), steps)

@@ -3,7 +3,7 @@
     python benchmarks/generate_overhead.py
 
 CPU: a small bidirectional Llama with the LLaDA sampler. GPU (if present): a random-weight
-LLaDA-8B-shaped model (32 layers, d 4096, 32 heads), gen 256, block 32, bf16. Goals (issue 3): ≤ 1.3× on
+LLaDA-8B-shaped model (32 layers, d 4096, 32 heads), gen 256, block 32, bf16. Goals: ≤ 1.3× on
 CPU, ≤ 1.05× on GPU. Also prints the trace's stored bytes against L·H·S·steps·4, and generate(...,
 keep_scores=False) (the evaluation path: no capture, nothing stored) against plain.
 """
@@ -27,6 +27,8 @@ SHAPES = {
 
 
 def run(device: str, rounds: int = 3) -> None:
+    """Time plain, traced and keep_scores=False generation on the `device` shape in `rounds` interleaved rounds,
+    check that all three write the same tokens, and print the medians, ratios and stored bytes."""
     shape = SHAPES[device]
     config = transformers.LlamaConfig(num_key_value_heads=shape["num_attention_heads"], is_causal=False,
                                       attn_implementation="sdpa", max_position_embeddings=4096,

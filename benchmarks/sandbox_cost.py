@@ -26,11 +26,14 @@ def bare(sample, solution: str) -> bool:
 
 
 def judged(sample, solution: str) -> bool:
+    """Whether sinklib's sandbox passes the solution (run_tests, the problem's prompt as trusted setup)."""
     result = run_tests(sample.prompt + solution, sample.meta["test"], sample.target, SandboxLimits(), setup=sample.prompt)
     return result.passed
 
 
 def main() -> None:
+    """Judge --samples canonical solutions both ways, interleaved, and print (with --out also write) the medians,
+    quartiles and paired ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)

@@ -31,6 +31,7 @@ FLOOR_BLOCK = 128
 
 
 def median_seconds(run, rounds: int) -> list[float]:
+    """Seconds of each of `rounds` calls of `run` (the list; callers take its median)."""
     times = []
     for _ in range(rounds):
         began = time.perf_counter()
@@ -40,7 +41,8 @@ def median_seconds(run, rounds: int) -> list[float]:
 
 
 def column_sum_floor(heads: int, seq: int, head_dim: int) -> None:
-    """q·kᵀ, exp and the column sum over the causal pairs of one layer (the work any exact recompute does)."""
+    """A zero-argument function doing q·kᵀ, exp and the column sum over the causal pairs of one layer (the work any
+    exact recompute does) on random tensors of this shape."""
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, seq, head_dim, generator=generator) / head_dim ** 0.5
     k = torch.randn(1, heads, seq, head_dim, generator=generator)
@@ -56,6 +58,8 @@ def column_sum_floor(heads: int, seq: int, head_dim: int) -> None:
 
 
 def forwards(loaded, seqs: list[int], rounds: int) -> list[dict]:
+    """Time plain, capture and masking forwards and the floor at every length S, printing each; returns rows
+    {S, mode, ms, x_plain}."""
     model = loaded.model
     config = model.config
     heads, layers = config.num_attention_heads, config.num_hidden_layers
@@ -106,6 +110,8 @@ class _Nothing:
 
 
 def generation(loaded, new_tokens: int, rounds: int) -> None:
+    """Time `new_tokens` tokens of greedy generation traced against keep_scores=False in interleaved rounds,
+    check that both write the same tokens, and print both medians and their ratio."""
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
     options = dict(gen_length=new_tokens, progress=False)
 
@@ -127,6 +133,7 @@ def generation(loaded, new_tokens: int, rounds: int) -> None:
 
 
 def main() -> None:
+    """Load SmolLM2 and run the forward and generation measurements with the command line's settings."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, nargs="+", default=[256, 1024, 2048])
     parser.add_argument("--rounds", type=int, default=5)

@@ -18,7 +18,7 @@ from sinklib.sinks import (
 from sinklib.trace import Trace
 from sinklib.evaluation import evaluate  # noqa: E402  (after the names the runner uses)
 
-__version__ = "0.1.0"
+from sinklib._version import __version__  # noqa: E402
 
 __all__ = [
     "AttentionCall", "AttentionLayer", "CaptureError", "Intervention", "MaskKeys", "MaskRandomKeys", "MaskSinks",

@@ -8,6 +8,8 @@ from typing import Any, Iterable
 
 
 def bad_value(param: str, value: Any, allowed: str) -> ValueError:
+    """The ValueError every check raises (returned, not raised): "{param}={value!r} is not allowed: {param} must
+    be {allowed}"."""
     return ValueError(f"{param}={value!r} is not allowed: {param} must be {allowed}")
 
 
@@ -36,6 +38,7 @@ def did_you_mean(value: Any, choices: Iterable[str], cutoff: float = 0.6) -> str
 
 
 def check_choice(value: Any, param: str, choices: Iterable[str]) -> str:
+    """`value` when it is one of `choices`; otherwise a ValueError listing them, with a "did you mean"."""
     choices = list(choices)
     if value not in choices:
         raise ValueError(f"{param}={value!r} is not allowed: {param} must be one of {choices}{did_you_mean(value, choices)}")

@@ -85,6 +85,7 @@ class Divergence:
         return all(math.isfinite(m) and m <= NEAR_TIE for m in (self.margin_committed, self.margin_rerun))
 
     def describe(self) -> str:
+        """One line for the report: the model, generation, step, both margins, and whether it is a near-tie."""
         kind = "near-tie" if self.near_tie else "NOT a near-tie"
         return (f"{self.model} #{self.trace} parts at step {self.step} (margin {self.margin_committed:.2g} / "
                 f"{self.margin_rerun:.2g}: {kind})")
@@ -102,21 +103,26 @@ class Row:
 
 @dataclass
 class Report:
+    """The comparison of a rerun with the committed results: one Row per artifact and where generations parted."""
     rows: list[Row] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
 
     @property
     def agrees(self) -> bool:
+        """Whether no artifact differs (identical, within tolerance or near-tie all agree)."""
         return all(row.status != DIFFERS for row in self.rows)
 
     @property
     def failing(self) -> list[str]:
+        """The names of the artifacts that differ."""
         return [row.artifact for row in self.rows if row.status == DIFFERS]
 
     def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame, one column per Row field."""
         return pd.DataFrame([vars(row) for row in self.rows])
 
     def to_text(self) -> str:
+        """The report as plain text: the rows' table, one line per divergence, and the tolerances used."""
         frame = self.frame()
         frame["largest_difference"] = [f"{v:.2g}" if v else "0" for v in frame["largest_difference"]]
         lines = [frame.to_string(index=False, justify="left")]

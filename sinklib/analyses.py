@@ -8,7 +8,8 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from sinklib import dynamics, experiments, plots
+from sinklib import dynamics, plots
+from sinklib.capture.replay import full_pass_scores, replay_map
 from sinklib.loading import LoadedModel
 from sinklib.runs import Result
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
@@ -140,7 +141,7 @@ def moving_sinks(models: Models, traces: Traces, eps: float) -> Result:
         if top is not None:
             trace = model_traces[int(top["trace"])]
             step, layer, head = int(top["step"]), int(top["layer"]), int(top["head"])
-            maps = [experiments.replay_map(models[name], trace, s, layer, head).numpy() for s in (step - 1, step)]
+            maps = [replay_map(models[name], trace, s, layer, head).numpy() for s in (step - 1, step)]
             result.figures[f"fig04_moving_sink_{_stem(name)}"] = plots.attention_pair(
                 maps, [step - 1, step], trace, layer, head, marked=[int(top["position_before"]), int(top["position"])])
     table = result.tables["moving_sink_events"] = pd.concat(events, ignore_index=True) if events else dynamics.empty_events()
@@ -161,7 +162,7 @@ def query_splits(models: Models, traces: Traces, eps: float) -> Result:
             missing.append(f"{name}: no step with masked and unmasked queries and two sinks in one head")
             continue
         step, layer, head = (int(candidates.iloc[0][c]) for c in ("step", "layer", "head"))
-        attention = experiments.replay_map(models[name], trace, step, layer, head).numpy()
+        attention = replay_map(models[name], trace, step, layer, head).numpy()
         result.figures[f"fig06a_query_split_{_stem(name)}"] = plots.query_split(
             attention, trace.is_masked[step].numpy(), trace, step, layer, head)
     result.shown = "\n".join(missing) or None
@@ -209,7 +210,7 @@ def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]
         if model.family.kind == "diffusion":
             scores = [t.scores for t in model_traces]
         else:
-            scores = [experiments.full_pass_scores(model, t.tokens[-1]) for t in model_traces]
+            scores = [full_pass_scores(model, t.tokens[-1]) for t in model_traces]
             uniform = [causal_uniform_scores(t.tokens.shape[1]) for t in model_traces]
             baselines.append(threshold_sweep(uniform, eps_values).assign(
                 model=f"uniform causal attention ({name}'s lengths)"))

@@ -19,6 +19,9 @@ TRANSPOSED_ROUTE_MIN_ELEMENTS = 1 << 21
 
 @dataclass
 class AttentionStats:
+    """What attention_statistics gathers from one attention call: each key's score (sum units: the column sum
+    over query rows), the query rows and keys that took part, and optionally kept maps and the last query row."""
+
     scores: torch.Tensor  # [B, H, Sk] float32: Σ over (weighted) query rows of A_ij
     query_count: torch.Tensor  # [B] float32: query rows that attended to something (weighted)
     key_valid: torch.Tensor  # [B, Sk] bool: keys that at least one query may attend to
@@ -27,6 +30,7 @@ class AttentionStats:
 
 
 def as_4d(mask: torch.Tensor) -> torch.Tensor:
+    """The mask with leading singleton dimensions added until it has four ([Sq, Sk] → [1, 1, Sq, Sk])."""
     while mask.dim() < 4:
         mask = mask.unsqueeze(0)
     return mask
@@ -47,6 +51,8 @@ def causal_allowed(n_queries: int, n_keys: int, device: torch.device, start: int
 
 
 def repeat_heads(k: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """k [B, Hk, S, D] with each KV head repeated for the n_heads // Hk query heads that share it ([B, H, S, D],
+    the order transformers' repeat_kv gives); k itself when it already has n_heads heads."""
     if k.shape[1] == n_heads:
         return k
     return k.repeat_interleave(n_heads // k.shape[1], dim=1)

@@ -32,12 +32,14 @@ from torch import nn
 
 
 def transformers_major() -> int:
+    """The installed transformers' major version (4 or 5)."""
     import transformers
 
     return int(transformers.__version__.split(".")[0])
 
 
 def needs_fixes() -> bool:
+    """Whether the fixes apply: transformers 5 or later (nothing is applied on 4.x)."""
     return transformers_major() >= 5
 
 
@@ -91,6 +93,7 @@ def recompute_rotary_inv_freq(model: nn.Module) -> list[str]:
 
 
 def is_bidirectional(config) -> bool:
+    """Whether a config declares bidirectional attention (is_causal=False or use_bidirectional_attention=True)."""
     return getattr(config, "is_causal", True) is False or bool(getattr(config, "use_bidirectional_attention", False))
 
 

@@ -4,8 +4,9 @@ All scores are in sum units (Σ over queries). "Greatest sink" of a (step, layer
 highest score, counted as a sink only when it passes Eq. 3 with `eps`.
 
 Autoregressive traces: after the prefill, each step is one query's attention row, which sums to 1, so Eq. 3
-with ε = 3 could never fire on it. As in the paper's masking (SPEC §3), such rows are scaled by their number
-of keys (mean 1, the units of a square pass's column sums) — see `comparable_scores`.
+with ε = 3 could never fire on it. As when sinks are masked in an autoregressive model (MaskSinks(rows="last")),
+such rows are scaled by their number of keys before Eq. 3 (mean 1, the units of a square pass's column sums) —
+see `comparable_scores`.
 """
 from __future__ import annotations
 

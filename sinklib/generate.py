@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import platform
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -11,9 +12,11 @@ import torch
 from tqdm.auto import tqdm
 
 from sinklib._checks import bad_value, check_int, did_you_mean
+from sinklib._version import __version__
 from sinklib.capture import capture, check_intervention
 from sinklib.layers import attention_layers
-from sinklib.families.base import left_pad, recording_decisions
+from sinklib.families.base import left_pad, option_owners, recording_decisions
+from sinklib.interventions import identity
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
 
@@ -66,8 +69,6 @@ def resolve_settings(loaded: LoadedModel, sampler=None, **options):
     """The family's validated settings dataclass for this model: `sampler` (an instance of the family's settings
     class, e.g. LLaDASettings) and/or options by name (None = not given), with the model's special ids filled in.
     An option no family has is refused with "did you mean"; another family's option is refused naming its owner."""
-    from sinklib.families.base import option_owners
-
     family = loaded.family
     owners = option_owners()
     for key, value in options.items():
@@ -255,10 +256,51 @@ def _token_strings(loaded: LoadedModel, tokens: torch.Tensor) -> dict[int, str]:
 def _meta(loaded: LoadedModel, settings, seed: int, intervention, chat: bool) -> dict[str, Any]:
     import transformers
 
-    import sinklib
-
     return {"model": loaded.name, "family": loaded.family.name, "kind": loaded.family.kind,
             "settings": dataclasses.asdict(settings), "seed": seed,
             "intervention": repr(intervention) if intervention is not None else None, "chat": chat,
-            "versions": {"sinklib": sinklib.__version__, "torch": torch.__version__,
+            "versions": {"sinklib": __version__, "torch": torch.__version__,
                          "transformers": transformers.__version__, "python": platform.python_version()}}
+
+
+def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | None = None, seed: int = 0,
+                   intervention=None, progress: bool = True, **settings) -> list[Trace]:
+    """One trace per prompt (prompt i with seed + i; zoo models read plain text, others their chat template).
+    With `out`, each trace is saved as it finishes (out/trace-0007/) and a rerun loads the finished ones instead
+    of generating them again; a trace another configuration wrote there is refused."""
+    recorded = identity(intervention) if intervention is not None else None  # refused before any work if unstable
+    traces = []
+    for index, text in enumerate(tqdm(texts, desc=f"traces {loaded.name}", disable=not progress)):
+        folder = Path(out) / f"trace-{index:04d}" if out is not None else None
+        if folder is not None and (folder / "meta.json").exists():
+            traces.append(_resumed(Trace.load(folder), folder, loaded, text, seed + index, recorded, settings))
+            continue
+        trace = generate(loaded, text, seed=seed + index, chat=not loaded.is_zoo, progress=False,
+                         intervention=intervention, **settings)
+        if folder is not None:
+            trace.save(folder)
+        traces.append(trace)
+    return traces
+
+
+def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: int, intervention: str | None,
+             settings: dict) -> Trace:
+    """A trace saved by an earlier run is reused only if that run asked for the same thing."""
+    meta = trace.meta
+    saved = meta.get("settings", {})
+    differs = {key: (meta.get(key), want) for key, want in (("model", loaded.name), ("prompt", text), ("seed", seed),
+               ("intervention", intervention)) if meta.get(key) != want}
+    differs.update({key: (saved.get(key), value) for key, value in settings.items()
+                    if value is not None and key in saved and saved[key] != value})
+    if differs:
+        raise ValueError(f"out={str(folder.parent)!r} is not allowed: {folder.name} was written by another run "
+                         f"(saved vs asked: {differs}); use a new folder or delete it")
+    return trace
+
+
+def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, steps: int | None = None,
+               gen_length: int | None = None, block_length: int | None = None) -> Trace:
+    """One generation of `prompt` with the model's own settings (LoadedModel.settings_for), as the explorer shows
+    it: the zoo reads plain text, real checkpoints get their chat template."""
+    return generate(loaded, prompt, seed=seed, chat=not loaded.is_zoo, progress=False,
+                    **loaded.settings_for(steps=steps, gen_length=gen_length, block_length=block_length))

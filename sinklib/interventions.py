@@ -62,7 +62,7 @@ def key_normalised(stats: AttentionStats, rows: str) -> torch.Tensor:
 
     rows="all": Σ over queries × (valid keys / counted queries); rows="last": the last query's row × valid
     keys — the paper's choice for an autoregressive model with a KV cache, where a single row sums to 1
-    and Eq. 3 with ε = 3 could never fire on it unscaled (SPEC §3)."""
+    and Eq. 3 with ε = 3 could never fire on it unscaled."""
     n_valid = stats.key_valid.sum(-1).float()  # [B]
     if rows == "last":
         return single_row_scores(stats.last_row, n_valid[:, None, None])
@@ -120,6 +120,7 @@ class MaskSinks(Intervention):
         return SinkRule(self.eps)
 
     def reset(self) -> None:
+        """Forget the sinks chosen at earlier steps."""
         self._chosen.clear()
 
     def select(self, stats: AttentionStats) -> torch.Tensor:
@@ -130,6 +131,9 @@ class MaskSinks(Intervention):
         return positions_to_mask(positions, scores.shape[-1])
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
+        """bool [batch, heads, keys]: "same_step", the top-K sinks of a clean pass of this call; otherwise those this
+        layer chose at step t−1 (fitted to this call's keys). None with top_k=0 or when this layer recorded no
+        choice at step t−1 (step 0, for one)."""
         if self.top_k == 0:
             return None
         if self.source == "same_step":
@@ -140,6 +144,8 @@ class MaskSinks(Intervention):
         return _fit_keys(chosen[1], call.n_keys)
 
     def observe(self, call: AttentionCall, stats: AttentionStats) -> None:
+        """Choose this layer's top-K sinks for the next step from the call as it ran ("previous_step") or from its
+        clean pass ("previous_step_clean"); nothing for "same_step" or top_k=0."""
         if self.top_k == 0 or self.source == "same_step":
             return
         source_stats = call.clean_stats() if self.source == "previous_step_clean" else stats
@@ -160,11 +166,14 @@ class MaskRandomKeys(Intervention):
                 start_step=check_int(self.start_step, "start_step", 0))
 
     def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
+        """Refuse a start_step at or after the run's last forward (with k > 0): it would mask nothing."""
         if n_steps is not None and self.k and self.start_step >= n_steps:
             raise bad_value("start_step", self.start_step, f"< {n_steps}, the number of forwards this run makes "
                             "(from start_step on keys are masked; later than the last step masks nothing)")
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
+        """bool [batch, heads, keys]: k valid keys drawn per (batch, head) (all of them where fewer are valid);
+        None with k=0 or before start_step."""
         if self.k == 0 or call.step < self.start_step:
             return None
         valid = call.clean_stats().key_valid[:, None, :].cpu()
@@ -201,6 +210,8 @@ class MaskKeys(Intervention):
                 steps=_index_set(self.steps, "steps[]"))
 
     def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
+        """Refuse layer, head or step indices this model (its attention layers) or this run (n_steps forwards)
+        does not have."""
         too_deep = sorted(x for x in self.layers or () if x >= len(layers))
         if too_deep:
             raise bad_value("layers", too_deep, f"layer indices < {len(layers)} (this model's attention layers)")
@@ -213,6 +224,8 @@ class MaskKeys(Intervention):
             raise bad_value("steps", late, f"step indices < {n_steps}, the number of forwards this run makes")
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
+        """bool [batch, heads, keys]: the positions masked in the chosen heads; None outside the chosen layers and
+        steps. Positions or heads past this call's are refused."""
         if (self.layers is not None and call.layer not in self.layers) or (self.steps is not None and call.step not in self.steps):
             return None
         too_far = [p for p in self.positions if p >= call.n_keys]

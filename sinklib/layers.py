@@ -19,6 +19,9 @@ _HEAD_COUNT_KEYS = ("num_attention_heads", "n_heads", "num_heads")
 
 @dataclass(frozen=True)
 class AttentionLayer:
+    """One block's attention: its index in execution order, its module path in the model, the module, and its
+    number of query heads (None when neither the module nor a config states it)."""
+
     index: int
     name: str
     module: nn.Module

@@ -17,7 +17,7 @@ from torch import nn
 from sinklib import compat, named
 from sinklib.validation import Consent, Index, checked
 from sinklib._checks import bad_value, check_choice, did_you_mean
-from sinklib.families.base import Family, family_names, get_family
+from sinklib.families.base import Family, family_names, fit_layout, get_family
 from sinklib.paths import ZOO_DIR
 
 CALLING = ("native", "remote")
@@ -42,7 +42,29 @@ class LoadedModel:
 
     @property
     def device(self) -> torch.device:
+        """Where the model's parameters are."""
         return next(self.model.parameters()).device
+
+    @property
+    def is_zoo(self) -> bool:
+        """A model of the tiny zoo: its config declares its sampler family (real checkpoints do not). Zoo models
+        read the zoo's plain "Q: … A:" text; every other model gets its chat template."""
+        return getattr(getattr(self.model, "config", None), "sinklib_family", None) is not None
+
+    def settings_for(self, task: str | None = None, *, steps: int | None = None, gen_length: int | None = None,
+                     block_length: int | None = None) -> dict[str, Any]:
+        """The sampler settings (keyword arguments of generate) this model runs with: the family's preset for
+        `task` where it has one and the model is not of the zoo (Table 1 on a real checkpoint), else a named
+        laptop model's own, the zoo's, or the paper's; steps / gen_length / block_length override by
+        families.base.fit_layout's rule (a gen_length given alone keeps a valid block layout)."""
+        named_preset = named.NAMED_MODELS[self.name].sampling if self.name in named.NAMED_MODELS else None
+        if task is not None and task not in ("paper", "zoo") and task in self.family.presets and not self.is_zoo:
+            preset = self.family.preset(task)
+        elif named_preset:
+            preset = dict(named_preset)
+        else:
+            preset = self.family.preset("zoo" if self.is_zoo else "paper")
+        return fit_layout(preset, steps, gen_length, block_length)
 
     def logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,7 +127,14 @@ def is_default_model(name: str) -> bool:
     return (ZOO_DIR / str(name)).is_dir() or str(name) in named.NAMED_MODELS
 
 
+def load_models(names: list[str], device: str | None = None, dtype: str | None = None,
+                trust_remote_code: bool = False) -> dict[str, LoadedModel]:
+    """{name: load(name, ...)} for each name, in order."""
+    return {name: load(name, device=device, dtype=dtype, trust_remote_code=trust_remote_code) for name in names}
+
+
 def zoo_names() -> list[str]:
+    """The names of the zoo models shipped in data/models/."""
     return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file()) if ZOO_DIR.is_dir() else []
 
 

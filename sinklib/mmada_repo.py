@@ -29,6 +29,8 @@ INSTALL = ("git clone https://github.com/Gen-Verse/MMaDA /path/to/MMaDA, then `e
 
 @dataclass(frozen=True)
 class MMaDAClasses:
+    """MMaDA's config class (MMadaConfig), model class (MMadaModelLM) and the `models` folder they came from."""
+
     config: type
     model: type
     source: Path

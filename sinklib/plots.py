@@ -14,6 +14,7 @@ import pandas as pd
 import seaborn as sns
 
 from sinklib.dynamics import comparable_scores
+from sinklib.provenance import KEY, as_text, content_part
 from sinklib.trace import Trace
 
 PALETTE = sns.color_palette("colorblind")
@@ -25,8 +26,6 @@ def save_figure(fig: plt.Figure, name: str, folder: str | Path = "figures",
                 record: dict[str, Any] | None = None) -> list[Path]:
     """Write `name`.png and `name`.pdf (reproducible: no timestamps in the PDF). `record` (sinklib.provenance):
     its content part (config, seed, notebook) goes in the PNG's "sinklib" text chunk and the PDF's Subject."""
-    from sinklib.provenance import KEY, as_text, content_part
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{name}.png", folder / f"{name}.pdf"]

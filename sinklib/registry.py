@@ -33,12 +33,15 @@ class Registry(Generic[T]):
         self._entries[name] = target
 
     def unregister(self, name: str) -> None:
+        """Remove `name`; an unknown name is refused with the registered ones."""
         self._entries.pop(check_choice(name, self.kind, self.names()))
 
     def names(self) -> list[str]:
+        """The registered names, sorted."""
         return sorted(self._entries)
 
     def get(self, name: str) -> T:
+        """The entry registered as `name`; a lazy "module:attribute" is imported on first use and kept."""
         check_choice(name, self.kind, self.names())
         target = self._entries[name]
         if isinstance(target, str):

@@ -11,9 +11,15 @@ from typing import Any, Mapping
 import pandas as pd
 
 from sinklib._checks import did_you_mean
+from sinklib.explorer import export_pages
+from sinklib.generate import collect_traces, demo_trace
+from sinklib.loading import load, load_models
+from sinklib.plots import save_figure
+from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
 from sinklib.validation import Consent, Count, Index, NonNegative, Text, validated
+from sinklib.zoo.data import prompts
 
 
 @dataclass(frozen=True)
@@ -39,16 +45,11 @@ class RunConfig:
 
     def load(self) -> dict:
         """The run's models by name (sinklib.load with its device, dtype and trust_remote_code)."""
-        from sinklib import experiments
-
-        return experiments.load_models(self.models, device=self.device, dtype=self.dtype,
-                                       trust_remote_code=self.trust_remote_code)
+        return load_models(self.models, device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
 
     def save(self, result: "Result") -> "Result":
         """Write the result's figures (PNG + PDF), tables (parquet) and texts; each carries what defines it (config,
         seed, notebook) and is entered in its folder's PROVENANCE.json with versions, machine and sha256."""
-        from sinklib.plots import save_figure
-        from sinklib.provenance import describe, record_artifacts, write_parquet
 
         record = describe(self, notebook=type(self).NOTEBOOK)
         figures, results = Path(self.figures_dir), Path(getattr(self, "results_dir", self.figures_dir))
@@ -108,13 +109,11 @@ class TracesRun(RunConfig):
 
     def collect(self) -> tuple[dict, dict]:
         """(loaded models by name, their traces by name): one generation per prompt with the family's settings."""
-        from sinklib import experiments
-
         loaded = self.load()
-        traces = {name: experiments.collect_traces(model, experiments.prompts(model, self.n_prompts), seed=self.seed,
-                                                   progress=self.progress,
-                                                   **experiments.sampling(model, self.steps, self.gen_length,
-                                                                          self.block_length))
+        traces = {name: collect_traces(model, prompts(self.n_prompts, plain_english=not model.is_zoo), seed=self.seed,
+                                       progress=self.progress, **model.settings_for(steps=self.steps,
+                                                                                    gen_length=self.gen_length,
+                                                                                    block_length=self.block_length))
                   for name, model in loaded.items()}
         return loaded, traces
 
@@ -202,16 +201,11 @@ class ExplorerRun(RunConfig):
 
     def explore(self) -> tuple:
         """(the first model loaded, its generation of `prompt`): what the explorer shows."""
-        from sinklib import experiments
-        from sinklib.loading import load
-
         loaded = load(self.models[0], **self._load_options())
-        return loaded, experiments.demo_trace(loaded, self.prompt, self.seed, self.steps, self.gen_length, self.block_length)
+        return loaded, demo_trace(loaded, self.prompt, self.seed, self.steps, self.gen_length, self.block_length)
 
     def export_pages(self, traces: Mapping[str, Any]) -> list[Path]:
         """figures_dir/explorer_<model>.html for every model (those in `traces` reuse their trace)."""
-        from sinklib.explorer import export_pages
-        from sinklib.provenance import describe, record_artifacts
 
         pages = export_pages(self.models, self.figures_dir, self.prompt, traces=traces, eps=self.eps, seed=self.seed,
                              load_options=self._load_options(),

@@ -201,8 +201,9 @@ def threshold_sweep(
 
 def single_row_scores(row: torch.Tensor, n_keys: torch.Tensor | int) -> torch.Tensor:
     """One query row's attention (it sums to 1: an autoregressive decoding step with a KV cache) in the sum units
-    of a square pass (mean 1 over keys): × its number of keys. Unscaled, Eq. 3 with ε = 3 could never fire on it
-    (SPEC §3). n_keys broadcasts against row's leading dimensions."""
+    of a square pass (mean 1 over keys): × its number of keys. Unscaled, Eq. 3 with ε = 3 could never fire on it,
+    so every autoregressive decoding row is scaled this way before Eq. 3. n_keys broadcasts against row's leading
+    dimensions."""
     return row * n_keys
 
 

@@ -91,9 +91,11 @@ class Summary:
 
     @property
     def has_near_tie(self) -> bool:
+        """Whether any row's label carries the near-tie mark (then the footnote is shown)."""
         return any(str(name).endswith(f" {NEAR_TIE_MARK}") for name in self.table.index)
 
     def text(self) -> str:
+        """The table as shown by `significant`, then the findings, then the near-tie footnote when a row has one."""
         parts = [_formatted(self.table).to_string()]
         if self.findings:
             parts.append("\n".join(self.findings))

@@ -35,6 +35,11 @@ from sinklib.families.base import get_family
 
 @dataclass
 class Trace:
+    """One generation: its scores at every step, its canvases, masked keys, kept maps and decision margins (shapes
+    in the module docstring). prompt_len: prompt tokens at the start of the canvas; layer_names: the attention
+    modules' paths; text: the generated text; token_strings: token id → text; meta: how it was made (model,
+    family, kind, sampler settings, seed, intervention, prompt, versions)."""
+
     scores: torch.Tensor | None
     tokens: torch.Tensor
     is_masked: torch.Tensor
@@ -49,6 +54,7 @@ class Trace:
 
     @property
     def n_steps(self) -> int:
+        """Steps (forwards) of the generation: one fewer than the canvases in `tokens`."""
         return self.tokens.shape[0] - 1
 
     @property
@@ -69,6 +75,8 @@ class Trace:
 
     @property
     def unmasked_at(self) -> torch.Tensor:
+        """[seq] int64: the step whose forward committed each position; −1 for prompt positions and positions
+        never committed."""
         written = self.is_masked & ~_next_masked(self.tokens, self.is_masked)
         steps = torch.arange(self.n_steps)[:, None].expand_as(written)
         first = torch.where(written, steps, torch.full_like(steps, self.n_steps)).amin(0)

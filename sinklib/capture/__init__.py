@@ -116,13 +116,12 @@ def _check_sdpa_visible(model: nn.Module) -> None:
 
 
 def _as_module(model, layer_names):
-    """A LoadedModel (sinklib.load's result) stands for its module and its layer names; anything else must be an
-    nn.Module."""
-    from sinklib.loading import LoadedModel
-
-    if isinstance(model, LoadedModel):
-        return model.model, layer_names if layer_names is not None else model.layer_names
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model={type(model).__name__} is not allowed: capture takes a torch nn.Module or the "
-                        "LoadedModel that sinklib.load returns")
-    return model, layer_names
+    """The nn.Module to capture and its attention layers' names: an nn.Module as given, or anything holding one
+    as `.model` beside its `.layer_names` (sinklib.load's LoadedModel), so capture needs nothing from loading."""
+    if isinstance(model, nn.Module):
+        return model, layer_names
+    inner = getattr(model, "model", None)
+    if isinstance(inner, nn.Module):
+        return inner, layer_names if layer_names is not None else getattr(model, "layer_names", None)
+    raise TypeError(f"model={type(model).__name__} is not allowed: capture takes a torch nn.Module or the "
+                    "LoadedModel that sinklib.load returns")

@@ -52,6 +52,7 @@ class SdpaArgs:
     packed: bool = field(init=False)
 
     def unpack(self, layer: AttentionLayer) -> "SdpaArgs":
+        """Set q, mask and packed for `layer` (see unpack_single_query_gqa); returns self."""
         self.q, self.mask, self.packed = unpack_single_query_gqa(layer, self.query, self.key, self.attn_mask)
         return self
 
@@ -113,6 +114,8 @@ def _fits_masked_causal_route(call: AttentionCall, args: SdpaArgs, map_heads: tu
 
 
 def refuse_stranded_heads(call: AttentionCall, args: SdpaArgs, key_mask: torch.Tensor, intervention) -> None:
+    """Raise a ValueError naming the step, layer, batch and head when key_mask [B, H, Sk] would leave some head
+    no key any query may attend to."""
     stranded = heads_left_without_keys(args.mask, args.is_causal, key_mask, call.n_queries)
     if bool(stranded.any()):
         b, h = (int(i) for i in stranded.nonzero()[0])
@@ -149,6 +152,8 @@ def unpack_single_query_gqa(layer: AttentionLayer, query, key, attn_mask):
 
 
 def checked_key_mask(key_mask: torch.Tensor, batch: int, heads: int, n_keys: int, device) -> torch.Tensor:
+    """An intervention's key mask on `device`, broadcast to [B, H, Sk]; refused unless it is bool and broadcastable
+    to that shape."""
     if key_mask.dtype != torch.bool:
         raise TypeError(f"an intervention returned a {key_mask.dtype} key mask; it must be bool [batch, heads, keys]")
     try:

@@ -74,6 +74,7 @@ class Recorder:
     # -- public view -------------------------------------------------------------------------------
     @property
     def keep_steps(self) -> bool:
+        """Whether per-step scores are kept (False: only the steps are counted)."""
         return self.options.keep_steps
 
     @property
@@ -83,6 +84,7 @@ class Recorder:
 
     @property
     def n_layers(self) -> int:
+        """Attention layers the capture watches."""
         return len(self.layers)
 
     def layer_index(self, layer: int | str) -> int:
@@ -129,6 +131,8 @@ class Recorder:
 
     # -- hooks: one forward of the model is one step -----------------------------------------------
     def begin_step(self, module, args, kwargs) -> None:
+        """Forward pre-hook of the captured module: open a step; refuses output_attentions=True and a re-entered
+        forward."""
         wants_maps = kwargs.get("output_attentions")
         if wants_maps is None:
             wants_maps = getattr(getattr(module, "config", None), "output_attentions", False)
@@ -141,6 +145,8 @@ class Recorder:
         self._store.begin()
 
     def end_step(self, module, args, output) -> None:
+        """Forward hook of the captured module: close the step (dropped when the forward raised); refuses a forward
+        in which attention layers ran but none called SDPA."""
         if output is None:  # the forward raised: nothing of it counts
             self._store.current = None
             return
@@ -154,6 +160,8 @@ class Recorder:
                 "eager attention and output_attentions=True paths cannot be captured.")
 
     def enter_layer(self, layer: AttentionLayer) -> None:
+        """Forward pre-hook of an attention layer: route SDPA calls to this recorder until leave_layer; refuses a
+        layer running outside a forward of the captured module."""
         if self._store.current is None:
             raise CaptureError(f"attention layer {layer.name!r} ran outside a forward of the captured module "
                                f"{type(self.model).__name__}: pass the module you call to sinklib.capture()")
@@ -161,14 +169,19 @@ class Recorder:
         route.enter(self, layer)
 
     def leave_layer(self) -> None:
+        """Forward hook of an attention layer: stop routing its SDPA calls here."""
         route.leave(self)
 
     def close(self) -> None:
+        """Stop recording: drop any open step and mark the recorder closed (the route then ignores its frames)."""
         self._store.current = None
         self.closed = True
 
     # -- the attention call (route.py sends it here) -----------------------------------------------
     def attend(self, layer, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, kwargs):
+        """One SDPA call of `layer`, handed over by the route: the intervention picks keys to mask, the call runs,
+        and its scores, masked keys, query count and asked-for maps are stored. Returns the attention output in
+        the model's layout."""
         if layer.index in self._store.current["scores"]:
             raise CaptureError(f"{layer.name} called attention twice in one forward pass; pass layer_names=[...] "
                                "naming one module per attention call")

@@ -48,6 +48,7 @@ def install() -> None:
 
 
 def remove() -> None:
+    """Undo one `install`; the last one restores torch's own SDPA (unless something else replaced it since)."""
     global _users
     with _lock:
         _users -= 1
@@ -56,10 +57,12 @@ def remove() -> None:
 
 
 def enter(recorder, layer) -> None:
+    """Push (recorder, layer) on this thread's stack: that layer's SDPA calls now go to the recorder."""
     frames().append((recorder, layer))
 
 
 def leave(recorder) -> None:
+    """Pop the innermost frame of this thread's stack if it is `recorder`'s."""
     stack = frames()
     if stack and stack[-1][0] is recorder:
         stack.pop()

@@ -23,6 +23,7 @@ class StepStore:
         self._steps: list[dict] = []
 
     def begin(self) -> None:
+        """Open a new step, empty until its attention layers add to it."""
         self.current = {name: {} for name in FIELDS} | {"layers_ran": set()}
 
     def add(self, layer: int, scores: torch.Tensor, masked: torch.Tensor, query_count: torch.Tensor) -> None:
@@ -57,11 +58,14 @@ class StepStore:
         return stacked
 
     def require(self) -> None:
+        """Raise unless per-step scores are kept (keep_steps=True)."""
         if not self.keep_steps:
             raise ValueError("this capture was opened with keep_steps=False: it kept no per-step scores "
                              "(open it with keep_steps=True to read them)")
 
     def step(self, step: int, name: str = "scores") -> torch.Tensor:
+        """One field of a finished step: [layers, batch, heads, keys] ("scores", "masked") or [layers, batch]
+        ("query_count")."""
         self.require()
         return self._steps[check_int(step, "step", 0, self.completed - 1)][name]
 

@@ -25,11 +25,12 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-import sinklib
 from sinklib._checks import bad_value, check_choice, did_you_mean
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import paper_masking
+from sinklib.generate import generate
 from sinklib.interventions import MaskRandomKeys
+from sinklib.loading import load
 from sinklib.validation import Consent, Count, Index, NonNegative, Text, check_value, checked
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,8 @@ logger = logging.getLogger(__name__)
 @register_model("sinklib")
 class SinklibLM(LM):
     """model_args: pretrained (hub id, local path or zoo name), family, steps, gen_length, block_length,
-    temperature, alg (dream), remasking (llada), mask_top_k / mask_eps / mask_source (the paper's masking,
-    SPEC §3), mask_random_k (the random-key control), seed, dtype, device, batch_size, trust_remote_code."""
+    temperature, alg (dream), remasking (llada), mask_top_k / mask_eps / mask_source (the paper's masking:
+    Eq. 3 on the previous step), mask_random_k (the random-key control), seed, dtype, device, batch_size, trust_remote_code."""
 
     @checked
     def __init__(self, pretrained: Text, family: str | None = None, steps: Count | None = None,
@@ -60,14 +61,13 @@ class SinklibLM(LM):
         elif str(device).startswith("cuda") and not torch.cuda.is_available():
             logger.warning("device=%r (lm-eval's command-line default) but CUDA is unavailable: using the CPU", device)
             device = "cpu"
-        self.loaded = sinklib.load(pretrained, family=family, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        self.loaded = load(pretrained, family=family, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         self._device = torch.device(self.loaded.device)
-        from sinklib.experiments import sampling
-
         if gen_length is not None and steps is None and self.loaded.family.kind == "diffusion":
             steps = gen_length  # one token per denoising step unless told otherwise
         self._layout = (steps, gen_length, block_length)  # as given; a task's max_gen_toks fills gen_length when unset
-        self.settings: dict[str, Any] = sampling(self.loaded, steps, gen_length, block_length)
+        self.settings: dict[str, Any] = self.loaded.settings_for(steps=steps, gen_length=gen_length,
+                                                                 block_length=block_length)
         self.settings["temperature"] = float(temperature)
         self.settings.update({key: value for key, value in (("alg", alg), ("remasking", remasking)) if value is not None})
         self.intervention = (paper_masking(self.loaded.family.kind, mask_top_k, mask_eps, mask_source) if mask_top_k
@@ -125,7 +125,7 @@ class SinklibLM(LM):
             settings = self.settings_for(max_gen_toks)
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start:start + self.batch_size]
-                traces = sinklib.generate(self.loaded, [requests[i].args[0] for i in chunk], chat=False, progress=False,
+                traces = generate(self.loaded, [requests[i].args[0] for i in chunk], chat=False, progress=False,
                                           seed=self.seed, intervention=self.intervention, keep_scores=False,
                                           **settings)
                 for index, trace in zip(chunk, traces):
@@ -138,7 +138,7 @@ class SinklibLM(LM):
 
     def settings_for(self, max_gen_toks: int | None) -> dict[str, Any]:
         """A task's max_gen_toks is the generation length unless model_args set gen_length, which then wins
-        (said once in the log); the block layout follows sampling()'s rule."""
+        (said once in the log); the block layout follows LoadedModel.settings_for's rule."""
         steps, gen_length, block_length = self._layout
         if max_gen_toks is None or max_gen_toks == self.settings["gen_length"]:
             return self.settings
@@ -148,9 +148,7 @@ class SinklibLM(LM):
                 logger.warning("the task asks for max_gen_toks=%s; model_args gen_length=%s is used instead",
                                max_gen_toks, gen_length)
             return self.settings
-        from sinklib.experiments import sampling
-
-        fitted = sampling(self.loaded, steps, int(max_gen_toks), block_length)
+        fitted = self.loaded.settings_for(steps=steps, gen_length=int(max_gen_toks), block_length=block_length)
         return {**self.settings, **fitted}
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):

@@ -18,13 +18,15 @@ from typing import Any, Iterator
 
 from tqdm.auto import tqdm
 
-from sinklib.generate import generate
+from sinklib.capture import check_intervention
+from sinklib.generate import generate, resolve_settings
 from sinklib.validation import Consent, Count, Index, checked
 from sinklib._checks import bad_value
 from sinklib.evaluation.sandbox import SandboxLimits
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.interventions import identity
-from sinklib.loading import LoadedModel
+from sinklib.provenance import as_text, describe
+from sinklib.loading import LoadedModel, load
 
 
 @dataclass
@@ -82,8 +84,6 @@ def provenance_path(out: Path) -> Path:
 def write_provenance(out: Path, digest: str, config: dict[str, Any]) -> None:
     """Beside the JSONL (whose records carry only config_hash): each hash's full config with the package versions
     and the code's identity (sinklib.provenance), so a results file says how it was made."""
-    from sinklib.provenance import as_text, describe
-
     path = provenance_path(out)
     if os.path.lexists(path) and not path.is_file() or path.is_symlink():
         raise ValueError(f"out={str(out)!r} is not allowed: {path.name} beside it must be a regular file")
@@ -230,11 +230,8 @@ def batch_seed(seed: int, index: int) -> int:
 def sampler_settings(model: LoadedModel, settings: dict[str, Any]) -> dict[str, Any]:
     """The settings a run generates with: the given ones, checked now (before any file is written or model run),
     over the family's presets (as the notebooks use them) for whatever is not given."""
-    from sinklib.experiments import sampling
-    from sinklib.generate import resolve_settings
-
     if settings.get("gen_length") is None:
-        settings = {**sampling(model, settings.get("steps"), None, settings.get("block_length")),
+        settings = {**model.settings_for(steps=settings.get("steps"), block_length=settings.get("block_length")),
                     **{k: v for k, v in settings.items() if v is not None}}
     resolve_settings(model, **settings)  # raises on an unknown option, a bad value or an option of another family
     return settings
@@ -243,9 +240,6 @@ def sampler_settings(model: LoadedModel, settings: dict[str, Any]) -> dict[str, 
 def _checked(model, task: str, intervention, allow_code_execution: bool, out, task_path):
     """(LoadedModel, TaskSpec, samples): every argument checked, the task file read, before any model loads
     (the numbers are checked by evaluate's declared types)."""
-    from sinklib.capture import check_intervention
-    from sinklib.loading import load
-
     if out is not None:
         _check_results_path(Path(out))
     if not isinstance(model, (str, os.PathLike, LoadedModel)):

@@ -53,8 +53,9 @@ from pathlib import Path
 
 
 def bad_value(param: str, value, allowed: str) -> ValueError:
-    # sinklib._checks' message, repeated so that this file needs only the standard library: the supervisor runs
-    # it as a script under `python -I`, without importing sinklib (and torch) for every sample
+    """The ValueError of sinklib._checks.bad_value (returned, not raised), repeated so that this file needs only
+    the standard library: the supervisor runs it as a script under `python -I`, without importing sinklib (and
+    torch) for every sample."""
     return ValueError(f"{param}={value!r} is not allowed: {param} must be {allowed}")
 
 
@@ -121,6 +122,9 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class ExecutionResult:
+    """How one sandboxed program went: its status, the program process's exit code (None when it timed out),
+    wall-clock seconds, the end of its stdout and stderr, and why it failed."""
+
     status: str  # "passed", "failed" or "timed out"
     returncode: int | None
     seconds: float  # wall clock
@@ -130,6 +134,7 @@ class ExecutionResult:
 
     @property
     def passed(self) -> bool:
+        """Whether status is "passed"."""
         return self.status == "passed"
 
 
@@ -194,6 +199,7 @@ def _remove_tree(workdir: Path) -> None:
 
 # --- the pipe protocol: 4-byte big-endian length, then the bytes ------------------------------------------
 def send(fd: int, data: bytes) -> None:
+    """Write one message to `fd`: its length (4 bytes, big-endian), then the bytes."""
     data = len(data).to_bytes(4, "big") + data
     while data:
         data = data[os.write(fd, data):]

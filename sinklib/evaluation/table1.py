@@ -1,4 +1,5 @@
-"""Table 1: accuracy with the top-k sinks masked (the paper's policy, SPEC §3) and a random-key control.
+"""Table 1: accuracy with the top-k sinks masked (the paper's policy: Eq. 3 on the previous step's scores; an
+autoregressive model reads its last query row) and a random-key control.
 
 Every (model, condition) is one resumable run of the evaluation runner, written to its own JSONL under
 `out_dir`: an interrupted table resumes where it stopped.
@@ -16,19 +17,8 @@ from sinklib.validation import Consent, Count, Index, NonNegative, checked
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
-from sinklib.experiments import fit_layout
 from sinklib.interventions import MaskRandomKeys, MaskSinks
-from sinklib.loading import LoadedModel, load
-
-
-def table1_settings(loaded: LoadedModel, task: str) -> dict[str, Any]:
-    """The sampler settings Table 1 uses for this model and task: the family's preset for the task (SPEC §2:
-    Family.presets), the zoo's own settings for zoo models and tasks without a preset."""
-    from sinklib.experiments import is_zoo, sampling
-
-    if is_zoo(loaded) or task in ("paper", "zoo") or task not in loaded.family.presets:
-        return sampling(loaded)
-    return loaded.family.preset(task)
+from sinklib.loading import LoadedModel, is_default_model, load
 
 
 ITEM_COLUMNS = ["model", "condition", "k", "id", "correct", "output", "margin"]
@@ -142,7 +132,7 @@ def _column(condition: str, k: int) -> str:
 
 
 def paper_masking(family_kind: str, top_k: int, eps: float = 3.0, source: str = "previous_step") -> MaskSinks:
-    """The paper's top-k sink masking; an autoregressive model reads its last query row (SPEC §3)."""
+    """The paper's top-k sink masking; an autoregressive model reads its last query row."""
     return MaskSinks(top_k=top_k, eps=eps, source=source, rows="last" if family_kind == "autoregressive" else "all")
 
 
@@ -164,8 +154,8 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                   block_length: Count | None = None) -> MaskingTable:
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
     masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
-    (default: table1_settings); steps / gen_length / block_length refit each model's layout (experiments.fit_layout,
-    block_length for LLaDA/MMaDA only). Each run is written to out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
+    (default: LoadedModel.settings_for(task)); steps / gen_length / block_length refit each model's layout
+    (families.base.fit_layout; block_length for LLaDA/MMaDA only). Each run is written to out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
     a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
     require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
     models = _checked_models(models)
@@ -173,7 +163,8 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     rows, items = [], []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)
-        run_settings = {**fit_layout(table1_settings(loaded, task), steps, gen_length, block_length), **(settings or {})}
+        run_settings = {**loaded.settings_for(task, steps=steps, gen_length=gen_length, block_length=block_length),
+                        **(settings or {})}
         for condition, k, intervention in conditions(loaded.family.kind, ks, random_control, eps, source, seed):
             out = None
             if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh
@@ -214,10 +205,8 @@ def _check_conditions(ks, eps: float, source: str, limit: int | None) -> None:
 
 
 def masking_tables(run) -> dict[str, MaskingTable]:
-    """Notebook 04's tables (a runs.MaskingRun): one per task, each model on its own task (experiments.by_task),
-    every (model, condition) resumable under results_dir/table1-<task>/."""
-    from sinklib.experiments import by_task
-
+    """Notebook 04's tables (a runs.MaskingRun): one per task, each model on its own task (by_task), every
+    (model, condition) resumable under results_dir/table1-<task>/."""
     tables = {}
     for task, group in by_task(run.load(), run.task, run.tasks).items():
         tables[task] = masking_table(group, task, run.ks, run.random_control, run.eps, limit=run.n_problems,
@@ -227,3 +216,18 @@ def masking_tables(run) -> dict[str, MaskingTable]:
                                      task_path=run.task_path if task == run.task else None, steps=run.steps,
                                      gen_length=run.gen_length, block_length=run.block_length)
     return tables
+
+
+def by_task(loaded: dict[str, LoadedModel], task: str, tasks: dict[str, str] | None = None) -> dict[str, list[LoadedModel]]:
+    """Models grouped by the task Table 1 runs them on: `tasks` names a task per model (a real instruct model
+    cannot answer the zoo's arithmetic format), every other model runs `task`. Groups keep the models' order."""
+    tasks = dict(tasks or {})
+    # entries for default models this run leaves out are fine (the notebook's default names SmolLM2's task)
+    unknown = sorted(name for name in tasks if name not in loaded and not is_default_model(name))
+    if unknown:
+        raise ValueError(f"tasks={tasks!r} is not allowed: it names models not in models ({unknown}); "
+                         f"models are {list(loaded)}")
+    groups: dict[str, list[LoadedModel]] = {}
+    for name, model in loaded.items():
+        groups.setdefault(tasks.get(name, task), []).append(model)
+    return groups

@@ -17,6 +17,9 @@ HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
 @dataclass(frozen=True)
 class Sample:
+    """One evaluation item: an id unique within its task, the prompt given to the model, the target it is scored
+    against, and task-specific extras (HumanEval: meta["test"], the problem's tests)."""
+
     id: str
     prompt: str
     target: str  # the reference answer (GSM8K, arithmetic) or the entry point (HumanEval)
@@ -25,6 +28,9 @@ class Sample:
 
 @dataclass(frozen=True)
 class Task:
+    """An evaluation task: load(path) → its samples (path None: the default source), whether prompts go through
+    the chat template, and scorer(output, sample[, sandbox]) → the per-sample fields."""
+
     name: str
     load: Callable[..., list[Sample]]
     chat: bool  # whether prompts go through the model's chat template
@@ -52,6 +58,8 @@ class Task:
 
 
 def score_final_number(output: str, sample: Sample) -> dict:
+    """Strict: the normalised number after "#### "; flexible: the last number in the output. `correct` and
+    `correct_flexible` say whether each equals the sample's target."""
     strict, flexible = strict_answer(output), flexible_answer(output)
     return {"extracted_strict": strict, "extracted_flexible": flexible,
             "correct": strict == sample.target, "correct_flexible": flexible == sample.target}
@@ -170,8 +178,10 @@ def register_task(task: Task, *, replace: bool = False) -> None:
 
 
 def task_names() -> list[str]:
+    """The registered task names, sorted."""
     return TASKS.names()
 
 
 def get_task(name: str) -> Task:
+    """The registered task of that name; an unknown name is refused with the registered ones."""
     return TASKS.get(name)

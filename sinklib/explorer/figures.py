@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 
 from sinklib import plots
-from sinklib.experiments import replay_map
+from sinklib.capture.replay import replay_map
 from sinklib.loading import LoadedModel
 from sinklib.sinks import find_sinks
 from sinklib.trace import Trace
@@ -14,6 +14,9 @@ from sinklib.trace import Trace
 
 @dataclass
 class View:
+    """What the explorer shows for one (step, layer, head): the attention map with its sinks marked, the bar chart
+    of scores, the canvas text, and the sinks' positions (indices among the keys that exist at that step)."""
+
     attention: plt.Figure
     scores: plt.Figure
     canvas: str  # the canvas at that step, masked tokens shown as ▢
@@ -21,6 +24,8 @@ class View:
 
 
 def canvas_text(trace: Trace, step: int) -> str:
+    """The canvas before `step` (the final one for step == n_steps) as space-separated token texts, positions still
+    masked at that step shown as ▢."""
     words = []
     for position, token in enumerate(trace.tokens[step].tolist()):
         if trace.is_masked[min(step, trace.n_steps - 1), position] and step < trace.n_steps:
@@ -31,6 +36,7 @@ def canvas_text(trace: Trace, step: int) -> str:
 
 
 def check_view(trace: Trace, step: int, layer: int, head: int) -> None:
+    """Refuse a step, layer or head outside the trace's scores (and a trace kept without scores)."""
     steps, layers, heads, _ = trace.require_scores().shape
     for name, value, size in (("step", step, steps), ("layer", layer, layers), ("head", head, heads)):
         if not 0 <= value < size:

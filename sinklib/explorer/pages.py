@@ -7,6 +7,8 @@ from typing import Any, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from sinklib.explorer.page import to_html
+from sinklib.generate import demo_trace
+from sinklib.loading import load
 from sinklib.trace import Trace
 
 
@@ -20,9 +22,7 @@ def export_pages(models: Sequence[str], folder: str | Path, prompt: str, *, trac
                  eps: float = 3.0, seed: int = 0, load_options: Mapping[str, Any] | None = None,
                  sampling: Mapping[str, Any] | None = None, progress: bool = True) -> list[Path]:
     """Write folder/explorer_<model>.html for each model. A model with a trace in `traces` reuses it; the others
-    are loaded one at a time (load_options → sinklib.load) and generate `prompt` with experiments.demo_trace."""
-    import sinklib
-    from sinklib.experiments import demo_trace
+    are loaded one at a time (load_options → sinklib.load) and generate `prompt` with generate.demo_trace."""
 
     if isinstance(models, str):
         models = [models]
@@ -36,7 +36,7 @@ def export_pages(models: Sequence[str], folder: str | Path, prompt: str, *, trac
     for name in tqdm(models, desc="explorer pages", disable=not progress):
         trace = traces.get(name)
         if trace is None:
-            loaded = sinklib.load(name, **dict(load_options or {}))
+            loaded = load(name, **dict(load_options or {}))
             trace = demo_trace(loaded, prompt, seed, **dict(sampling or {}))
             del loaded
         written.append(to_html(trace, Path(folder) / page_name(name), eps=eps))

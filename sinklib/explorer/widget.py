@@ -13,6 +13,7 @@ import numpy as np
 import traitlets
 
 from sinklib.explorer import payload
+from sinklib.capture.replay import replay_map
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace
 
@@ -104,8 +105,6 @@ class Explorer(anywidget.AnyWidget):
 
     def attention_map(self, step: int, layer: int, head: int) -> np.ndarray:
         """[queries, keys] float32 map of (step, layer, head), replayed by the model (the last few are kept)."""
-        from sinklib.experiments import replay_map
-
         key = (step, layer, head)
         if key not in self._maps:
             self._maps[key] = replay_map(self._loaded, self._trace, *key).numpy().astype("<f4")

@@ -25,6 +25,7 @@ class ARMSettings:
     steps: Count | None = None  # unused: one step per token; accepted so callers can pass it uniformly
 
     def validate(self) -> "ARMSettings":
+        """Refuse a gen_length below 1 or a negative temperature; returns self."""
         check_int(self.gen_length, "gen_length", 1)
         if not self.temperature >= 0:
             raise bad_value("temperature", self.temperature, "a number >= 0")
@@ -32,6 +33,8 @@ class ARMSettings:
 
 
 def next_token(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
+    """[B] next token ids from logits [B, V]: the argmax at temperature 0, else a draw from
+    softmax(logits / temperature) in float64."""
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.double() / temperature, dim=-1)
@@ -66,7 +69,8 @@ def sample(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, 
     return canvases
 
 
-# Greedy decoding; only the length differs by context (SPEC §2).
+# Greedy decoding; only the length differs by context: the paper's figures (128 tokens), the tiny zoo's 16-token
+# answer slot, Table 1's tasks (256 tokens for GSM8K, 512 for HumanEval) and short factual answers (16 tokens).
 PRESETS = {
     "paper": dict(gen_length=128),
     "zoo": dict(gen_length=16),

@@ -43,8 +43,8 @@ class Family:
     default_mask_id: int | None = None
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    # sampler settings by context: "paper" (SPEC §2, the figures), "zoo" (the tiny zoo's 16-token slot) and one
-    # per evaluation task (Table 1); each is keyword arguments of generate
+    # sampler settings by context: "paper" (the paper's generation settings, used for the figures), "zoo" (the tiny
+    # zoo's 16-token answer slot) and one per evaluation task (Table 1); each is keyword arguments of generate
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # words in a config's model_type / architectures that declare this family (remote-code checkpoints)
     model_types: tuple[str, ...] = ()
@@ -159,6 +159,27 @@ FAMILIES: Registry[Family] = Registry("family", {
     "dream": "sinklib.families.dream:DREAM",
     "arm": "sinklib.families.arm:ARM",
 })
+
+
+def fit_layout(preset: Mapping[str, Any], steps: int | None = None, gen_length: int | None = None,
+               block_length: int | None = None) -> dict[str, Any]:
+    """`preset` (sampler settings) with the given values overriding; options the preset does not have are dropped
+    (block_length for dream/arm, steps for arm).
+
+    A gen_length given alone keeps a valid layout: block_length becomes the largest divisor of gen_length not
+    above the preset's block (32 → 16 for gen_length 16), and steps keep the preset's steps per token,
+    rounded up to a multiple of the number of blocks."""
+    fitted = dict(preset)
+    for key, value in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)):
+        if value is not None and key in preset:
+            fitted[key] = value
+    if gen_length is not None and block_length is None and "block_length" in preset:
+        fitted["block_length"] = max(d for d in range(1, min(preset["block_length"], gen_length) + 1) if gen_length % d == 0)
+    if gen_length is not None and steps is None and "steps" in preset:
+        blocks = gen_length // fitted.get("block_length", gen_length)
+        wanted = max(1, -(-gen_length * preset["steps"] // preset["gen_length"]))
+        fitted["steps"] = -(-wanted // blocks) * blocks
+    return fitted
 
 
 def register_family(name: str, target: "str | Family", *, replace: bool = False) -> None:

@@ -37,6 +37,8 @@ class DreamSettings:
     mask_id: Index = 151666
 
     def validate(self) -> "DreamSettings":
+        """Refuse steps or gen_length below 1, an unknown alg, a negative temperature, top_p outside (0, 1], top_k
+        below 1 or final_time outside (0, 1); returns self."""
         check_int(self.steps, "steps", 1)
         check_int(self.gen_length, "gen_length", 1)
         check_choice(self.alg, "alg", ALGS)
@@ -52,6 +54,8 @@ class DreamSettings:
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """logits [..., V] divided by temperature (when > 0), then every token outside the top-p nucleus or the top-k
+    set to the dtype's minimum, as upstream Dream does before its softmax."""
     if temperature > 0:
         logits = logits / temperature
     floor = torch.finfo(logits.dtype).min
@@ -137,6 +141,8 @@ def _margin(logits, confidence, rows, transfer, settings: DreamSettings) -> torc
 
 def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, settings: DreamSettings,
            generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """forward(ids, attention_mask, position_ids) → logits [B, S, V] (both None without left padding). Returns the
+    steps + 1 canvases [B, prompt + gen_length]: before the first step and after each one, mask_id where masked."""
     settings.validate()
     x = torch.nn.functional.pad(prompt_ids, (0, settings.gen_length), value=settings.mask_id)
     attention_mask = position_ids = None
@@ -152,7 +158,8 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     return canvases
 
 
-# SPEC §2: 128 tokens in 128 steps for the figures; Table 1 decodes one token per step with the entropy order.
+# The paper's generation: 128 tokens in 128 steps for the figures; Table 1 decodes one token per step with the
+# entropy order.
 PRESETS = {
     "paper": dict(steps=128, gen_length=128, alg="entropy"),
     "zoo": dict(steps=16, gen_length=16, alg="entropy"),

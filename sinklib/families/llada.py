@@ -35,6 +35,9 @@ class LLaDASettings:
     confidence_dtype: Literal["float16", "bfloat16", "float32", "float64"] | None = None  # None: the logits' dtype
 
     def validate(self) -> "LLaDASettings":
+        """Refuse steps or gen_length below 1, a gen_length that is not a multiple of block_length, steps that are
+        not a multiple of the number of blocks, a negative temperature or cfg_scale, or an unknown remasking;
+        returns self."""
         check_int(self.steps, "steps", 1)
         check_int(self.gen_length, "gen_length", 1)
         block = self.gen_length if self.block_length is None else check_int(self.block_length, "block_length", 1)
@@ -60,6 +63,8 @@ def transfer_counts(masked: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Token ids [...] from logits [..., V]: the argmax at temperature 0, else the argmax of the Gumbel-perturbed
+    exp(l) / (−log U)^temperature in float64."""
     if temperature == 0:
         return logits.argmax(-1)
     noise = torch.rand(logits.shape, dtype=torch.float64, generator=generator, device=logits.device)
@@ -102,6 +107,9 @@ def _step(x, logits, block_end, count, settings: LLaDASettings, generator) -> to
 
 def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, settings: LLaDASettings,
            generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """forward(ids, attention_mask) → logits [B, S, V] (mask None without left padding; 2B rows, the unconditional
+    copies after, with cfg_scale > 0). Returns the steps + 1 canvases [B, prompt + gen_length]: before the first
+    step and after each one, mask_id where masked."""
     settings.validate()
     batch, prompt_len = prompt_ids.shape
     block_length = settings.block_length or settings.gen_length
@@ -124,7 +132,7 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     return canvases
 
 
-# SPEC §2: the paper's generation (gen length 128, 128 steps, block 32) and Table 1 (gen length 256 for GSM8K,
+# The paper's generation (gen length 128, 128 steps, block 32) and Table 1 (gen length 256 for GSM8K,
 # 512 for HumanEval, block 32); the zoo's 16-token slot, one token per step; short factual answers: 16 tokens.
 PRESETS = {
     "paper": dict(steps=128, gen_length=128, block_length=32),

@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from sinklib.zoo import DATA_DIR, ZOO_DIR, write_card
+from sinklib.zoo import DATA_DIR, ZOO_DIR
+from sinklib.zoo.evaluate import write_card
 from sinklib.zoo.data import held_out, write_jsonl
 from sinklib.zoo.train import ZOO, save, train
 
@@ -23,6 +24,8 @@ def positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line above: `train` retrains, saves and evaluates a zoo model and prints its card's headline
+    numbers; `data` writes the held-out test set."""
     parser = argparse.ArgumentParser(prog="python -m sinklib.zoo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train_cmd = sub.add_parser("train", help="train a zoo model")

@@ -108,3 +108,13 @@ def read_jsonl(path: Path) -> list[Problem]:
     with Path(path).open() as handle:
         rows = [json.loads(line) for line in handle if line.strip()]
     return [Problem(r["question"], r["work"], r["answer"], r["template"]) for r in rows]
+
+
+def prompts(n: int, plain_english: bool = False) -> list[str]:
+    """The first n held-out questions as prompts: in the zoo's own "Q: … A:" format, or (plain_english) the same
+    problems as plain sentences, for real checkpoints that read them through their chat template."""
+    items = held_out()[:n]
+    if not plain_english:
+        return [p.question for p in items]
+    plain = [p.question.removeprefix("Q: ").removesuffix(" A:").replace(" .", ".").replace(" ?", "?") for p in items]
+    return [text[0].upper() + text[1:] for text in plain]

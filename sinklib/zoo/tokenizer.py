@@ -14,6 +14,7 @@ WORDS = ["Q:", "A:", "####", ".", "?", "+", "-", "*", "=", "has", "gets", "more"
 
 
 def vocabulary() -> list[str]:
+    """The zoo's tokens in id order: the specials, the words, names and items, then the numbers 0..MAX_NUMBER − 1."""
     return SPECIALS + WORDS + NAMES + ITEMS + [str(n) for n in range(MAX_NUMBER)]
 
 

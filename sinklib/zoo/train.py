@@ -30,6 +30,9 @@ MASK_EPS = 1e-3
 
 @dataclass(frozen=True)
 class ZooSpec:
+    """One zoo model's recipe: its name, sampler family and training objective, causal or bidirectional attention,
+    seed, optimiser steps and settings, the zoo model whose weights it starts from (init_from), and its sizes."""
+
     name: str
     family: str  # the sinklib sampler family
     objective: str  # "llada", "arm" or "dream"
@@ -56,6 +59,8 @@ ZOO = {
 
 
 def model_config(spec: ZooSpec, tokenizer) -> transformers.LlamaConfig:
+    """The spec's Llama config: its sizes, the tokenizer's vocabulary and special ids, SDPA attention, is_causal
+    as the spec says, and the sinklib family and [MASK] id recorded for loading."""
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.heads,
@@ -69,6 +74,9 @@ def model_config(spec: ZooSpec, tokenizer) -> transformers.LlamaConfig:
 
 @dataclass
 class Batch:
+    """One training batch: left-padded prompts, each followed by its GEN_LENGTH response slot; attention_mask and
+    position_ids are [B, S]."""
+
     ids: torch.Tensor  # [B, S] left-padded prompt + GEN_LENGTH response slot
     attention_mask: torch.Tensor
     position_ids: torch.Tensor
@@ -77,6 +85,8 @@ class Batch:
 
 
 def make_batch(items: list[Problem], tokenizer) -> Batch:
+    """The problems as a Batch: each response and its [EOS], filled to GEN_LENGTH tokens with [EOS]; a response
+    that does not fit is refused."""
     rows, prompt_lens = [], []
     for problem in items:
         prompt = tokenizer(problem.question)["input_ids"]
@@ -125,12 +135,15 @@ def masked_diffusion_loss(model, batch: Batch, mask_id: int, generator: torch.Ge
 
 
 def next_token_loss(model, batch: Batch) -> torch.Tensor:
+    """Next-token cross-entropy (tiny-arm), averaged over the response tokens up to and including the first [EOS]."""
     logits = model(input_ids=batch.ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits
     targets = batch.ids[:, 1:].masked_fill(~batch.first_eos[:, 1:], -100)
     return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), targets, ignore_index=-100)
 
 
 def learning_rate(spec: ZooSpec, step: int) -> float:
+    """The learning rate at `step`: linear warmup over spec.warmup steps, then a cosine from spec.lr down to
+    0.1 × spec.lr at spec.steps."""
     if step < spec.warmup:
         return spec.lr * (step + 1) / spec.warmup
     progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
@@ -138,6 +151,8 @@ def learning_rate(spec: ZooSpec, step: int) -> float:
 
 
 def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaForCausalLM:
+    """A new model initialised from spec.seed, or with the weights of the zoo model saved as spec.init_from in
+    zoo_dir; bidirectional attention on every transformers version when the spec is not causal."""
     torch.manual_seed(spec.seed)
     model = transformers.LlamaForCausalLM(model_config(spec, tokenizer))
     if spec.init_from is not None:
@@ -204,6 +219,8 @@ def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = T
 
 
 def save(name: str, model, zoo_dir: Path, curve: list[dict], extra: dict) -> Path:
+    """Write the model, its tokenizer and card.json (spec, steps trained, final loss, wall seconds, parameter count,
+    then `extra`) to zoo_dir/name; returns that folder."""
     folder = zoo_dir / name
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)

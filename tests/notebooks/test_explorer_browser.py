@@ -8,7 +8,8 @@ import shutil
 import pytest
 
 import sinklib
-from sinklib import experiments, explorer, reproduce
+from sinklib import explorer, reproduce
+from sinklib.generate import demo_trace
 from tests.browser import chromium_page, jupyterlab, screenshot_folder, shown
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -18,7 +19,7 @@ PROMPT = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does to
 
 @pytest.fixture(scope="module")
 def llada_trace():
-    return experiments.demo_trace(sinklib.load("tiny-llada"), PROMPT)
+    return demo_trace(sinklib.load("tiny-llada"), PROMPT)
 
 
 def python_sinks(trace, state: dict, eps: float) -> list[int]:

@@ -44,10 +44,8 @@ def _by_doc(samples):
 def test_simple_evaluate_matches_the_sinklib_runner(name, model_args, intervention):
     results = _harness(model_args, limit=12)
     loaded = sinklib.load(name)
-    from sinklib.experiments import sampling
-
     reference = evaluate(loaded, "arithmetic", limit=12, batch_size=4, progress=False, intervention=intervention,
-                         **sampling(loaded))
+                         **loaded.settings_for())
     outputs = _by_doc(results["samples"]["zoo_arithmetic"])
     assert [outputs[i] for i in range(12)] == [r["output"] for r in reference.records]
     assert results["results"]["zoo_arithmetic"]["exact_match,strict-match"] == pytest.approx(reference.accuracy)

@@ -202,7 +202,7 @@ def test_masking_all_heads_of_a_gqa_model_equals_a_key_padding_mask_in_eager_att
 
 
 # -- what resumable runs record for a policy ------------------------------------------------------------------
-from sinklib import experiments  # noqa: E402
+from sinklib.generate import collect_traces  # noqa: E402
 from sinklib.interventions import identity  # noqa: E402
 
 
@@ -229,13 +229,13 @@ def test_a_policy_without_repr_is_recorded_by_its_settings_and_resumes(tmp_path)
     assert repr(EveryOtherKey(1)) == "EveryOtherKey(offset=1)" == identity(EveryOtherKey(1))
     assert repr(sinklib.MaskSinks(2)) == "MaskSinks(top_k=2, eps=3.0, source='previous_step', rows='all', threshold=True)"
     loaded = sinklib.load("tiny-llada")
-    first = experiments.collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(1), steps=4,
+    first = collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(1), steps=4,
                                        gen_length=4, progress=False)
-    again = experiments.collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(1), steps=4,
+    again = collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(1), steps=4,
                                        gen_length=4, progress=False)  # a new object, same settings: resumed
     torch.testing.assert_close(again[0].scores, first[0].scores, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"written by another run .*EveryOtherKey\(offset=1\).*EveryOtherKey\(offset=0\)"):
-        experiments.collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(0), steps=4,
+        collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(0), steps=4,
                                    gen_length=4, progress=False)
 
 
@@ -243,7 +243,7 @@ def test_a_policy_whose_record_would_name_a_memory_address_is_refused_before_any
     policy = EveryOtherKey(1)
     policy.helper = Opaque()  # a public attribute whose repr is an address
     with pytest.raises(ValueError, match=r"intervention=EveryOtherKey\(offset=1, helper=<.*Opaque object at 0x.*is not allowed: its repr names a memory address"):
-        experiments.collect_traces(sinklib.load("tiny-llada"), ["1+2="], out=tmp_path, intervention=policy,
+        collect_traces(sinklib.load("tiny-llada"), ["1+2="], out=tmp_path, intervention=policy,
                                    steps=4, gen_length=4, progress=False)
     assert policy._calls == 0 and not any(tmp_path.iterdir())
     with pytest.raises(ValueError, match=r"its repr names a memory address"):

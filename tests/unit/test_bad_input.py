@@ -1,5 +1,5 @@
-"""Bad input across every public entry point and both CLIs (issue 13): each case must raise the stated
-exception type, before any heavy work, with a message that names the parameter that was wrong."""
+"""Bad input across every public entry point and both CLIs: each case must raise the stated exception type,
+before any heavy work, with a message that names the parameter that was wrong."""
 from __future__ import annotations
 
 import functools
@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import sinklib
-from sinklib import dynamics, experiments
+from sinklib import dynamics
+from sinklib.generate import collect_traces
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.sandbox import SandboxLimits, run_python
 from sinklib.evaluation.table1 import masking_table
@@ -173,7 +174,7 @@ CASES = [
     Case("run_python limits", lambda t: run_python("print(1)", {"timeout": 1}), ValueError, "limits"),
     Case("SandboxLimits timeout", lambda t: SandboxLimits(timeout=0), ValueError, "timeout"),
     Case("SandboxLimits memory", lambda t: SandboxLimits(memory_mb=-5), ValueError, "memory_mb"),
-    # -- experiments -------------------------------------------------------------------------------------
+    # -- trace collection -------------------------------------------------------------------------------------
     Case("collect_traces stale folder", lambda t: _stale_traces(t), ValueError, "out"),
 ]
 
@@ -200,8 +201,8 @@ def _file(tmp: Path) -> Path:
 
 def _stale_traces(tmp: Path):
     loaded = model("tiny-llada")
-    experiments.collect_traces(loaded, ["1+2="], out=tmp / "traces", steps=4, gen_length=4, progress=False)
-    experiments.collect_traces(loaded, ["1+2="], out=tmp / "traces", steps=8, gen_length=4, progress=False)
+    collect_traces(loaded, ["1+2="], out=tmp / "traces", steps=4, gen_length=4, progress=False)
+    collect_traces(loaded, ["1+2="], out=tmp / "traces", steps=8, gen_length=4, progress=False)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -278,7 +279,7 @@ def test_there_are_at_least_sixty_cases():
     assert len(CASES) + len(CLI_CASES) >= 60
 
 
-# -- issue 26's classes: silent results, late or deep errors, consent --------------------------------------------
+# -- further classes of bad input: silent results, late or deep errors, consent ----------------------------------
 def _checkpoint(tmp: Path, config: dict | list, files: dict[str, bytes] | None = None) -> str:
     folder = tmp / "ckpt"
     folder.mkdir()

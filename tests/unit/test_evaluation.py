@@ -218,11 +218,9 @@ def test_a_file_holding_a_sample_twice_is_refused(tmp_path):
 
 
 def test_evaluate_takes_a_name_uses_the_family_presets_and_leaves_no_empty_file(tmp_path):
-    from sinklib.experiments import sampling
-
     loaded = sinklib.load("tiny-llada")
     by_name = evaluate("tiny-llada", "arithmetic", limit=2, progress=False)
-    explicit = evaluate(loaded, "arithmetic", limit=2, progress=False, **sampling(loaded))
+    explicit = evaluate(loaded, "arithmetic", limit=2, progress=False, **loaded.settings_for())
     assert _strip(by_name.records) == _strip(explicit.records)
     out = tmp_path / "bad.jsonl"
     with pytest.raises(ValueError, match=r"alg='entropy' is not allowed for the llada family"):

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import sinklib
-from sinklib import experiments, explorer
+from sinklib import explorer
+from sinklib.capture.replay import replay_map
 from tests.models import MASK_ID, diffusion_llama
 
 
@@ -29,7 +30,7 @@ def test_render_shows_map_bars_and_canvas(setup):
 def test_replayed_map_equals_a_map_kept_during_generation(setup):
     loaded, _ = setup
     kept = sinklib.generate(loaded, [5, 9, 2, 33, 17, 8], steps=4, gen_length=4, maps=[(2, 0, 3)], progress=False)
-    torch.testing.assert_close(experiments.replay_map(loaded, kept, 2, 0, 3), kept.maps[(2, 0, 3)], atol=1e-6, rtol=0)
+    torch.testing.assert_close(replay_map(loaded, kept, 2, 0, 3), kept.maps[(2, 0, 3)], atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("step, layer, head, message", [(4, 0, 0, r"step=4 is not allowed: step must be in 0..3"),
@@ -90,7 +91,7 @@ def test_widget_sends_one_step_and_the_replayed_map_of_the_selection(setup):
     received = np.frombuffer(widget.scores, dtype="<f4").reshape(trace.scores.shape[1:])
     np.testing.assert_array_equal(received, trace.scores[2].numpy())
     assert widget.shown_step == 2 and widget.attention_of == [2, 1, 3, 10, 10]
-    expected = experiments.replay_map(loaded, trace, 2, 1, 3).numpy()
+    expected = replay_map(loaded, trace, 2, 1, 3).numpy()
     np.testing.assert_array_equal(np.frombuffer(widget.attention, dtype="<f4").reshape(10, 10), expected)
 
 

@@ -1,11 +1,10 @@
-"""A generation length given alone keeps a valid LLaDA block layout (experiments.sampling's rule), and the
+"""A generation length given alone keeps a valid LLaDA block layout (LoadedModel.settings_for's rule), and the
 lm-eval model honours a task's max_gen_toks unless model_args set gen_length."""
 import logging
 
 import pytest
 
 import sinklib
-from sinklib.experiments import sampling
 from tests.standin import StandInLLaDA
 
 
@@ -16,16 +15,29 @@ def llada():
 
 @pytest.mark.parametrize("gen_length, block, steps", [(16, 16, 16), (128, 32, 128), (100, 25, 100), (96, 32, 96), (7, 7, 7)])
 def test_gen_length_alone_gives_the_largest_block_dividing_it(llada, gen_length, block, steps):
-    settings = sampling(llada, gen_length=gen_length)
+    settings = llada.settings_for(gen_length=gen_length)
     assert (settings["block_length"], settings["steps"]) == (block, steps)
     sinklib.families.llada.LLaDASettings(**settings).validate()  # a layout the sampler accepts
 
 
 def test_explicit_values_win_and_steps_follow_the_blocks(llada):
-    assert sampling(llada, steps=64, gen_length=64, block_length=8) == {"steps": 64, "gen_length": 64, "block_length": 8}
-    assert sampling(llada, gen_length=64, block_length=8)["steps"] == 64
+    assert llada.settings_for(steps=64, gen_length=64, block_length=8) == {"steps": 64, "gen_length": 64, "block_length": 8}
+    assert llada.settings_for(gen_length=64, block_length=8)["steps"] == 64
     with pytest.raises(ValueError, match="gen_length=30 is not allowed: gen_length must be a multiple of block_length=8"):
-        sinklib.generate(llada, [1, 2, 3], **sampling(llada, gen_length=30, block_length=8), progress=False)
+        sinklib.generate(llada, [1, 2, 3], **llada.settings_for(gen_length=30, block_length=8), progress=False)
+
+
+def test_each_model_takes_its_own_preset_and_a_task_preset_only_where_its_family_has_one(llada):
+    """One rule for every caller: the family's task preset (Table 1 on a real checkpoint), else the zoo's for a
+    zoo model, else the paper's."""
+    family = llada.family
+    assert not llada.is_zoo
+    assert llada.settings_for() == family.preset("paper")
+    assert llada.settings_for("gsm8k") == family.preset("gsm8k") != family.preset("paper")
+    assert llada.settings_for("arithmetic") == family.preset("paper")  # no preset for the task: the paper's
+    zoo = sinklib.load("tiny-llada")
+    assert zoo.is_zoo and zoo.settings_for("gsm8k") == zoo.settings_for() == zoo.family.preset("zoo")
+    assert zoo.settings_for(gen_length=8) == {**zoo.family.preset("zoo"), "gen_length": 8, "block_length": 8, "steps": 8}
 
 
 def test_lm_eval_model_honours_max_gen_toks_unless_gen_length_is_given(caplog):
