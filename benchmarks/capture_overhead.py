@@ -85,7 +85,7 @@ def measure(name: str, device: str, dtype: torch.dtype, rounds: int, steps: int,
         peaks[mode] = torch.cuda.max_memory_allocated() if device == "cuda" else float("nan")
     for _ in range(rounds):  # interleaved so drift hits every mode alike
         for mode in modes:
-            times[mode].append(timed(lambda: loop(mode), device) / steps)
+            times[mode].append(timed(lambda mode=mode: loop(mode), device) / steps)
     plain = statistics.median(times["plain"])
     print(f"\n{name} on {device} ({dtype}), seq {shape['seq']}, {steps} forwards × {rounds} rounds")
     rows = []

@@ -57,7 +57,7 @@ def column_floor_ms(layers: int, heads: int, seq: int, head_dim: int) -> float:
     keys_t = k.transpose(-1, -2)
     best = math.inf
     for rows in (64, 128, 256, 512):
-        def one_layer():
+        def one_layer(rows=rows):
             total = torch.zeros(1, heads, seq)
             for start in range(0, seq, rows):
                 total += torch.matmul(q[:, :, start:start + rows], keys_t).exp_().sum(-2)
@@ -83,10 +83,10 @@ def main() -> None:
         model = build(256, seq, "sdpa")
         ids = torch.randint(0, 512, (1, seq), generator=torch.Generator().manual_seed(0))
 
-        def plain():
+        def plain(model=model, ids=ids):
             model(input_ids=ids)
 
-        def captured():
+        def captured(model=model, ids=ids):
             with sinklib.capture(model):
                 model(input_ids=ids)
 

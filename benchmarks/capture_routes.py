@@ -140,8 +140,15 @@ def main() -> None:
     frame.to_csv(out / f"{stem}.csv", index=False)
     wide = frame.pivot_table(index=["width", "seq"], columns="route", values="x_plain")[list(ROUTES)]
     (out / f"{stem}.md").write_text(f"{torch.get_num_threads()} threads, torch {torch.__version__}\n\n"
-                                    "time ÷ plain forward (median of per-round ratios; quartiles in the table below)\n\n" + wide.to_markdown() + "\n\n" + frame.to_markdown(index=False) + "\n")
+                                    "time ÷ plain forward (median of per-round ratios; quartiles in the table below)\n\n"
+                                    + wide.to_markdown() + "\n\n" + frame.to_markdown(index=False) + "\n")
     print(wide.to_string())
+    plot(frame, widths, out / f"{stem}.png")
+    print(json.dumps({"written": [str(out / f"{stem}.{ext}") for ext in ("csv", "md", "png")]}))
+
+
+def plot(frame, widths, path: Path) -> None:
+    """Plot time ÷ plain against S for every route but plain, one panel per width, with quartile bars, to `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,8 +168,7 @@ def main() -> None:
         ax.set_title(f"d {width}, 4 layers, 8 heads, CPU fp32")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / f"{stem}.png", dpi=120, metadata={"Software": None})
-    print(json.dumps({"written": [str(out / f"{stem}.{ext}") for ext in ("csv", "md", "png")]}))
+    fig.savefig(path, dpi=120, metadata={"Software": None})
 
 
 if __name__ == "__main__":

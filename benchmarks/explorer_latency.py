@@ -73,7 +73,8 @@ def main() -> None:
             kernel = kernel_side(explorer.Explorer(trace, loaded), steps)
             browser = browser_side(explorer.to_html(trace, Path(folder) / f"{name}.html"), steps)
             page = "no browser" if browser is None else f"{1000 * statistics.median(browser):.1f} (max {1000 * max(browser):.1f})"
-            print(f"{name:24} {steps:5d} {seq:4d} {1000 * statistics.median(kernel):12.1f} (max {1000 * max(kernel):6.1f}) {page:>17}")
+            print(f"{name:24} {steps:5d} {seq:4d} {1000 * statistics.median(kernel):12.1f} "
+                  f"(max {1000 * max(kernel):6.1f}) {page:>17}")
 
 
 if __name__ == "__main__":

@@ -30,15 +30,7 @@ def run(device: str, rounds: int = 3) -> None:
     """Time plain, traced and keep_scores=False generation on the `device` shape in `rounds` interleaved rounds,
     check that all three write the same tokens, and print the medians, ratios and stored bytes."""
     shape = SHAPES[device]
-    config = transformers.LlamaConfig(num_key_value_heads=shape["num_attention_heads"], is_causal=False,
-                                      attn_implementation="sdpa", max_position_embeddings=4096,
-                                      **{k: shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                               "num_attention_heads", "vocab_size")})
-    config.sinklib_family = "llada"
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = transformers.LlamaForCausalLM(config).to(shape["dtype"]).eval()
-    loaded = sinklib.load(model, mask_id=shape["vocab_size"] - 1)
+    loaded = sinklib.load(build(shape, device), mask_id=shape["vocab_size"] - 1)
     prompt = torch.randint(0, shape["vocab_size"] - 1, (shape["prompt"],)).tolist()
     options = dict(steps=shape["steps"], gen_length=shape["gen_length"], block_length=shape["block_length"])
     settings = LLaDASettings(mask_id=loaded.mask_id, **options)
@@ -73,13 +65,31 @@ def run(device: str, rounds: int = 3) -> None:
         t, bare = timed(untraced)
         times["untraced"].append(t)
     assert canvases[-1][0].tolist() == trace.tokens[-1].tolist() == bare.tokens[-1].tolist(), "capture changed the tokens"
+    report(device, shape, times, trace)
+
+
+def build(shape: dict, device: str) -> transformers.PreTrainedModel:
+    """The random-weight bidirectional Llama of `shape` (marked as LLaDA) on `device`, in eval mode."""
+    config = transformers.LlamaConfig(num_key_value_heads=shape["num_attention_heads"], is_causal=False,
+                                      attn_implementation="sdpa", max_position_embeddings=4096,
+                                      **{k: shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                               "num_attention_heads", "vocab_size")})
+    config.sinklib_family = "llada"
+    torch.manual_seed(0)
+    with torch.device(device):
+        return transformers.LlamaForCausalLM(config).to(shape["dtype"]).eval()
+
+
+def report(device: str, shape: dict, times: dict, trace) -> None:
+    """Print the median times, their ratios to plain and the trace's stored bytes against L·H·S·steps·4."""
     p, t, u = (statistics.median(times[k]) for k in ("plain", "traced", "untraced"))
     layers, heads, seq = shape["num_hidden_layers"], shape["num_attention_heads"], shape["prompt"] + shape["gen_length"]
     stored = trace.scores.numel() * 4 + (0 if trace.masked_keys is None else trace.masked_keys.numel())
     print(f"{device}: L={layers} H={heads} S={seq} steps={shape['steps']} ({shape['dtype']})")
     print(f"  plain  {p:8.3f} s   traced {t:8.3f} s   traced/plain {t / p:.3f}×  (same tokens: yes)")
     print(f"  keep_scores=False {u:8.3f} s   ÷ plain {u / p:.3f}×")
-    print(f"  stored scores {stored / 2**20:.2f} MiB = {stored / (layers * heads * seq * shape['steps'] * 4):.3f} × L·H·S·steps·4")
+    print(f"  stored scores {stored / 2**20:.2f} MiB = "
+          f"{stored / (layers * heads * seq * shape['steps'] * 4):.3f} × L·H·S·steps·4")
 
 
 if __name__ == "__main__":

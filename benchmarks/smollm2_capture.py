@@ -71,10 +71,10 @@ def forwards(loaded, seqs: list[int], rounds: int) -> list[dict]:
         captures = {"capture": lambda: sinklib.capture(model),
                     "masking": lambda: sinklib.capture(model, intervention=sinklib.MaskKeys(positions=[0]))}
 
-        def forward():
+        def forward(ids=ids):
             model(input_ids=ids)
 
-        def floor():
+        def floor(floor_layer=floor_layer):
             for _ in range(layers):
                 floor_layer()
 

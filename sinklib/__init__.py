@@ -18,10 +18,11 @@ from sinklib.sinks import (
 from sinklib.trace import Trace
 from sinklib.evaluation import evaluate  # noqa: E402  (after the names the runner uses)
 
-from sinklib._version import __version__  # noqa: E402
+from sinklib._version import __version__  # noqa: E402, F401  (sinklib.__version__)
 
 __all__ = [
     "AttentionCall", "AttentionLayer", "CaptureError", "Intervention", "MaskKeys", "MaskRandomKeys", "MaskSinks",
-    "LoadedModel", "Recorder", "SinkRule", "Trace", "evaluate", "generate", "load", "attention_layers", "capture", "causal_uniform_scores", "find_sinks", "in_units",
+    "LoadedModel", "Recorder", "SinkRule", "Trace", "evaluate", "generate", "load", "attention_layers", "capture",
+    "causal_uniform_scores", "find_sinks", "in_units",
     "positions_to_mask", "sink_margin", "threshold_sweep", "top_sinks", "uniform_scores",
 ]

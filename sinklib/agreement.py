@@ -143,10 +143,14 @@ def divergences(committed: pd.DataFrame, rerun: pd.DataFrame) -> list[Divergence
         b = _steps(rerun, model, trace)
         for step in sorted(set(a) | set(b)):
             if step not in a or step not in b or list(a[step][0]) != list(b[step][0]):
-                margin = lambda side: float(side[step][1]) if step in side else float("nan")  # noqa: E731
-                found.append(Divergence(str(model), int(trace), int(step), margin(a), margin(b)))
+                found.append(Divergence(str(model), int(trace), int(step), _margin_at(a, step), _margin_at(b, step)))
                 break
     return found
+
+
+def _margin_at(steps: dict, step: int) -> float:
+    """The decision margin a run recorded at `step` (NaN where that run has no such step)."""
+    return float(steps[step][1]) if step in steps else float("nan")
 
 
 def _steps(table: pd.DataFrame, model: str, trace: int) -> dict[int, tuple]:
@@ -269,7 +273,8 @@ def compare_page(committed: Path, rerun: Path) -> Row:
         return Row(name, "1 / 1", DIFFERS, detail=f"the data's shape differs: {shape}")
     margins = lambda h: [float("nan") if m is None else m for m in h.get("margins") or []]  # noqa: E731
     steps = lambda h: pd.DataFrame({"model": h["model"], "trace": 0, "step": range(len(h["canvas"]) - 1),  # noqa: E731
-                                    "canvas": h["canvas"][1:], "margin": (margins(h) + [math.nan] * len(h["canvas"]))[:len(h["canvas"]) - 1]})
+                                    "canvas": h["canvas"][1:],
+                                    "margin": (margins(h) + [math.nan] * len(h["canvas"]))[:len(h["canvas"]) - 1]})
     parted = divergences(steps(a_head), steps(b_head))
     if parted:
         return Row(name, "1 / 1", NEAR if parted[0].near_tie else DIFFERS, detail=parted[0].describe())

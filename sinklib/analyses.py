@@ -1,5 +1,5 @@
 """The notebooks' analyses: each function takes models and traces, picks what to show (the strongest head, the
-top moving-sink event, ...) and returns a runs.Result — figures, tables and the summary a notebook displays.
+top moving-sink event, ...) and returns a summary.Result — figures, tables and the summary a notebook displays.
 The picking rules live here and in sinklib.dynamics, where they are unit-tested, not in the notebooks."""
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import pandas as pd
 from sinklib import dynamics, plots
 from sinklib.capture.replay import full_pass_scores, replay_map
 from sinklib.loading import LoadedModel
-from sinklib.runs import Result
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
-from sinklib.summary import Summary, is_near_tie, label, near_tie_models, significant
+from sinklib.summary import Result, Summary, is_near_tie, label, near_tie_models, significant
 from sinklib.trace import Trace
 
 Traces = Mapping[str, Sequence[Trace]]
@@ -30,11 +29,13 @@ def score_distribution(traces: Traces) -> Result:
     distribution = dynamics.score_distribution([t for ts in traces.values() for t in ts])
     summary = distribution.groupby("model")["score"].describe()
     flagged = near_tie_models(traces)
-    findings = [f"{label(name, flagged)}: half of its scores are below {significant(row['50%'])} (the mean is 1 by construction); "
+    findings = [f"{label(name, flagged)}: half of its scores are below {significant(row['50%'])} "
+                "(the mean is 1 by construction); "
                 f"the largest is {significant(row['max'])} times the mean." for name, row in summary.iterrows()]
     findings.append("Paper (Fig. 3, LLaDA-8B; Fig. 9, Dream and MMaDA): most scores sit near 0 and a few are very large.")
     return Result(figures={"fig03_score_histograms": plots.score_histograms(distribution)},
-                  tables={"fig03_score_summary": summary}, shown=Summary.by_model(summary.astype({"count": int}), flagged, findings))
+                  tables={"fig03_score_summary": summary},
+                  shown=Summary.by_model(summary.astype({"count": int}), flagged, findings))
 
 
 def token_step(traces: Traces) -> Result:
@@ -98,7 +99,8 @@ def sink_tokens(traces: Traces, eps: float) -> Result:
                       ignore_index=True)[["model", "token", "count", "share"]]
     flagged = near_tie_models(traces)
     findings = [f"{label(name, flagged)}: its most frequent sink token is {group.iloc[0]['token']!r} "
-                f"({group.iloc[0]['share']:.0%} of its sink detections over steps, layers and heads), then {group.iloc[1]['token']!r} ({group.iloc[1]['share']:.0%})."
+                f"({group.iloc[0]['share']:.0%} of its sink detections over steps, layers and heads), "
+                f"then {group.iloc[1]['token']!r} ({group.iloc[1]['share']:.0%})."
                 for name, group in table.groupby("model", sort=False) if len(group) >= 2]
     findings.append("Paper (Table 2): LLaDA-8B 'Ċ' (newline) .368, '<|mdm_mask|>' .366; Dream-7B '<|mask|>' .321, "
                     "'Ċ' .090; MMaDA-8B 'Ċ' .180, '<|mdm_mask|>' .166 — whitespace and the mask token host most sinks.")
@@ -117,7 +119,8 @@ def sink_dynamics(traces: Traces, eps: float) -> Result:
     flagged = near_tie_models(traces)
     findings = [f"{label(name, flagged)}: a head's greatest sink moves at {row['move_rate']:.0%} of the step-to-step transitions "
                 f"where both steps have a sink"
-                f", and stays {significant(row['mean_lifetime'])} steps at one position on average; {row['share_heads_with_sink']:.0%} "
+                f", and stays {significant(row['mean_lifetime'])} steps at one position on average; "
+                f"{row['share_heads_with_sink']:.0%} "
                 f"of heads × steps have a sink." for name, row in shown.iterrows()]
     findings.append("Paper (Fig. 7): Dream-7B's and LLaDA-8B's sinks shift position across steps, MMaDA-8B's are "
                     "mostly static, and an autoregressive model's stay where they are.")

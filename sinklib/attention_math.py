@@ -304,7 +304,8 @@ def _base_allowed(attn_mask: torch.Tensor | None, is_causal: bool, shape: tuple[
     return allowed.expand(batch, heads, n_queries, n_keys)
 
 
-def heads_left_without_keys(attn_mask: torch.Tensor | None, is_causal: bool, key_mask: torch.Tensor, n_queries: int) -> torch.Tensor:
+def heads_left_without_keys(attn_mask: torch.Tensor | None, is_causal: bool, key_mask: torch.Tensor,
+                            n_queries: int) -> torch.Tensor:
     """[B, H] bool: (batch, head) pairs where masking key_mask [B, H, Sk] leaves no query row any key — a mask
     that cannot be applied (softmax over nothing), which the capture refuses rather than silently skipping."""
     batch, heads, n_keys = key_mask.shape

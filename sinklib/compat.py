@@ -28,13 +28,14 @@ import sys
 from typing import Any
 
 import torch
+import transformers
 from torch import nn
+from transformers import GenerationConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 def transformers_major() -> int:
     """The installed transformers' major version (4 or 5)."""
-    import transformers
-
     return int(transformers.__version__.split(".")[0])
 
 
@@ -60,8 +61,6 @@ def default_rope_parameters(config, device=None, seq_len=None, **kwargs) -> tupl
 
 def apply_default_rope() -> bool:
     """Fix `default_rope`; returns whether anything was changed."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
     if "default" in ROPE_INIT_FUNCTIONS:
         return False
     ROPE_INIT_FUNCTIONS["default"] = default_rope_parameters
@@ -199,8 +198,6 @@ def _ignoring_keywords(method, keep: tuple[str, ...] = ()):
 
 
 def _generation_config_classes(module) -> list[type]:
-    from transformers import GenerationConfig
-
     found = []
     for value in vars(module).values() if module is not None else ():
         if isinstance(value, type) and issubclass(value, GenerationConfig) and value is not GenerationConfig \

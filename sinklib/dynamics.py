@@ -193,7 +193,8 @@ def query_group_split(trace: Trace, step: int, layer: int, head: int) -> pd.Data
             received = attention[selector].mean(0)
             position = int(received.argmax())
             rows.append({"group": group, "queries": int(selector.sum()), "top_key": position,
-                         "token": trace.token_text(int(trace.tokens[step, position])), "mean_attention": float(received[position])})
+                         "token": trace.token_text(int(trace.tokens[step, position])),
+                         "mean_attention": float(received[position])})
     return pd.DataFrame(rows)
 
 
@@ -203,8 +204,8 @@ def split_candidates(trace: Trace, eps: float = 3.0, limit: int = 5) -> pd.DataF
     sinks = sink_mask(trace, eps)
     both = trace.is_masked.any(1) & (~trace.is_masked).any(1)
     counts = sinks.sum(-1)
-    rows = [{"step": s, "layer": l, "head": h, "sinks": int(counts[s, l, h])}
-            for s, l, h in (counts >= 2).nonzero().tolist() if both[s]]
+    rows = [{"step": s, "layer": layer, "head": h, "sinks": int(counts[s, layer, h])}
+            for s, layer, h in (counts >= 2).nonzero().tolist() if both[s]]
     frame = pd.DataFrame(rows, columns=["step", "layer", "head", "sinks"])
     return frame.sort_values(["sinks", "step"], ascending=[False, True]).head(limit).reset_index(drop=True)
 

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+import transformers
 from tqdm.auto import tqdm
 
 from sinklib._checks import bad_value, check_int, did_you_mean
@@ -33,16 +34,7 @@ def encode(loaded: LoadedModel, prompt, chat: bool) -> list[int]:
             raise bad_value("prompt", f"a {prompt.dtype} tensor", "token ids as an integer tensor")
         ids = prompt.flatten().tolist()
     elif isinstance(prompt, str):
-        if loaded.tokenizer is None:
-            raise ValueError(f"prompt is text but {loaded.name!r} has no tokenizer: pass token ids, or load with tokenizer=")
-        if not prompt.strip():
-            raise bad_value("prompt", prompt, "a non-empty text or a non-empty list of token ids")
-        if chat and getattr(loaded.tokenizer, "chat_template", None):
-            ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                       tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        else:
-            ids = loaded.tokenizer(prompt)["input_ids"]
+        ids = _tokenised(loaded, prompt, chat)
     elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
     else:
@@ -52,8 +44,22 @@ def encode(loaded: LoadedModel, prompt, chat: bool) -> list[int]:
     vocab = _vocab_size(loaded)
     outside = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
     if outside:
-        raise bad_value("prompt", outside[:5], f"token ids in 0..{vocab - 1 if vocab else 'vocab'} (the vocabulary of {loaded.name})")
+        raise bad_value("prompt", outside[:5],
+                        f"token ids in 0..{vocab - 1 if vocab else 'vocab'} (the vocabulary of {loaded.name})")
     return list(ids)
+
+
+def _tokenised(loaded: LoadedModel, text: str, chat: bool) -> list[int]:
+    """Token ids of a text prompt: through the chat template when asked and the tokenizer has one."""
+    if loaded.tokenizer is None:
+        raise ValueError(f"prompt is text but {loaded.name!r} has no tokenizer: pass token ids, or load with tokenizer=")
+    if not text.strip():
+        raise bad_value("prompt", text, "a non-empty text or a non-empty list of token ids")
+    if chat and getattr(loaded.tokenizer, "chat_template", None):
+        ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                   tokenize=True)
+        return ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    return loaded.tokenizer(text)["input_ids"]
 
 
 def _vocab_size(loaded: LoadedModel) -> int | None:
@@ -254,8 +260,6 @@ def _token_strings(loaded: LoadedModel, tokens: torch.Tensor) -> dict[int, str]:
 
 
 def _meta(loaded: LoadedModel, settings, seed: int, intervention, chat: bool) -> dict[str, Any]:
-    import transformers
-
     return {"model": loaded.name, "family": loaded.family.name, "kind": loaded.family.kind,
             "settings": dataclasses.asdict(settings), "seed": seed,
             "intervention": repr(intervention) if intervention is not None else None, "chat": chat,

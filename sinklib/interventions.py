@@ -226,7 +226,8 @@ class MaskKeys(Intervention):
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
         """bool [batch, heads, keys]: the positions masked in the chosen heads; None outside the chosen layers and
         steps. Positions or heads past this call's are refused."""
-        if (self.layers is not None and call.layer not in self.layers) or (self.steps is not None and call.step not in self.steps):
+        if (self.layers is not None and call.layer not in self.layers) or \
+                (self.steps is not None and call.step not in self.steps):
             return None
         too_far = [p for p in self.positions if p >= call.n_keys]
         if too_far:

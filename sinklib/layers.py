@@ -51,7 +51,8 @@ def _head_count(module: nn.Module, model: nn.Module) -> int | None:
 def _block_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
     lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     if not lists:
-        raise ValueError(f"model={type(model).__name__} has no nn.ModuleList of transformer blocks; pass layer_names=[...] explicitly")
+        raise ValueError(f"model={type(model).__name__} has no nn.ModuleList of transformer blocks; "
+                         "pass layer_names=[...] explicitly")
     n_layers = _config_value(getattr(model, "config", None), _LAYER_COUNT_KEYS)
     matching = [item for item in lists if len(item[1]) == n_layers]
     return matching[0] if matching else max(lists, key=lambda item: len(item[1]))

@@ -5,16 +5,24 @@ only when the caller passes trust_remote_code=True.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
+import transformers
+from huggingface_hub import try_to_load_from_cache
+from safetensors import safe_open
 from torch import nn
+from transformers.dynamic_module_utils import get_class_from_dynamic_module
+from transformers.utils import cached_file
 
-from sinklib import compat, named
+from sinklib import compat, mmada_repo, named
 from sinklib.validation import Consent, Index, checked
 from sinklib._checks import bad_value, check_choice, did_you_mean
 from sinklib.families.base import Family, family_names, fit_layout, get_family
@@ -173,8 +181,6 @@ def resolve_name(name: str) -> str:
 
 def _hub_cached(name: str) -> bool:
     try:
-        from huggingface_hub import try_to_load_from_cache
-
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
     except Exception:  # an id the cache cannot even parse is simply not cached
         return False
@@ -182,9 +188,6 @@ def _hub_cached(name: str) -> bool:
 
 def _hub_reachable() -> bool:
     """One DNS lookup instead of the hub client's five retries with back-off."""
-    import socket
-    from urllib.parse import urlparse
-
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
@@ -203,8 +206,6 @@ def _check_family(given: str | None, declared: str | None, name: str) -> None:
 
 
 def _load_config(path: str, trust_remote_code: bool):
-    import transformers
-
     try:
         return transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except ValueError as error:
@@ -290,7 +291,8 @@ def _bidirectional(model: nn.Module, config, fixes: list[str]) -> bool:
 
 
 def _open_checkpoint(name: str, family: str | None, dtype, trust_remote_code: bool, tokenizer, fixes: list[str]):
-    """A zoo name, folder or hub id → (model, config, tokenizer: the given one or the checkpoint's), refusing code the caller did not trust and
+    """A zoo name, folder or hub id → (model, config, tokenizer: the given one or the checkpoint's), refusing code the
+    caller did not trust and
     applying the compatibility fixes (recorded in `fixes`) that remote code needs on this transformers."""
     path = resolve_name(name)
     raw = _raw_config(path)
@@ -305,8 +307,6 @@ def _open_checkpoint(name: str, family: str | None, dtype, trust_remote_code: bo
                          "(sinklib never turns it on by itself)")
     _check_checkpoint_files(path, raw, name)
     if mmada_without_code:
-        from sinklib import mmada_repo
-
         mmada_repo.import_classes()  # registers the "mmada" config type before AutoConfig reads config.json
     if trust_remote_code and compat.needs_fixes():
         compat.apply_default_rope()
@@ -337,8 +337,6 @@ def _special_ids(spec: Family, config, tokenizer, mask_id: int | None, eos_ids, 
 
 
 def _load_model(path: str, config, family: str | None, dtype, trust_remote_code: bool, fixes: list[str]) -> nn.Module:
-    import transformers
-
     # None means float32 on every transformers version: 5.x would otherwise load a checkpoint in the dtype its
     # config declares (Dream: bfloat16) where 4.x loads float32, and the same call would give other numbers.
     kwargs: dict[str, Any] = {"dtype" if compat.transformers_major() >= 5 else "torch_dtype": dtype or torch.float32}
@@ -360,14 +358,10 @@ def _load_model(path: str, config, family: str | None, dtype, trust_remote_code:
 
 def _remote_class(path: str, config, family: str | None) -> type:
     """The remote code's model class, resolved as AutoModel would (so that compat can prepare it first)."""
-    from transformers.dynamic_module_utils import get_class_from_dynamic_module
-
     auto_map = getattr(config, "auto_map", None) or {}
     reference = auto_map.get("AutoModel") or auto_map.get("AutoModelForCausalLM") or auto_map.get("AutoModelForMaskedLM")
     if reference is None:
         if family == "mmada":
-            from sinklib import mmada_repo
-
             return mmada_repo.import_classes().model
         raise ValueError(f"{path!r} declares model_type={getattr(config, 'model_type', None)!r}, which is not a transformers "
                          "model, and its config.json has no auto_map naming the modelling code to run")
@@ -378,13 +372,9 @@ def _remote_class(path: str, config, family: str | None) -> type:
 
 def _raw_config(path: str) -> dict[str, Any]:
     """config.json as written (transformers 5 drops some of its keys when it builds the config object)."""
-    import json
-
     local = Path(path) / "config.json"
     if not local.is_file():
         try:
-            from transformers.utils import cached_file
-
             found = cached_file(path, "config.json", _raise_exceptions_for_missing_entries=False)
         except (OSError, ValueError):
             return {}
@@ -424,8 +414,6 @@ def _check_checkpoint_files(path: str, raw: dict[str, Any], name: str) -> None:
             raise ValueError(f"name_or_model={name!r} is not allowed: its config.json auto_map names {module}.py, which "
                              "is not in the folder; copy the checkpoint's modelling files beside config.json")
     for weights in sorted(folder.glob("*.safetensors")):
-        from safetensors import safe_open
-
         try:
             with safe_open(str(weights), "pt"):
                 pass
@@ -435,8 +423,6 @@ def _check_checkpoint_files(path: str, raw: dict[str, Any], name: str) -> None:
 
 
 def _load_tokenizer(path: str, trust_remote_code: bool):
-    import transformers
-
     folder = Path(path)
     if folder.is_dir() and not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None  # a checkpoint without a tokenizer: prompts must then be token ids

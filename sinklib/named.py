@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+import transformers
+from tqdm.auto import tqdm
+
 
 @dataclass(frozen=True)
 class NamedModel:
@@ -101,15 +105,9 @@ def _check_conversion(spec: NamedModel, target: Path) -> None:
 def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True) -> None:
     """GGUF → float32 safetensors + tokenizer + chat template, written beside the target and renamed into place
     (an interrupted conversion leaves nothing that looks finished)."""
-    import torch
-    import transformers
-    from tqdm.auto import tqdm
-
-    try:
-        import gguf  # noqa: F401  (transformers reads GGUF files with it)
-    except ImportError as error:
+    if importlib.util.find_spec("gguf") is None:  # transformers reads GGUF files with it
         raise ModuleNotFoundError(f"name_or_model={spec.name!r} needs the gguf package to convert its weights: "
-                                  f"{spec.install}") from error
+                                  f"{spec.install}")
     if os.path.lexists(target) and (not target.is_dir() or any(target.iterdir())):
         raise ValueError(f"name_or_model={spec.name!r}: {str(target)!r} exists but is not a finished conversion; "
                          "remove it (or point SINKLIB_CACHE elsewhere) to convert again")

@@ -3,3 +3,4 @@ from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 ZOO_DIR = DATA_DIR / "models"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"  # the numbered notebooks (a checkout's, not packaged)

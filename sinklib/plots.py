@@ -114,7 +114,8 @@ def greatest_sink_positions(frames: Mapping[str, pd.DataFrame]) -> plt.Figure:
         ax.scatter(other["step"], other["position"], s=6, color="lightgrey", label="top key, not a sink")
         frontier = frame[frame["frontier"] >= 0]
         if len(frontier):
-            ax.plot(frontier["step"], frontier["frontier"], color="black", linestyle="--", linewidth=0.8, label="first masked position")
+            ax.plot(frontier["step"], frontier["frontier"], color="black", linestyle="--", linewidth=0.8,
+                    label="first masked position")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("denoising step")
         ax.set_ylabel("position")
@@ -200,4 +201,18 @@ def score_bars(scores: np.ndarray, sinks: np.ndarray, labels: Sequence[str], tit
     ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
     ax.set_ylabel(SCORE_LABEL, fontsize=8)
     ax.set_title(title)
+    return fig
+
+
+def masking_plot(frame: pd.DataFrame, task: str) -> plt.Figure:
+    """Table 1 as a figure: accuracy against k (keys masked per layer and head), one line per model and condition
+    (solid: the top-k sinks, dotted: k random keys), with standard errors. `frame`: MaskingTable.frame."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for (name, condition), group in frame.groupby(["model", "condition"], sort=False):
+        ax.errorbar(group["k"], group["accuracy"], yerr=group["stderr"], marker="o", capsize=3,
+                    linestyle="-" if condition == "sinks" else ":", label=f"{name}, {condition}")
+    ax.set_xlabel("keys masked per layer and head (k)")
+    ax.set_ylabel(f"accuracy ({task})")
+    ax.set_title("Masking the top-k sinks vs k random keys")
+    ax.legend(fontsize=7)
     return fig

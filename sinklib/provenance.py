@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
 
 PACKAGE = Path(__file__).resolve().parent
 KEY = "sinklib"  # the metadata key in parquet schemas and PNG text chunks; the PDF Subject holds the same JSON
@@ -63,8 +66,6 @@ def versions() -> dict[str, str]:
 def machine() -> dict[str, Any]:
     """The CPU that computed the floats: model name, torch's CPU capability (the vector kernels it runs: another
     capability rounds differently), the intra-op thread count (reductions split by thread) and the architecture."""
-    import torch
-
     return {"cpu": _cpu_model(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "architecture": platform.machine()}
 
@@ -134,9 +135,6 @@ def as_text(record: dict[str, Any]) -> str:
 
 def write_parquet(frame: pd.DataFrame, path: str | Path, record: dict[str, Any]) -> Path:
     """`frame` as parquet with the record's content part in its schema metadata (read it back with read_record)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.Table.from_pandas(frame)
     content = as_text(content_part(record)).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), KEY.encode(): content})
@@ -160,11 +158,9 @@ def read_record(path: str | Path) -> dict[str, Any]:
 
 def _record_text(path: Path) -> str:
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
         return (pq.read_schema(path).metadata or {})[KEY.encode()]
     if path.suffix == ".png":
-        from PIL import Image
+        from PIL import Image  # noqa: PLC0415  (pillow comes with matplotlib: the notebooks extra)
 
         with Image.open(path) as image:
             return image.text[KEY]

@@ -23,8 +23,21 @@ from typing import Any
 
 import yaml
 
+try:  # the notebooks extra: papermill runs them, nbformat edits them, and their figures need matplotlib
+    import nbformat
+    import papermill
+
+    from sinklib.runs import run_for
+except ImportError as missing:
+    raise ImportError(f"sinklib.reproduce runs the notebooks, which need the notebooks extra ({missing.name} is "
+                      "missing): pip install -e '.[notebooks]'") from missing
+
+from sinklib import agreement
+from sinklib._checks import did_you_mean
+from sinklib.loading import is_default_model, resolve_name
+from sinklib.paths import NOTEBOOKS
+
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ROOT / "notebooks"
 
 
 TUTORIAL = NOTEBOOKS / "00_what_is_an_attention_sink.ipynb"
@@ -37,15 +50,14 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
     if only:
         paths = [p for p in paths if any(p.name.startswith(prefix) for prefix in only)]
         if not paths:
-            raise ValueError(f"only={only!r} is not allowed: no notebook starts with it (have {[p.name for p in sorted(NOTEBOOKS.glob('[0-9][0-9]_*.ipynb'))]})")
+            have = [p.name for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))]
+            raise ValueError(f"only={only!r} is not allowed: no notebook starts with it (have {have})")
     return paths
 
 
 def declared_parameters(paths: list[Path]) -> dict[str, Any]:
     """name → default over the notebooks' run configs (sinklib.runs: a config's fields are its notebook's
     parameters, a test holds them equal)."""
-    from sinklib.runs import run_for
-
     declared: dict[str, Any] = {}
     for path in paths:
         defaults = run_for(path)()
@@ -58,9 +70,6 @@ def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
     """Refuse, before anything runs, a key no notebook declares (a key of a notebook left out by --only is
     fine), then build each selected notebook's run config from the given values: its declared types, ranges and
     cross-field rules (sinklib.runs) refuse a bad value naming it."""
-    from sinklib._checks import did_you_mean
-    from sinklib.runs import run_for
-
     declared = declared_parameters(notebook_paths())
     for key in given:
         if key not in declared:
@@ -73,8 +82,6 @@ def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
 def check_model_names(given: dict[str, Any]) -> None:
     """Every model a run names must resolve (zoo name, existing folder, reachable or cached hub id) before the
     first notebook starts: a typo would otherwise fail an hour in, or not at all."""
-    from sinklib.loading import resolve_name
-
     names = list(given.get("models") or []) + ([given["model"]] if given.get("model") else [])
     for name in names:
         if not isinstance(name, str):
@@ -86,8 +93,6 @@ def check_model_names(given: dict[str, Any]) -> None:
 def output_folders(given: dict[str, Any]) -> dict[str, str]:
     """Runs on models outside the zoo write into figures/<models>/ and data/results/<models>/ unless told
     otherwise, never over the committed zoo outputs."""
-    from sinklib.loading import is_default_model
-
     names = list(given.get("models") or []) + ([given["model"]] if given.get("model") else [])
     if not names or all(is_default_model(n) for n in names):
         return {}
@@ -97,8 +102,6 @@ def output_folders(given: dict[str, Any]) -> dict[str, str]:
 
 def parameters_for(path: Path, given: dict[str, Any]) -> dict[str, Any]:
     """The given parameters that this notebook declares (a `models` list also fills a single `model`)."""
-    from sinklib.runs import run_for
-
     declared = set(run_for(path).parameter_names())
     params = {k: v for k, v in given.items() if k in declared}
     if "model" in declared and "model" not in given and given.get("models"):
@@ -136,8 +139,6 @@ def execute(path: Path, target: Path, parameters: dict[str, Any], progress: bool
     """Execute one notebook with papermill (from notebooks/, so its relative folders resolve there) into a
     temporary file beside `target`, strip what changes on every run, then move it over `target`: an interrupted
     run leaves the previous notebook whole."""
-    import papermill
-
     # a name no other file has (created exclusively), so the run can only ever replace or remove its own file
     handle, scratch_name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".executing.ipynb", dir=target.parent)
     os.close(handle)
@@ -176,8 +177,6 @@ def strip_volatile(path: Path) -> None:
     """Remove what changes on every run though the content does not: papermill's times and paths, Jupyter's
     execution timestamps, progress bars, widget model ids (a widget's live view cannot be committed: its text
     stays)."""
-    import nbformat
-
     notebook = nbformat.read(str(path), as_version=4)
     for key in ("papermill", "widgets"):
         notebook.metadata.pop(key, None)
@@ -205,8 +204,6 @@ def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:
 def check(params: dict[str, Any] | None = None, only: list[str] | None = None, progress: bool = True):
     """Run the notebooks into a temporary folder and compare each results file with the committed one: an
     agreement.Report (print report.to_text(); report.agrees). The checkout is never written."""
-    from sinklib import agreement
-
     params = dict(params or {})
     results, figures = committed_folders(params)
     with tempfile.TemporaryDirectory(prefix="sinklib-check-") as scratch:
@@ -261,10 +258,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.check and args.out:
         parser.error("--out is not allowed with --check: a check writes nothing outside a temporary folder")
     params = read_params(args.params, parser) if args.params else {}
-    try:
-        import papermill  # noqa: F401
-    except ImportError:
-        parser.error("running the notebooks needs papermill and jupyter: pip install -e '.[notebooks]'")
     try:
         if args.check:
             report = check(params, args.only)

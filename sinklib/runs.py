@@ -1,25 +1,50 @@
-"""Typed run configs: one per notebook, whose fields are exactly that notebook's papermill parameters (a test
-holds them equal, defaults included). `python -m sinklib.reproduce` checks given parameters against them before
+"""Typed run configs: one per notebook. The notebook's parameters cell is the one declaration of its parameters
+and their defaults (read here with papermill's inspection, as papermill reads it to inject values); a config
+declares only each parameter's type and rules. `python -m sinklib.reproduce` checks given parameters against them before
 anything runs; each notebook builds its config from its namespace and every artifact it writes records it."""
 from __future__ import annotations
 
+import ast
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import pandas as pd
+import papermill
 
 from sinklib._checks import did_you_mean
 from sinklib.explorer import export_pages
 from sinklib.generate import collect_traces, demo_trace
 from sinklib.loading import load, load_models
+from sinklib.paths import NOTEBOOKS
 from sinklib.plots import save_figure
 from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
+from sinklib.summary import Result
 from sinklib.validation import Consent, Count, Index, NonNegative, Text, validated
 from sinklib.zoo.data import prompts
+
+
+def parameters_from_notebook(cls: type) -> type:
+    """Give every field of a run config class the default its notebook's parameters cell declares (its own
+    fields and those it inherits), before @dataclass reads them. The class must type exactly the notebook's
+    parameters: one missing on either side is refused when the module is imported."""
+    inspected = papermill.inspect_notebook(str(NOTEBOOKS / f"{cls.NOTEBOOK}.ipynb"))
+    defaults = {name: ast.literal_eval(info["default"]) for name, info in inspected.items()}
+    hints = {}
+    for klass in reversed(cls.__mro__):
+        hints.update(klass.__dict__.get("__annotations__", {}))
+    typed = {name: hint for name, hint in hints.items() if name != "NOTEBOOK"}
+    if set(typed) != set(defaults):
+        raise TypeError(f"{cls.__name__} and notebooks/{cls.NOTEBOOK}.ipynb disagree: parameters without a type "
+                        f"{sorted(set(defaults) - set(typed))}, types without a parameter {sorted(set(typed) - set(defaults))}")
+    cls.__annotations__ = typed  # inherited fields are declared again here, so that they take this notebook's defaults
+    for name, value in defaults.items():
+        mutable = isinstance(value, (list, dict))
+        setattr(cls, name, field(default_factory=lambda value=value: copy.deepcopy(value)) if mutable else value)
+    return cls
 
 
 @dataclass(frozen=True)
@@ -67,16 +92,6 @@ class RunConfig:
         return result
 
 
-@dataclass
-class Result:
-    """What one notebook section makes: figures by file stem, tables by parquet stem, texts by file name, and
-    `shown`, the summary the notebook displays."""
-    figures: dict[str, Any] = field(default_factory=dict)
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    texts: dict[str, str] = field(default_factory=dict)
-    shown: Any = None
-
-
 def _check_layout(config) -> None:
     """gen_length must split into blocks of block_length (LLaDA / MMaDA's layout), when both are given."""
     if config.gen_length is not None and config.block_length is not None and config.gen_length % config.block_length:
@@ -86,21 +101,22 @@ def _check_layout(config) -> None:
 
 @validated
 @dataclass(frozen=True)
+@parameters_from_notebook
 class TracesRun(RunConfig):
     """Notebook 01: traces of every model on n_prompts prompts, then their score distributions."""
     NOTEBOOK = "01_attention_distributions"
-    models: list[Text] = field(default_factory=lambda: ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"])
-    trust_remote_code: Consent = False
-    device: str = "cpu"
-    dtype: str | None = None
-    n_prompts: Count = 6
-    steps: Count | None = None
-    gen_length: Count | None = None
-    block_length: Count | None = None
-    seed: Index = 0
-    figures_dir: str = "../figures"
-    results_dir: str = "../data/results"
-    progress: bool = True
+    models: list[Text]
+    trust_remote_code: Consent
+    device: str
+    dtype: str | None
+    n_prompts: Count
+    steps: Count | None
+    gen_length: Count | None
+    block_length: Count | None
+    seed: Index
+    figures_dir: str
+    results_dir: str
+    progress: bool
 
     def check(self) -> None:
         if not self.models:
@@ -120,10 +136,11 @@ class TracesRun(RunConfig):
 
 @validated
 @dataclass(frozen=True)
+@parameters_from_notebook
 class MovingSinksRun(TracesRun):
     """Notebook 02: sink tokens, dynamics and moving sinks, with the Eq. 3 threshold eps (sum units)."""
     NOTEBOOK = "02_moving_sinks"
-    eps: NonNegative = 3.0
+    eps: NonNegative
 
     @property
     def rule(self) -> SinkRule:
@@ -132,10 +149,11 @@ class MovingSinksRun(TracesRun):
 
 @validated
 @dataclass(frozen=True)
+@parameters_from_notebook
 class ThresholdSweepRun(TracesRun):
     """Notebook 03: the share of tokens Eq. 3 selects at each eps."""
     NOTEBOOK = "03_threshold_sweep"
-    eps_values: list[NonNegative] = field(default_factory=lambda: [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0])
+    eps_values: list[NonNegative]
 
     def check(self) -> None:
         super().check()
@@ -145,29 +163,30 @@ class ThresholdSweepRun(TracesRun):
 
 @validated
 @dataclass(frozen=True)
+@parameters_from_notebook
 class MaskingRun(RunConfig):
     """Notebook 04: Table 1, accuracy with the top-k sinks masked and a random-key control."""
     NOTEBOOK = "04_masking_ablation"
-    models: list[Text] = field(default_factory=lambda: ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"])
-    task: str = "arithmetic"
-    tasks: dict[str, str] = field(default_factory=lambda: {"smollm2-135m-instruct": "capitals"})
-    task_path: str | None = None
-    n_problems: Count | None = 100
-    steps: Count | None = None
-    gen_length: Count | None = None
-    block_length: Count | None = None
-    ks: list[Index] = field(default_factory=lambda: [0, 1, 5, 10])
-    random_control: bool = True
-    seed: Index = 0
-    eps: NonNegative = 3.0
-    batch_size: Count = 50
-    allow_code_execution: Consent = False
-    trust_remote_code: Consent = False
-    device: str = "cpu"
-    dtype: str | None = None
-    figures_dir: str = "../figures"
-    results_dir: str = "../data/results"
-    progress: bool = True
+    models: list[Text]
+    task: str
+    tasks: dict[str, str]
+    task_path: str | None
+    n_problems: Count | None
+    steps: Count | None
+    gen_length: Count | None
+    block_length: Count | None
+    ks: list[Index]
+    random_control: bool
+    seed: Index
+    eps: NonNegative
+    batch_size: Count
+    allow_code_execution: Consent
+    trust_remote_code: Consent
+    device: str
+    dtype: str | None
+    figures_dir: str
+    results_dir: str
+    progress: bool
 
     def check(self) -> None:
         if not self.models:
@@ -179,20 +198,21 @@ class MaskingRun(RunConfig):
 
 @validated
 @dataclass(frozen=True)
+@parameters_from_notebook
 class ExplorerRun(RunConfig):
     """Notebook 05: one generation in the explorer, and a self-contained page per model."""
     NOTEBOOK = "05_explorer"
-    models: list[Text] = field(default_factory=lambda: ["tiny-llada", "tiny-dream"])
-    trust_remote_code: Consent = False
-    device: str = "cpu"
-    dtype: str | None = None
-    prompt: Text = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:"
-    steps: Count | None = None
-    gen_length: Count | None = None
-    block_length: Count | None = None
-    seed: Index = 0
-    eps: NonNegative = 3.0
-    figures_dir: str = "../figures"
+    models: list[Text]
+    trust_remote_code: Consent
+    device: str
+    dtype: str | None
+    prompt: Text
+    steps: Count | None
+    gen_length: Count | None
+    block_length: Count | None
+    seed: Index
+    eps: NonNegative
+    figures_dir: str
 
     def check(self) -> None:
         if not self.models:

@@ -51,7 +51,8 @@ def _valid_mask(scores: torch.Tensor, valid: torch.Tensor | None) -> torch.Tenso
     try:
         return valid.expand_as(scores) & present
     except RuntimeError:
-        raise bad_value("valid", tuple(valid.shape), f"a bool tensor broadcastable to the scores' shape {tuple(scores.shape)}") from None
+        raise bad_value("valid", tuple(valid.shape),
+                        f"a bool tensor broadcastable to the scores' shape {tuple(scores.shape)}") from None
 
 
 def in_units(
@@ -182,8 +183,8 @@ def threshold_sweep(
     if len(eps_values) == 0:
         raise bad_value("eps_values", list(eps_values), "a non-empty sequence of finite numbers >= 0")
     eps_list = [check_eps(e, "eps_values[]") for e in eps_values]
-    parts = [as_scores(scores)] if not isinstance(scores, (list, tuple)) or not scores or not isinstance(scores[0], (torch.Tensor, np.ndarray)) \
-        else [as_scores(part, "scores[]") for part in scores]
+    several = isinstance(scores, (list, tuple)) and scores and isinstance(scores[0], (torch.Tensor, np.ndarray))
+    parts = [as_scores(part, "scores[]") for part in scores] if several else [as_scores(scores)]
     if valid is not None and len(parts) > 1:
         raise bad_value("valid", "a tensor", "None when scores is a list (mark invalid keys with NaN instead)")
     margins, tokens = [], 0

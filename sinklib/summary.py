@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -120,3 +120,13 @@ def caption(trace) -> str:
     name = str(trace.meta.get("model", ""))
     flagged = near_tie_models({name: [trace]})
     return f"{label(name, flagged)}: {trace.text}"
+
+
+@dataclass
+class Result:
+    """What one notebook section makes: figures by file stem, tables by parquet stem, texts by file name, and
+    `shown`, the summary the notebook displays."""
+    figures: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+    shown: Any = None

@@ -134,8 +134,8 @@ class Trace:
 
     def _writers(self, scores: torch.Tensor) -> dict:
         steps, layers, heads, seq = scores.shape
-        s, l, h = np.meshgrid(np.arange(steps), np.arange(layers), np.arange(heads), indexing="ij")
-        columns = {"step": s.ravel(), "layer": l.ravel(), "head": h.ravel(),
+        step, layer, head = np.meshgrid(np.arange(steps), np.arange(layers), np.arange(heads), indexing="ij")
+        columns = {"step": step.ravel(), "layer": layer.ravel(), "head": head.ravel(),
                    "scores": _fixed_list(scores.reshape(-1, seq).numpy(), pa.float32())}
         if self.masked_keys is not None:
             columns["masked"] = _fixed_list(self.masked_keys.reshape(-1, seq).numpy(), pa.bool_())
@@ -296,7 +296,8 @@ def _next_masked(tokens: torch.Tensor, is_masked: torch.Tensor) -> torch.Tensor:
 def _pick(selection, size: int, param: str) -> list[int]:
     if selection is None:
         return list(range(size))
-    if isinstance(selection, (int, str)) or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in selection):
+    if isinstance(selection, (int, str)) or \
+            not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in selection):
         raise ValueError(f"{param}={selection!r} is not allowed: {param} must be a list of integers in 0..{size - 1}")
     picked = [int(i) for i in selection]
     bad = [i for i in picked if not 0 <= i < size]

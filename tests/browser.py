@@ -74,9 +74,9 @@ def jupyterlab(root: Path, timeout: float = 90.0):
             try:
                 with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2):
                     break
-            except OSError:
+            except OSError as error:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not start: {(root / '.jupyterlab.log').read_text()[-2000:]}")
+                    raise RuntimeError(f"JupyterLab did not start: {(root / '.jupyterlab.log').read_text()[-2000:]}") from error
                 time.sleep(0.5)
         yield url, token
     finally:

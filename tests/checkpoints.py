@@ -36,8 +36,10 @@ SPECIALS = {
 }
 SPECIALS["mmada"] = SPECIALS["llada"]
 LLAMA3_TEMPLATE = ("{% for message in messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|> '"
-                   " + message['content'] | trim + ' <|eot_id|> ' %}{% if loop.index0 == 0 %}{% set content = bos_token + ' ' + content %}"
-                   "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|> ' }}{% endif %}")
+                   " + message['content'] | trim + ' <|eot_id|> ' %}"
+                   "{% if loop.index0 == 0 %}{% set content = bos_token + ' ' + content %}"
+                   "{% endif %}{{ content }}{% endfor %}"
+                   "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|> ' }}{% endif %}")
 CHATML_TEMPLATE = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
                    "{{ '<|im_start|>system You are a helpful assistant. <|im_end|> ' }}{% endif %}"
                    "{{ '<|im_start|>' + message['role'] + ' ' + message['content'] + ' <|im_end|> ' }}{% endfor %}"
@@ -189,7 +191,8 @@ def build_llama(folder: str | Path, seed: int = 0) -> Path:
     ids = token_ids("llama")
     config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                      bos_token_id=ids["<|begin_of_text|>"], eos_token_id=[ids["<|end_of_text|>"], ids["<|eot_id|>"]])
+                                      bos_token_id=ids["<|begin_of_text|>"],
+                                      eos_token_id=[ids["<|end_of_text|>"], ids["<|eot_id|>"]])
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():

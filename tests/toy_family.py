@@ -34,7 +34,7 @@ def sample(forward, prompt_ids, prompt_mask, settings: ToySettings, generator=No
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
     canvases = [x.clone()]
     order = range(settings.gen_length) if settings.direction == "left_to_right" else reversed(range(settings.gen_length))
-    for i, offset in zip(range(settings.steps), order):
+    for _, offset in zip(range(settings.steps), order):
         position = prompt_ids.shape[1] + offset
         x = x.clone()
         x[:, position] = forward(x, mask, positions)[:, position].argmax(-1)

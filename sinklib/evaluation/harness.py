@@ -4,7 +4,8 @@ lm-eval 0.4 has no diffusion backend and no plugin entry point for models, so it
 cannot see this one. Run lm-eval's CLI through this module instead (same arguments):
 
     python -m sinklib.evaluation.harness --model sinklib \\
-        --model_args pretrained=GSAI-ML/LLaDA-8B-Instruct,trust_remote_code=true,gen_length=256,steps=256,block_length=32,mask_top_k=1 \\
+        --model_args pretrained=GSAI-ML/LLaDA-8B-Instruct,trust_remote_code=true,gen_length=256,steps=256,\\
+block_length=32,mask_top_k=1 \\
         --tasks gsm8k --apply_chat_template
     accelerate launch -m sinklib.evaluation.harness ...   # data-parallel: lm-eval shards the requests
 
@@ -21,6 +22,8 @@ from collections import defaultdict
 from typing import Any
 
 import torch
+from lm_eval import utils
+from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
@@ -80,8 +83,6 @@ class SinklibLM(LM):
         """lm-eval's model_args ("key=value,..."), checked: an unknown key is refused with "did you mean", a key
         given twice is refused, `pretrained` is required, and where model_args and lm-eval's own options (its
         --batch_size, --device) both set a key, model_args wins rather than clash."""
-        from lm_eval import utils
-
         pairs = [item.split("=", 1) for item in (arg_string or "").split(",") if item.strip()]
         keys = [pair[0].strip() for pair in pairs]
         allowed = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
@@ -229,8 +230,6 @@ def _close_distributed(wait_for_peers: bool = False) -> None:
 
 def main() -> None:
     """lm-eval's command line with the `sinklib` model registered."""
-    from lm_eval.__main__ import cli_evaluate
-
     cli_evaluate()
     # Rank 0 still writes results after the other ranks return; keep them alive (and the group whole) till then.
     _close_distributed(wait_for_peers=True)

@@ -320,7 +320,8 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
     """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
 
     Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
-    margin: the generation's closest decision, seconds, config_hash) and resumes from it: batches are fixed slices of the task with a seed of their own, so
+    margin: the generation's closest decision, seconds, config_hash) and resumes from it: batches are fixed slices
+    of the task with a seed of their own, so
     an interrupted and resumed run writes the same records as an uninterrupted one, sampled decoding (temperature
     > 0) and MaskRandomKeys included. batch_size is part of the configuration for that reason.
     Returns mean ± standard error over the samples.

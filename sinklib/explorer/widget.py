@@ -14,6 +14,7 @@ import traitlets
 
 from sinklib.explorer import payload
 from sinklib.capture.replay import replay_map
+from sinklib.layers import attention_layers
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace
 
@@ -34,8 +35,6 @@ def _check_same_model(trace: Trace, loaded: LoadedModel) -> None:
         raise ValueError(f"loaded={loaded.name!r} is not allowed: this trace was made by {made_by!r}; pass that model "
                          "(or no model, to explore the recorded scores without replayed maps)")
     layers = trace.require_scores().shape[1]
-    from sinklib.layers import attention_layers
-
     if len(attention_layers(loaded.model, loaded.layer_names)) != layers:
         raise ValueError(f"loaded={loaded.name!r} is not allowed: it has a different number of attention layers than "
                          f"the trace ({layers})")

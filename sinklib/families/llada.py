@@ -45,7 +45,8 @@ class LLaDASettings:
             raise bad_value("gen_length", self.gen_length, f"a multiple of block_length={block}")
         blocks = self.gen_length // block
         if self.steps % blocks:
-            raise bad_value("steps", self.steps, f"a multiple of the number of blocks ({blocks} = gen_length {self.gen_length} / block_length {block})")
+            raise bad_value("steps", self.steps, f"a multiple of the number of blocks ({blocks} = gen_length "
+                                                 f"{self.gen_length} / block_length {block})")
         if not self.temperature >= 0:
             raise bad_value("temperature", self.temperature, "a number >= 0")
         if not self.cfg_scale >= 0:
@@ -117,7 +118,8 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     x[:, :prompt_len] = prompt_ids
     attention_mask = None
     if prompt_mask is not None and not bool(prompt_mask.all()):
-        attention_mask = torch.cat([prompt_mask, torch.ones(batch, settings.gen_length, dtype=prompt_mask.dtype, device=prompt_mask.device)], 1)
+        answer_mask = torch.ones(batch, settings.gen_length, dtype=prompt_mask.dtype, device=prompt_mask.device)
+        attention_mask = torch.cat([prompt_mask, answer_mask], 1)
     prompt_index = x != settings.mask_id
     num_blocks = settings.gen_length // block_length
     steps_per_block = settings.steps // num_blocks

@@ -62,11 +62,13 @@ def _core(rng: random.Random) -> tuple[list[str], str, str, int, set[str]]:
             f"{a} * {b} = {a * b}", kind, a * b, {name}
     if kind == "together":
         a, b = rng.randint(1, 20), rng.randint(1, 20)
-        return [f"{name} has {a} {item} .", f"{other} has {b} {item} .", f"how many {item} do {name} and {other} have together ?"], \
+        return [f"{name} has {a} {item} .", f"{other} has {b} {item} .",
+                f"how many {item} do {name} and {other} have together ?"], \
             f"{a} + {b} = {a + b}", kind, a + b, {name, other}
     a, b = rng.randint(1, 20), rng.randint(1, 15)
     c = rng.randint(1, a + b)
-    return [f"{name} has {a} {item} .", f"{name} buys {b} more and then gives away {c} .", f"how many {item} does {name} have ?"], \
+    return [f"{name} has {a} {item} .", f"{name} buys {b} more and then gives away {c} .",
+            f"how many {item} does {name} have ?"], \
         f"{a} + {b} = {a + b} . {a + b} - {c} = {a + b - c}", kind, a + b - c, {name}
 
 

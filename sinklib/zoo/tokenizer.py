@@ -1,9 +1,11 @@
 """The zoo's word-level tokenizer (numbers are single tokens), in the `tokenizers` JSON format."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 from sinklib.zoo.data import ITEMS, MAX_NUMBER, NAMES
 
@@ -20,8 +22,6 @@ def vocabulary() -> list[str]:
 
 def build_tokenizer():
     """A transformers fast tokenizer: whitespace split, [BOS] prepended, [MASK]/[PAD]/[EOS] declared."""
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {token: index for index, token in enumerate(vocabulary())}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -32,8 +32,6 @@ def build_tokenizer():
 
 def save_tokenizer(folder: Path):
     """Save in a form both transformers 4.x and 5.x load (5.x would name its own TokenizersBackend class)."""
-    import json
-
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(folder)
     config_path = Path(folder) / "tokenizer_config.json"

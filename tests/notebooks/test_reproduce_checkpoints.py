@@ -31,7 +31,8 @@ def test_reproduce_runs_notebooks_01_to_04_on_hub_style_checkpoints(families, tm
             checkpoints.build_llama(folder)
         else:
             checkpoints.build(family, folder, repo / "models" if family == "mmada" else None)
-    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps({"question": f"tom has {n} apples . how many apples does tom have now ?",
+    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps({"question": f"tom has {n} apples . "
+                                                                          "how many apples does tom have now ?",
                                                               "answer": f"tom has {n}.\n#### {n}"}) + "\n" for n in (5, 7)))
     autoregressive_alone = families == ("llama",)
     params = {"models": [str(folder) for folder in folders], "trust_remote_code": not autoregressive_alone,

@@ -50,7 +50,8 @@ def test_the_fused_route_keeps_the_output_bits_and_the_scores(kind):
     mask, causal = _masks()[kind]
     fused = sdpa_with_lse(q, k, v, mask, 0.0, causal, None, False, {})
     assert fused is not None, "CPU float32 attention runs the fused flash kernel: the route must be taken"
-    assert torch.equal(fused[0].nan_to_num(), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal).nan_to_num())
+    assert torch.equal(fused[0].nan_to_num(),
+                       F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal).nan_to_num())
     with_lse = attention_statistics(q, k, mask, causal, lse=fused[1]).scores
     reference = reference_scores(q, k, mask, causal)
     assert ((with_lse.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5

@@ -104,7 +104,8 @@ def test_mmada_without_the_repository_says_what_to_do(folders, monkeypatch, tmp_
     _fresh_mmada_import(monkeypatch)
     monkeypatch.delenv(mmada_repo.ENV, raising=False)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(folders[1])])
-    with pytest.raises(ImportError, match=r"SINKLIB_MMADA_REPO.*git clone https://github.com/Gen-Verse/MMaDA|git clone.*SINKLIB_MMADA_REPO"):
+    with pytest.raises(ImportError, match=r"SINKLIB_MMADA_REPO.*git clone https://github.com/Gen-Verse/MMaDA"
+                                          r"|git clone.*SINKLIB_MMADA_REPO"):
         sinklib.load(folders[0]["mmada"], trust_remote_code=True)
     monkeypatch.setenv(mmada_repo.ENV, str(tmp_path))
     with pytest.raises(ImportError, match=r"is not the MMaDA repository: .*modeling_mmada.py does not exist"):

@@ -12,7 +12,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 import sinklib  # noqa: E402
 from sinklib.evaluation import evaluate  # noqa: E402
-from sinklib.evaluation.extract import cut_at_stops
+from sinklib.evaluation.extract import cut_at_stops  # noqa: E402
 from sinklib.evaluation.harness import SinklibLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,8 @@ def test_loglikelihood_tasks_and_bad_model_args_get_clear_errors():
 
 
 @pytest.mark.parametrize("model_args, message", [
-    ("pretrained=tiny-llada,trust_remote_code=no", r"trust_remote_code='no' is not allowed: trust_remote_code must be True or False"),
+    ("pretrained=tiny-llada,trust_remote_code=no",
+     r"trust_remote_code='no' is not allowed: trust_remote_code must be True or False"),
     ("pretrained=tiny-llada,trust_remote_code=1", r"trust_remote_code=1 is not allowed"),
     ("steps=8", r"model_args pretrained= is required"),
     ("pretrained=tiny-llada,steps=abc", r"steps='abc' is not allowed: steps must be an integer"),

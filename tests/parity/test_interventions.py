@@ -242,7 +242,8 @@ def test_a_policy_without_repr_is_recorded_by_its_settings_and_resumes(tmp_path)
 def test_a_policy_whose_record_would_name_a_memory_address_is_refused_before_any_work(tmp_path):
     policy = EveryOtherKey(1)
     policy.helper = Opaque()  # a public attribute whose repr is an address
-    with pytest.raises(ValueError, match=r"intervention=EveryOtherKey\(offset=1, helper=<.*Opaque object at 0x.*is not allowed: its repr names a memory address"):
+    with pytest.raises(ValueError, match=r"intervention=EveryOtherKey\(offset=1, helper=<.*Opaque object at 0x.*"
+                                         r"is not allowed: its repr names a memory address"):
         collect_traces(sinklib.load("tiny-llada"), ["1+2="], out=tmp_path, intervention=policy,
                                    steps=4, gen_length=4, progress=False)
     assert policy._calls == 0 and not any(tmp_path.iterdir())

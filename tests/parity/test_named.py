@@ -29,7 +29,8 @@ def test_loads_by_name_offline_from_the_users_cache_not_the_repository(smollm2):
     assert folder == named.cache_root() / NAME and not folder.is_relative_to(Path(__file__).resolve().parents[2])
     assert smollm2.name == NAME and smollm2.family.name == "arm" and type(smollm2.model).__name__ == "LlamaForCausalLM"
     config = smollm2.model.config
-    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.hidden_size) == (30, 9, 3, 576)
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+            config.hidden_size) == (30, 9, 3, 576)
     assert config._attn_implementation == "sdpa" and smollm2.model.dtype == torch.float32
     weights = folder / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
@@ -95,5 +96,6 @@ def test_a_missing_package_names_the_install_command(monkeypatch, tmp_path):
 
 
 def test_a_mistyped_name_suggests_the_named_model():
-    with pytest.raises(ValueError, match=r"name_or_model='smollm2-135m-instrct' is not allowed.*did you mean 'smollm2-135m-instruct'"):
+    with pytest.raises(ValueError, match=r"name_or_model='smollm2-135m-instrct' is not allowed"
+                                         r".*did you mean 'smollm2-135m-instruct'"):
         sinklib.load("smollm2-135m-instrct")

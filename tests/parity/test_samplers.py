@@ -223,5 +223,6 @@ def test_every_family_has_the_paper_zoo_and_table1_presets_and_they_are_valid_se
     copy = family.preset("paper")
     copy["gen_length"] = 1
     assert family.preset("paper")["gen_length"] == 128  # a copy, not the registry's dict
-    with pytest.raises(ValueError, match=rf"context='gsm8K' is not allowed: the {name} family has presets .* \(did you mean 'gsm8k'\?\)"):
+    with pytest.raises(ValueError, match=rf"context='gsm8K' is not allowed: the {name} family has presets .* "
+                                         r"\(did you mean 'gsm8k'\?\)"):
         family.preset("gsm8K")

@@ -111,7 +111,7 @@ def _random_trace(seed: int, steps=4, layers=2, heads=3, seq=8) -> Trace:
 def test_strongest_head_is_the_greatest_mean_over_steps_of_the_top_key():
     for seed in range(5):
         trace = _random_trace(seed)
-        best = max(((float(trace.scores[:, l, h].amax(-1).mean()), l, h) for l in range(2) for h in range(3)))
+        best = max(((float(trace.scores[:, layer, h].amax(-1).mean()), layer, h) for layer in range(2) for h in range(3)))
         assert dynamics.strongest_head(trace) == (best[1], best[2])
 
 
@@ -119,7 +119,7 @@ def test_busiest_head_has_the_most_steps_with_a_sink():
     for seed in range(5):
         trace = _random_trace(seed)
         sinks = dynamics.sink_mask(trace, 1.0).any(-1)  # [steps, layers, heads]
-        counts = {(l, h): int(sinks[:, l, h].sum()) for l in range(2) for h in range(3)}
+        counts = {(layer, h): int(sinks[:, layer, h].sum()) for layer in range(2) for h in range(3)}
         most = max(counts.values())
         assert dynamics.busiest_head(dynamics.greatest_sinks(trace, 1.0)) == min(k for k, v in counts.items() if v == most)
 

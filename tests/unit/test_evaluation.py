@@ -26,6 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
     ("####", None, None),
     ("#### -7 then 12 more", "-7", "12"),
     ("", None, None),
+    # the zoo's own answers, scored by the same extractor as every task
+    ("5 + 3 = 8 #### 8", "8", "8"),
+    ("#### -4 [EOS]", "-4", "-4"),
+    ("#### 12 #### 13", "12", "13"),
+    ("#### ####", None, None),
+    # "####12" without the space is not a strict answer, as in lm-evaluation-harness's GSM8K strict-match
+    # ("#### (\-?[0-9\.\,]+)"); only the flexible match (the last number) takes it
+    ("5 + 7 = 12 ####12", None, "12"),
 ])
 def test_extraction_on_hand_written_cases(text, strict, flexible):
     assert strict_answer(text) == strict and flexible_answer(text) == flexible

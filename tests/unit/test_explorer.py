@@ -63,11 +63,11 @@ def test_header_main_sinks_match_a_loop_over_every_head(setup):
     steps, layers, heads, seq = trace.scores.shape
     main = _floats(header["main_score"]).reshape(steps, layers, heads)
     for s in range(steps):
-        for l in range(layers):
+        for layer in range(layers):
             for h in range(heads):
-                row = [float(v) for v in trace.scores[s, l, h]]
+                row = [float(v) for v in trace.scores[s, layer, h]]
                 best = max(range(seq), key=lambda p: (row[p], -p))
-                assert header["main_position"][s][l][h] == best and main[s, l, h] == np.float32(row[best])
+                assert header["main_position"][s][layer][h] == best and main[s, layer, h] == np.float32(row[best])
     assert header["canvas"] == trace.tokens.tolist() and header["decoded_at"] == trace.unmasked_at.tolist()
     assert (header["n_steps"], header["n_layers"], header["n_heads"], header["seq"]) == (steps, layers, heads, seq)
 

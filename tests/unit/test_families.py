@@ -49,7 +49,8 @@ def test_a_family_owns_its_options(toy):
     with pytest.raises(ValueError, match=r"direction='up' is not allowed: direction must be one of"):
         sinklib.generate(loaded, [3, 4], steps=3, gen_length=3, direction="up", progress=False)
     llada = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
-    with pytest.raises(ValueError, match=r"direction='right_to_left' is not allowed for the llada family: it applies to toy only"):
+    with pytest.raises(ValueError, match=r"direction='right_to_left' is not allowed for the llada family: "
+                                         r"it applies to toy only"):
         sinklib.generate(llada, [3, 4], steps=2, gen_length=2, direction="right_to_left", progress=False)
 
 
@@ -87,7 +88,8 @@ def test_the_registry_imports_lazily_and_refuses_unknown_and_duplicate_names():
     registry = Registry("policy", {"json": "json:dumps"})
     assert registry.names() == ["json"] and "json" in registry
     assert registry.get("json") is json.dumps
-    with pytest.raises(ValueError, match=r"policy='jsno' is not allowed: policy must be one of \['json'\] \(did you mean 'json'\?\)"):
+    with pytest.raises(ValueError, match=r"policy='jsno' is not allowed: policy must be one of \['json'\] "
+                                         r"\(did you mean 'json'\?\)"):
         registry.get("jsno")
     with pytest.raises(ValueError, match=r"name='json' is not allowed: a policy of that name is registered already"):
         registry.register("json", "json:loads")

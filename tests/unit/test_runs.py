@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sinklib import provenance, runs
-from sinklib.reproduce import NOTEBOOKS, notebook_paths
+papermill = pytest.importorskip("papermill")  # the run configs belong to the notebooks (their extra)
 
-papermill = pytest.importorskip("papermill")
+from sinklib import provenance, runs  # noqa: E402
+from sinklib.reproduce import NOTEBOOKS, notebook_paths  # noqa: E402
 
 
 def _code_lines(path: Path) -> int:
@@ -34,13 +34,38 @@ def test_a_notebooks_parameters_are_its_run_configs_fields_with_the_same_default
         assert ast.literal_eval(info["default"]) == getattr(defaults, name), name
 
 
+def _notebook_with_parameters(folder: Path, stem: str, source: str) -> None:
+    notebook = json.loads((NOTEBOOKS / "02_moving_sinks.ipynb").read_text())
+    cell = next(c for c in notebook["cells"] if "parameters" in c["metadata"].get("tags", []))
+    cell["source"] = source
+    (folder / f"{stem}.ipynb").write_text(json.dumps(notebook))
+
+
+def test_the_parameters_cell_is_the_one_declaration_of_defaults(tmp_path, monkeypatch):
+    """A default changed in the notebook is the config's default, inherited fields included; a parameter the
+    config has no type for (or a type without a parameter) is refused when the class is made."""
+    source = (NOTEBOOKS / "02_moving_sinks.ipynb").read_text()
+    cell = next(c for c in json.loads(source)["cells"] if "parameters" in c["metadata"].get("tags", []))
+    changed = "".join(cell["source"]).replace("n_prompts = 6", "n_prompts = 9").replace("eps = 3.0", "eps = 1.5")
+    _notebook_with_parameters(tmp_path, "edited", changed)
+    _notebook_with_parameters(tmp_path, "extra", changed + "\nsurprise = 1\n")
+    monkeypatch.setattr(runs, "NOTEBOOKS", tmp_path)
+
+    edited = dataclasses.dataclass(frozen=True)(runs.parameters_from_notebook(
+        type("Edited", (runs.MovingSinksRun,), {"NOTEBOOK": "edited", "__module__": runs.__name__})))()
+    assert (edited.n_prompts, edited.eps) == (9, 1.5)  # n_prompts is inherited from TracesRun, eps its own
+    with pytest.raises(TypeError, match=r"parameters without a type \['surprise'\], types without a parameter \[\]"):
+        runs.parameters_from_notebook(type("Extra", (runs.MovingSinksRun,), {"NOTEBOOK": "extra"}))
+
+
 @pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
 def test_notebooks_are_thin(path):
     assert _code_lines(path) <= 25
 
 
 def test_unknown_keys_are_refused_with_a_hint_and_a_namespace_gives_the_config():
-    with pytest.raises(ValueError, match=r"parameter 'n_prompt' is not allowed: TracesRun has no such field \(did you mean 'n_prompts'\?\)"):
+    with pytest.raises(ValueError, match=r"parameter 'n_prompt' is not allowed: TracesRun has no such field "
+                                         r"\(did you mean 'n_prompts'\?\)"):
         runs.TracesRun.check_keys({"n_prompt": 3})
     namespace = {f.name: getattr(runs.MovingSinksRun(), f.name) for f in dataclasses.fields(runs.MovingSinksRun)}
     namespace.update(eps=1.5, unrelated=object())

@@ -229,7 +229,8 @@ def _run_as(user: str, program: str | dict, limits: SandboxLimits = FAST):
         pytest.skip("no Python the unprivileged user can run (or no setpriv) on this machine")
     code = ("import dataclasses, importlib.util, json, sys\n"
             "spec = importlib.util.spec_from_file_location('sandbox_as_nobody', sys.argv[1])\n"
-            "sandbox = importlib.util.module_from_spec(spec); sys.modules[spec.name] = sandbox; spec.loader.exec_module(sandbox)\n"
+            "sandbox = importlib.util.module_from_spec(spec); sys.modules[spec.name] = sandbox; "
+            "spec.loader.exec_module(sandbox)\n"
             "request = json.loads(sys.stdin.read())\n"
             "limits = sandbox.SandboxLimits(**request['limits'])\n"
             "job = request['program']\n"

@@ -8,7 +8,6 @@ import pandas as pd
 import pytest
 import torch
 
-from sinklib import reproduce
 from sinklib.agreement import NEAR_TIE
 from sinklib.evaluation.table1 import MaskingTable
 from sinklib.summary import FOOTNOTE, Summary, caption, near_tie_models, significant
@@ -82,6 +81,9 @@ def _widget(text):
 
 
 def test_progress_bars_are_told_from_other_outputs():
+    pytest.importorskip("papermill")  # sinklib.reproduce belongs to the notebooks (their extra)
+    from sinklib import reproduce
+
     assert reproduce.is_progress_bar(_widget("traces tiny-llada:   0%|          | 0/6 [00:00<?, ?it/s]"))
     assert reproduce.is_progress_bar({"output_type": "stream", "name": "stderr",
                                       "text": "Loading weights: 100%|██████████| 38/38 [00:00<00:00, 4214.15it/s]\n"})

@@ -79,8 +79,10 @@ def test_to_frame_is_tidy(trace):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(steps=8, gen_length=10, block_length=4), r"gen_length=10 is not allowed: gen_length must be a multiple of block_length=4"),
-    (dict(steps=6, gen_length=8, block_length=2), r"steps=6 is not allowed: steps must be a multiple of the number of blocks \(4"),
+    (dict(steps=8, gen_length=10, block_length=4),
+     r"gen_length=10 is not allowed: gen_length must be a multiple of block_length=4"),
+    (dict(steps=6, gen_length=8, block_length=2),
+     r"steps=6 is not allowed: steps must be a multiple of the number of blocks \(4"),
     (dict(steps=0, gen_length=8), r"steps=0 is not allowed"),
     (dict(steps=8, gen_length=8, temperature=-1.0), r"temperature=-1.0 is not allowed"),
     (dict(steps=8, gen_length=60), r"gen_length=60 is not allowed: gen_length must be at most 58"),
@@ -144,7 +146,8 @@ def test_local_folder_loads_like_a_hub_id_and_remote_code_needs_consent(tmp_path
     assert loaded.family.name == "llada" and loaded.model.config._attn_implementation == "sdpa"
     remote = tmp_path / "remote"
     remote.mkdir()
-    (remote / "config.json").write_text(json.dumps({"model_type": "llada", "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig"}}))
+    (remote / "config.json").write_text(json.dumps({"model_type": "llada",
+                                                    "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig"}}))
     with pytest.raises(ValueError, match=r"pass trust_remote_code=True to sinklib.load if you trust it"):
         sinklib.load(str(remote))
 
@@ -215,7 +218,7 @@ def test_capture_without_kept_steps_still_counts_steps_and_feeds_the_interventio
     assert all(torch.equal(a, b) for a, b in zip(outputs[True], outputs[False]))
     assert not torch.equal(outputs[False][0], outputs[False][1]), "step 1 on must differ: its top sink is masked"
     with pytest.raises(ValueError, match=r"keep_steps=False: it kept no per-step scores"):
-        rec.scores
+        _ = rec.scores
 
 
 def test_every_changed_byte_of_a_saved_trace_is_caught(trace, tmp_path):

@@ -8,11 +8,11 @@ import torch
 import sinklib
 from sinklib.zoo import NAMES, ZOO_DIR
 from sinklib.zoo.data import held_out, problems, read_jsonl
-from sinklib.zoo.evaluate import accuracy, extract_answer
+from sinklib.zoo.evaluate import accuracy
 from sinklib.zoo.tokenizer import build_tokenizer
 from sinklib.zoo.train import train
 
-THRESHOLDS = {"tiny-llada": 0.85, "tiny-dream": 0.85, "tiny-arm": 0.95}  # issue 4's bar
+THRESHOLDS = {"tiny-llada": 0.85, "tiny-dream": 0.85, "tiny-arm": 0.95}  # the accuracy each was trained to reach
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -23,7 +23,7 @@ def zoo_model(request):
 @pytest.fixture(scope="module")
 def held_out_accuracy(zoo_model):
     name, loaded = zoo_model
-    return name, accuracy(loaded, held_out()[:100], progress=False)
+    return name, accuracy(loaded, 100, progress=False)
 
 
 def test_held_out_accuracy_meets_the_bar(held_out_accuracy):
@@ -90,7 +90,3 @@ def test_tokenizer_keeps_numbers_whole_and_round_trips():
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
-@pytest.mark.parametrize("text, answer", [("5 + 3 = 8 #### 8", 8), ("#### -4 [EOS]", -4), ("5 + 3 = 8", None),
-                                          ("#### ####", None), ("", None), ("#### 12 #### 13", 12)])
-def test_answer_extraction(text, answer):
-    assert extract_answer(text) == answer
