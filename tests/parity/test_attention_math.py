@@ -135,6 +135,30 @@ def test_column_sums_from_the_transposed_log_sum_exp_match_float64(kind, monkeyp
     assert torch.equal(stats.key_valid, slow.key_valid) and torch.equal(stats.query_count, slow.query_count)
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("kind", list(_key_only_masks()))
+@pytest.mark.parametrize("logit_size", [1.0, 10.0], ids=["in range", "logits above 80: the fused route"])
+def test_column_sums_by_blocks_of_rows_match_float64(kind, kv_heads, logit_size, monkeypatch):
+    """From BLOCKWISE_ROUTE_MIN_QUERIES rows on, the column sums come from blocks of rows (q·kᵀ, exp and a weighted
+    row sum), grouped KV heads uncopied; where an lse leaves float32's safe range the fused route takes over."""
+    import sinklib.attention_math as math_module
+
+    seq = 600  # above the threshold, not a multiple of the block
+    q, k, v = _inputs(seq=seq)
+    q = q * logit_size
+    k, v = k[:, :kv_heads], v[:, :kv_heads]
+    mask, causal = _key_only_masks(seq)[kind]
+    fused = sdpa_with_lse(q, k, v, mask, 0.0, causal, None, kv_heads != 4, {})
+    routes = []
+    original = math_module._column_sums_by_blocks
+    monkeypatch.setattr(math_module, "_column_sums_by_blocks", lambda *a: routes.append(original(*a)) or routes[-1])
+    monkeypatch.setattr(math_module, "TRANSPOSED_ROUTE_MIN_ELEMENTS", 0)
+    stats = attention_statistics(q, k, mask, causal, lse=fused[1], want_last_row=True)
+    assert len(routes) == 1 and (routes[0] is None) == (logit_size > 1), "the route the lse range calls for"
+    reference = reference_scores(q, k.repeat_interleave(4 // kv_heads, 1), mask, causal)
+    assert ((stats.scores.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", ["none", "causal", "bool"])
