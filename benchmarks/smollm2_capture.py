@@ -10,8 +10,8 @@ Per length S, one forward of a prompt of S tokens, median of interleaved rounds:
 - masking: capture with SmolLM2's sink, position 0, masked in every layer and head (MaskKeys: what a step of the
   paper's policy does once it has found the sink, here from the first forward on);
 - floor: plain + the least an exact column sum beside the model's attention must compute in each of its 30 layers,
-  q·kᵀ, exp and the column sum over every causal (query, key) pair (query blocks of 32–256 rows, the fastest here, each against the keys
-  it may see), timed on the same shapes. capture ÷ plain cannot go below floor ÷ plain by any route that
+  q·kᵀ, exp and the column sum over every causal (query, key) pair (query blocks of 32–256 rows, the fastest here,
+  each against the keys it may see), timed on the same shapes. capture ÷ plain cannot go below floor ÷ plain by any route that
   recomputes exactly.
 Then generation: 64 new tokens, greedy, sinklib.generate traced (capture on) against the same sampler with the
 capture off; the tokens must be the same.
@@ -52,8 +52,8 @@ def column_sum_floor(heads: int, seq: int, head_dim: int, block: int):
         scores.zero_()
         for start in range(0, seq, block):
             stop = min(start + block, seq)
-            block = torch.matmul(q[:, :, start:stop], k[:, :, :stop].transpose(-1, -2)).exp_()
-            scores[..., :stop] += block.sum(-2)
+            probs = torch.matmul(q[:, :, start:stop], k[:, :, :stop].transpose(-1, -2)).exp_()
+            scores[..., :stop] += probs.sum(-2)
     return run
 
 
