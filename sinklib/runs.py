@@ -58,10 +58,12 @@ class RunConfig:
 
     @classmethod
     def parameter_names(cls) -> list[str]:
+        """The notebook's parameter names: this config's fields, in declaration order."""
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
     def check_keys(cls, given: Mapping[str, Any]) -> None:
+        """Refuse (ValueError, with "did you mean") any key of `given` that is not one of this config's parameters."""
         names = cls.parameter_names()
         for key in given:
             if key not in names:
@@ -119,6 +121,7 @@ class TracesRun(RunConfig):
     progress: bool
 
     def check(self) -> None:
+        """Cross-field rules, run when the config is made: at least one model, and gen_length a multiple of block_length."""
         if not self.models:
             raise ValueError("models=[] is not allowed: models must be a non-empty list of model names")
         _check_layout(self)
@@ -144,6 +147,7 @@ class MovingSinksRun(TracesRun):
 
     @property
     def rule(self) -> SinkRule:
+        """The sink rule (Eq. 3) with this run's eps, in sum units."""
         return SinkRule(self.eps)
 
 
@@ -156,6 +160,7 @@ class ThresholdSweepRun(TracesRun):
     eps_values: list[NonNegative]
 
     def check(self) -> None:
+        """TracesRun's rules, and at least one eps value."""
         super().check()
         if not self.eps_values:
             raise ValueError("eps_values=[] is not allowed: eps_values must be a non-empty list of numbers >= 0")
@@ -189,6 +194,8 @@ class MaskingRun(RunConfig):
     progress: bool
 
     def check(self) -> None:
+        """Cross-field rules, run when the config is made: at least one model, at least one k, and gen_length a
+        multiple of block_length."""
         if not self.models:
             raise ValueError("models=[] is not allowed: models must be a non-empty list of model names")
         if not self.ks:
@@ -215,6 +222,7 @@ class ExplorerRun(RunConfig):
     figures_dir: str
 
     def check(self) -> None:
+        """Cross-field rules, run when the config is made: at least one model, and gen_length a multiple of block_length."""
         if not self.models:
             raise ValueError("models=[] is not allowed: models must be a non-empty list of model names")
         _check_layout(self)

@@ -20,11 +20,13 @@ def normalise_number(text: str) -> str | None:
 
 
 def strict_answer(text: str) -> str | None:
+    """The normalised number after the first "#### " in `text`, or None when there is no such match."""
     match = STRICT.search(text)
     return normalise_number(match.group(1)) if match else None
 
 
 def flexible_answer(text: str) -> str | None:
+    """The last number in `text` that normalises (see normalise_number), or None when there is none."""
     for groups in reversed(FLEXIBLE.findall(text)):
         value = normalise_number(groups[0] or groups[1])
         if value is not None:

@@ -153,26 +153,32 @@ class SinklibLM(LM):
         return {**self.settings, **fitted}
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
+        """Not supported: always raises NotImplementedError (a masked diffusion model has no left-to-right likelihood)."""
         raise NotImplementedError("the sinklib lm-eval model runs generate_until tasks only: a masked diffusion model "
                                   "has no left-to-right log-likelihood (use a generation task such as gsm8k)")
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        """Not supported: raises NotImplementedError, as loglikelihood does."""
         self.loglikelihood(requests)
 
     # -- chat templates (lm-eval applies them with --apply_chat_template) ---------------------------------
     @property
     def tokenizer_name(self) -> str:
+        """The tokenizer's name_or_path (else the model's name) with "/" as "__": lm-eval's request-cache key."""
         return getattr(self.loaded.tokenizer, "name_or_path", self.loaded.name).replace("/", "__")
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The tokenizer's own chat template, or "" when it has none; the argument is ignored (lm-eval logs the result)."""
         return getattr(self.loaded.tokenizer, "chat_template", None) or ""
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The chat history rendered as prompt text (not token ids) by the tokenizer's chat template."""
         return self.loaded.tokenizer.apply_chat_template(chat_history, tokenize=False,
                                                          add_generation_prompt=add_generation_prompt)
 
     # -- data parallel: lm-eval shards requests by rank and gathers through these -----------------------
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` from every rank, in rank order: stacked when 0-d, else concatenated on dim 0; itself on one process."""
         if self.world_size == 1:
             return tensor
         parts = [torch.zeros_like(tensor) for _ in range(self.world_size)]
@@ -180,6 +186,7 @@ class SinklibLM(LM):
         return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
 
     def gather_object(self, obj, dst: int = 0):
+        """Every rank's `obj` as a list on rank `dst` (None on the others); `[obj]` on one process."""
         if self.world_size == 1:
             return [obj]
         gathered = [None] * self.world_size if self.rank == dst else None
@@ -187,6 +194,7 @@ class SinklibLM(LM):
         return gathered
 
     def barrier(self) -> None:
+        """Wait for every rank (torch.distributed's barrier); nothing on one process."""
         if self.world_size > 1:
             torch.distributed.barrier()
 

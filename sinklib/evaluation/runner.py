@@ -31,6 +31,8 @@ from sinklib.loading import LoadedModel, load
 
 @dataclass
 class EvalSummary:
+    """One run's result: accuracy over its n samples (strict scoring, as a fraction), its binomial standard error,
+    the flexible-scoring accuracy, and the per-sample records in task order."""
     task: str
     n: int
     accuracy: float
@@ -59,6 +61,7 @@ def model_fingerprint(model: LoadedModel) -> str:
 
 
 def config_hash(config: dict[str, Any]) -> str:
+    """The first 16 hex digits of the SHA-256 of `config` as key-sorted JSON (non-JSON values as their str)."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -78,6 +81,7 @@ def run_config(model: LoadedModel, task: str, intervention, limit: int | None, s
 
 
 def provenance_path(out: Path) -> Path:
+    """The provenance file beside a results file: `out`'s name with ".provenance.json" appended."""
     return out.with_name(out.name + ".provenance.json")
 
 

@@ -43,9 +43,11 @@ class MaskingTable:
         return wide.loc[list(dict.fromkeys(labels["model"])), order]
 
     def to_markdown(self) -> str:
+        """The wide table (models × conditions) as a Markdown table."""
         return self.wide().to_markdown()
 
     def to_latex(self) -> str:
+        """The wide table (models × conditions) as a LaTeX tabular."""
         return self.wide().to_latex()
 
     def figure(self):

@@ -37,6 +37,9 @@ class Canvas:
 
 @dataclass(frozen=True)
 class Family:
+    """A model family, as the registry holds it: its sampler and settings dataclass, presets, the mask id used when
+    the tokenizer has none (default_mask_id, diffusion families), settings defaults of its own (extra, applied when
+    not given) and how its remote code is called. Subclasses set `kind` and how canvases become traces."""
     name: str
     sample: Callable[..., list[torch.Tensor]]
     settings: type  # a frozen dataclass with validate(); its fields are this family's option names
@@ -61,6 +64,7 @@ class Family:
         return dict(self.presets[context])
 
     def option_names(self) -> list[str]:
+        """The field names of this family's settings dataclass, in declaration order (special ids included)."""
         return [f.name for f in dataclasses.fields(self.settings)]
 
     def declared_by(self, config_text: str) -> bool:
@@ -89,9 +93,12 @@ class Family:
     uses_cache: ClassVar[bool] = False
 
     def n_forwards(self, settings) -> int:
+        """How many model forwards a run with these (validated) settings makes."""
         raise NotImplementedError
 
     def layout(self, canvases: list[torch.Tensor], prompt_lengths: list[int], settings, mask_id, pad_id) -> Canvas:
+        """The sampler's canvases (each [batch, width_t], the one before each forward and the final one) as a Canvas
+        of one width, with each row's left padding worked out from `prompt_lengths`."""
         raise NotImplementedError
 
     def extent(self, tokens: torch.Tensor, prompt_len: int, forwards: int, eos_ids) -> tuple[int, int]:
@@ -108,14 +115,18 @@ class DiffusionFamily(Family):
     kind: ClassVar[str] = "diffusion"
 
     def n_forwards(self, settings) -> int:
+        """One forward per denoising step: settings.steps."""
         return settings.steps
 
     def layout(self, canvases, prompt_lengths, settings, mask_id, pad_id) -> Canvas:
+        """The canvases stacked (all share one width); a position is masked where it holds `mask_id` before the
+        forward, and a row's left padding is the width less gen_length and its prompt length."""
         tokens = torch.stack(canvases).cpu()
         padding = tokens.shape[-1] - settings.gen_length - torch.tensor(prompt_lengths)
         return Canvas(tokens, tokens[:-1] == mask_id, padding)
 
     def extent(self, tokens, prompt_len, forwards, eos_ids) -> tuple[int, int]:
+        """Every position and every step: the whole canvas is generated at once, end tokens included."""
         return tokens.shape[1], forwards
 
 
@@ -126,6 +137,8 @@ class AutoregressiveFamily(Family):
     uses_cache: ClassVar[bool] = True
 
     def matches_native(self, config: Any) -> bool:
+        """True for a causal decoder config (a *ForCausalLM architecture, is_decoder, or a Llama, Qwen2, Mistral or
+        Gemma model type) unless it declares itself not causal (is_causal=False or bidirectional attention)."""
         model_type = str(getattr(config, "model_type", "")).lower()
         architectures = " ".join(getattr(config, "architectures", None) or []).lower()
         if getattr(config, "is_causal", True) is False or getattr(config, "use_bidirectional_attention", False):
@@ -134,9 +147,13 @@ class AutoregressiveFamily(Family):
             model_type in ("llama", "qwen2", "mistral", "gemma")
 
     def n_forwards(self, settings) -> int:
+        """One forward per generated token: settings.gen_length."""
         return settings.gen_length
 
     def layout(self, canvases, prompt_lengths, settings, mask_id, pad_id) -> Canvas:
+        """The growing canvases right-padded with `pad_id` to the final width and stacked; positions at or past a
+        forward's canvas length (not yet generated) are masked; left padding is the first canvas's width less each
+        prompt length."""
         width = canvases[-1].shape[1]
         tokens = torch.stack([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad_id) for c in canvases]).cpu()
         lengths = torch.tensor([c.shape[1] for c in canvases])
@@ -145,11 +162,14 @@ class AutoregressiveFamily(Family):
         return Canvas(tokens, is_masked, canvases[0].shape[1] - torch.tensor(prompt_lengths))
 
     def extent(self, tokens, prompt_len, forwards, eos_ids) -> tuple[int, int]:
+        """Positions up to and including the first end token after the prompt in the final canvas (all when there is
+        none), and the forwards that produced them."""
         final = tokens[-1]
         keep = next((p + 1 for p in range(prompt_len, final.shape[0]) if int(final[p]) in eos_ids), final.shape[0])
         return keep, min(forwards, keep - prompt_len)
 
     def replay_canvas(self, tokens, is_masked) -> torch.Tensor:
+        """The tokens that existed at that step (the not-masked ones): prompt and tokens generated so far, [seq]."""
         return tokens[~is_masked]
 
 
@@ -188,10 +208,12 @@ def register_family(name: str, target: "str | Family", *, replace: bool = False)
 
 
 def family_names() -> list[str]:
+    """The registered family names, sorted."""
     return FAMILIES.names()
 
 
 def get_family(name: str) -> Family:
+    """The family registered as `name` (imported on first use); an unknown name is refused with "did you mean"."""
     return FAMILIES.get(name)
 
 

@@ -18,6 +18,8 @@ MAX_NUMBER = 200  # every number token the data can produce is below this
 
 @dataclass(frozen=True)
 class Problem:
+    """One arithmetic word problem: the prompt, its worked answer, the integer answer and the template that made it
+    ("add", "subtract", "multiply", "together" or "two_step")."""
     question: str  # "Q: … A:" — the prompt
     work: str  # the worked answer, e.g. "5 + 3 = 8"
     answer: int
@@ -25,10 +27,12 @@ class Problem:
 
     @property
     def response(self) -> str:
+        """The target answer text: the worked answer then "#### N"."""
         return f"{self.work} #### {self.answer}"
 
     @property
     def text(self) -> str:
+        """The whole training text: the question followed by its response."""
         return f"{self.question} {self.response}"
 
 
@@ -73,6 +77,7 @@ def _core(rng: random.Random) -> tuple[list[str], str, str, int, set[str]]:
 
 
 def make_problem(rng: random.Random) -> Problem:
+    """One problem drawn from `rng`: a random template, with zero to three distractor sentences inserted among its facts."""
     sentences, work, kind, answer, used = _core(rng)
     question, facts = sentences[-1], sentences[:-1]
     for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
@@ -100,6 +105,7 @@ def held_out(n: int = 600, seed: int = 1234) -> list[Problem]:
 
 
 def write_jsonl(items: list[Problem], path: Path) -> None:
+    """Write the problems to `path` (parent folders made), one JSON object a line with an id "arith-NNNN" by position."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as handle:
         for index, problem in enumerate(items):
@@ -107,6 +113,7 @@ def write_jsonl(items: list[Problem], path: Path) -> None:
 
 
 def read_jsonl(path: Path) -> list[Problem]:
+    """The problems of a JSONL file as write_jsonl writes it (ids and other extra keys ignored; blank lines skipped)."""
     with Path(path).open() as handle:
         rows = [json.loads(line) for line in handle if line.strip()]
     return [Problem(r["question"], r["work"], r["answer"], r["template"]) for r in rows]

@@ -1,4 +1,4 @@
-"""The recompute from the fused kernel's log-sum-exp (issue 16): same output bits as F.scaled_dot_product_attention,
+"""The recompute from the fused kernel's log-sum-exp: same output bits as F.scaled_dot_product_attention,
 probabilities exp(q·k·scale − lse) equal to an independent float32 softmax."""
 import math
 

