@@ -15,11 +15,13 @@ CPU_CHUNK_ELEMENTS = 1 << 19
 # call; above it, the fused call's blockwise pass wins (measured on 2 CPU cores, head dims 32 and 64: crossover at
 # S ≈ 300–500 with 8–9 heads; benchmarks/capture_routes.py). Causal calls take the fused route at any size.
 TRANSPOSED_ROUTE_MIN_ELEMENTS = 1 << 21
-# From this many query rows, the column sums Σ_i exp(q_i·k_j·scale)·exp(−lse_i) are cheaper as blocks of 64 rows —
-# q·kᵀ, exp and one weighted row sum (a matrix-vector product) per block, in cache — than as the second fused call,
-# which also multiplies by its values (measured on 2 CPU cores, 9 heads over 3 KV heads, head dim 64, causal:
-# 20 % faster at S = 512–2048, even at 256; benchmarks/smollm2_capture.py).
+# For causal calls from this many query rows and this head size, the column sums Σ_i exp(q_i·k_j·scale)·exp(−lse_i)
+# are cheaper as blocks of 64 rows — q·kᵀ, exp and one weighted row sum per block, in cache, the causal half only —
+# than as the second fused call, which also multiplies by its values. Measured on 2 CPU cores at S = 512–2048: head
+# dim 64 (SmolLM2's 9 heads over 3 KV heads) 15–25 % faster, head dim 128 (32 heads) 1.6–2× faster; head dim 32
+# no faster; bidirectional calls, whose blocks span every key, no faster at any of these sizes.
 BLOCKWISE_ROUTE_MIN_QUERIES = 512
+BLOCKWISE_ROUTE_MIN_HEAD_DIM = 64
 BLOCKWISE_ROWS = 64
 # exp(logit) and exp(−lse) both stay normal float32 numbers while every finite lse is inside this range (a logit is
 # never above its row's lse); a row outside it sends the call to the fused route.
@@ -248,7 +250,8 @@ def _statistics_by_transposed_lse(q, k, mask, is_causal: bool, scale: float, lse
     n_keys = k.shape[-2]
     keys = repeat_heads(k, heads).float()
     queries = q.float()
-    sums = _column_sums_by_blocks(q, k, lse, is_causal, scale) if n_queries >= BLOCKWISE_ROUTE_MIN_QUERIES else None
+    blockwise = is_causal and n_queries >= BLOCKWISE_ROUTE_MIN_QUERIES and q.shape[-1] >= BLOCKWISE_ROUTE_MIN_HEAD_DIM
+    sums = _column_sums_by_blocks(q, k, lse, is_causal, scale) if blockwise else None
     column_lse = _column_log_sum_exp(keys, queries, lse.float(), is_causal, scale) if sums is None else None
     if mask is None:
         scores = column_lse.exp() if sums is None else sums

@@ -136,26 +136,25 @@ def test_column_sums_from_the_transposed_log_sum_exp_match_float64(kind, monkeyp
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
-@pytest.mark.parametrize("kind", list(_key_only_masks()))
 @pytest.mark.parametrize("logit_size", [1.0, 10.0], ids=["in range", "logits above 80: the fused route"])
-def test_column_sums_by_blocks_of_rows_match_float64(kind, kv_heads, logit_size, monkeypatch):
-    """From BLOCKWISE_ROUTE_MIN_QUERIES rows on, the column sums come from blocks of rows (q·kᵀ, exp and a weighted
-    row sum), grouped KV heads uncopied; where an lse leaves float32's safe range the fused route takes over."""
+def test_causal_column_sums_by_blocks_of_rows_match_float64(kv_heads, logit_size, monkeypatch):
+    """A causal call from BLOCKWISE_ROUTE_MIN_QUERIES rows (head dim ≥ 64) takes its column sums from blocks of
+    rows (q·kᵀ, exp and a weighted row sum), grouped KV heads uncopied; where an lse leaves float32's safe range
+    the fused route takes over. (Key masks on this route: the masked causal route's test at S = 600.)"""
     import sinklib.attention_math as math_module
 
     seq = 600  # above the threshold, not a multiple of the block
-    q, k, v = _inputs(seq=seq)
+    q, k, v = _inputs(seq=seq, dim=64)
     q = q * logit_size
     k, v = k[:, :kv_heads], v[:, :kv_heads]
-    mask, causal = _key_only_masks(seq)[kind]
-    fused = sdpa_with_lse(q, k, v, mask, 0.0, causal, None, kv_heads != 4, {})
+    mask = None
+    fused = sdpa_with_lse(q, k, v, mask, 0.0, True, None, kv_heads != 4, {})
     routes = []
     original = math_module._column_sums_by_blocks
     monkeypatch.setattr(math_module, "_column_sums_by_blocks", lambda *a: routes.append(original(*a)) or routes[-1])
-    monkeypatch.setattr(math_module, "TRANSPOSED_ROUTE_MIN_ELEMENTS", 0)
-    stats = attention_statistics(q, k, mask, causal, lse=fused[1], want_last_row=True)
+    stats = attention_statistics(q, k, mask, True, lse=fused[1], want_last_row=True)
     assert len(routes) == 1 and (routes[0] is None) == (logit_size > 1), "the route the lse range calls for"
-    reference = reference_scores(q, k.repeat_interleave(4 // kv_heads, 1), mask, causal)
+    reference = reference_scores(q, k.repeat_interleave(4 // kv_heads, 1), mask, True)
     assert ((stats.scores.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
 
 
@@ -171,16 +170,17 @@ def test_on_a_gpu_bfloat16_scores_from_the_tf32_recompute_stay_within_1e_5_of_fl
     assert ((got.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
 
 
+@pytest.mark.parametrize("seq", [160, 600], ids=["the fused route", "column sums by blocks"])
 @pytest.mark.parametrize("kv_heads", [9, 3])
 @pytest.mark.parametrize("masked_prefix", [0, 3])
-def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_heads, masked_prefix):
+def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_heads, masked_prefix, seq):
     """Masked causal attention from the fused kernel with one additive key row: output, column sums and the last
     row against a float64 softmax under the full mask mask_keys builds — rows whose every visible key is masked
     (a head's prefix before its first unmasked key) keep their own row, as mask_keys says."""
     from sinklib.attention_math import mask_keys, masked_causal_route
 
     g = torch.Generator().manual_seed(3)
-    batch, heads, seq, dim = 2, 9, 160, 64
+    batch, heads, dim = 2, 9, 64
     q, k, v = (torch.randn(batch, h, seq, dim, generator=g) for h in (heads, kv_heads, kv_heads))
     key_mask = torch.zeros(batch, heads, seq, dtype=torch.bool)
     key_mask[:, :, 5] = True
