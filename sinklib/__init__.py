@@ -16,9 +16,8 @@ from sinklib.sinks import (
     uniform_scores,
 )
 from sinklib.trace import Trace
-from sinklib.evaluation import evaluate  # noqa: E402  (after the names the runner uses)
-
-from sinklib._version import __version__  # noqa: E402, F401  (sinklib.__version__)
+from sinklib.evaluation import evaluate
+from sinklib._version import __version__  # noqa: F401  (sinklib.__version__)
 
 __all__ = [
     "AttentionCall", "AttentionLayer", "CaptureError", "Intervention", "MaskKeys", "MaskRandomKeys", "MaskSinks",

@@ -23,8 +23,9 @@ TRANSPOSED_ROUTE_MIN_ELEMENTS = 1 << 21
 BLOCKWISE_ROUTE_MIN_QUERIES = 512
 BLOCKWISE_ROUTE_MIN_HEAD_DIM = 64
 BLOCKWISE_ROWS = 64
-# exp(logit) and exp(−lse) both stay normal float32 numbers while every finite lse is inside this range (a logit is
-# never above its row's lse); a row outside it sends the call to the fused route.
+# exp(logit) and exp(−lse) of every pair a row may attend to stay normal float32 numbers while each finite lse is
+# inside this range (such a logit is never above its row's lse); a row outside it sends the call to the fused route.
+# A masked or future key's exp may overflow to inf: it is zeroed by masked_fill_ / torch.where, never multiplied.
 _BLOCKWISE_LSE_RANGE = (-60.0, 80.0)
 
 
@@ -238,7 +239,8 @@ class _tf32_matmul:
 
 def _statistics_by_transposed_lse(q, k, mask, is_causal: bool, scale: float, lse: torch.Tensor,
                                   want_last_row: bool) -> AttentionStats:
-    """Column sums from a second fused call instead of an S×S recompute.
+    """Column sums from the kernel's log-sum-exp instead of an S×S recompute: by blocks of rows for a long causal
+    call with head dim ≥ 64 (_column_sums_by_blocks), else from a second fused call.
 
     s_j = Σ_i exp(scale·q_i·k_j − lse_i) is, read the other way, the exp of the log-sum-exp of an attention whose
     queries are the keys k_j and whose keys are the queries q_i, each with the additive bias −lse_i: a mask that is
@@ -248,10 +250,10 @@ def _statistics_by_transposed_lse(q, k, mask, is_causal: bool, scale: float, lse
     key gets 0)."""
     batch, heads, n_queries, _ = q.shape
     n_keys = k.shape[-2]
-    keys = repeat_heads(k, heads).float()
     queries = q.float()
     blockwise = is_causal and n_queries >= BLOCKWISE_ROUTE_MIN_QUERIES and q.shape[-1] >= BLOCKWISE_ROUTE_MIN_HEAD_DIM
-    sums = _column_sums_by_blocks(q, k, lse, is_causal, scale) if blockwise else None
+    sums = _column_sums_by_blocks(q, k, lse, scale) if blockwise else None
+    keys = repeat_heads(k, heads).float() if sums is None else None  # the block route stacks grouped heads instead
     column_lse = _column_log_sum_exp(keys, queries, lse.float(), is_causal, scale) if sums is None else None
     if mask is None:
         scores = column_lse.exp() if sums is None else sums
@@ -268,7 +270,8 @@ def _statistics_by_transposed_lse(q, k, mask, is_causal: bool, scale: float, lse
     query_count = torch.full((batch,), float(n_queries), device=q.device)
     last_row = None
     if want_last_row:  # causal with as many queries as keys: the last row sees every key
-        logits = torch.matmul(queries[:, :, -1:] * scale, keys.transpose(-1, -2))
+        logits = torch.matmul(queries[:, :, -1:] * scale, keys.transpose(-1, -2)) if keys is not None \
+            else _chunk_logits(q[:, :, -1:], k, scale)(0, 1)
         if mask is not None:
             logits = logits.masked_fill(~allowed_from_mask(mask)[:, :, -1:, :].expand_as(logits), float("-inf")) \
                 if mask.dtype == torch.bool else logits + mask[:, :, -1:, :].float()
@@ -276,18 +279,20 @@ def _statistics_by_transposed_lse(q, k, mask, is_causal: bool, scale: float, lse
     return AttentionStats(scores, query_count, key_valid, {}, last_row)
 
 
-def _column_sums_by_blocks(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, is_causal: bool,
-                           scale: float) -> torch.Tensor | None:
-    """[B, H, Sk] float32: s_j = Σ_i exp(scale·q_i·k_j)·exp(−lse_i), BLOCKWISE_ROWS query rows at a time (causal: each
-    block against the keys it may see, its own diagonal block masked); grouped KV heads are not copied (the rows of
-    the heads sharing a KV head are stacked against its keys). None where some lse leaves _BLOCKWISE_LSE_RANGE: a
-    +∞ lse (a row left out) weighs 0, a −∞ one (a row with no keys) or one out of range goes to the fused route."""
+def _column_sums_by_blocks(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """[B, H, S] float32 for square causal attention: s_j = Σ_i exp(scale·q_i·k_j)·exp(−lse_i), BLOCKWISE_ROWS query
+    rows at a time, each block against the keys it may see, its diagonal block masked; grouped KV heads are not
+    copied (the rows of the heads sharing a KV head are stacked against its keys). None where some lse leaves
+    _BLOCKWISE_LSE_RANGE: a +∞ lse (a row left out) weighs 0; a −∞ one (a row with no keys) or one out of range
+    goes to the fused route."""
     finite = lse[torch.isfinite(lse)]
     low, high = _BLOCKWISE_LSE_RANGE
     if bool((lse == float("-inf")).any()) or (finite.numel() and (float(finite.min()) <= low or float(finite.max()) >= high)):
         return None
     batch, heads, n_queries, dim = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[-2]
+    if n_keys != n_queries:
+        raise ValueError(f"the block route is for square causal attention; got {n_queries} queries, {n_keys} keys")
     groups = heads // kv_heads
     rows_scaled = (q.float() * scale).reshape(batch, kv_heads, groups, n_queries, dim)
     keys_t = k.float().transpose(-1, -2)
@@ -296,11 +301,10 @@ def _column_sums_by_blocks(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, 
     hidden = torch.ones(BLOCKWISE_ROWS, BLOCKWISE_ROWS, dtype=torch.bool, device=q.device).triu_(1)
     for start in range(0, n_queries, BLOCKWISE_ROWS):
         stop = min(start + BLOCKWISE_ROWS, n_queries)
-        rows, end = stop - start, stop if is_causal else n_keys
+        rows, end = stop - start, stop
         block_rows = rows_scaled[:, :, :, start:stop].reshape(batch, kv_heads, groups * rows, dim)
         block = torch.matmul(block_rows, keys_t[..., :end]).exp_().view(batch * heads, rows, end)
-        if is_causal:  # square causal: the diagonal block's keys after each row are hidden from it
-            block[:, :, start:stop].masked_fill_(hidden[:rows, :rows], 0.0)
+        block[:, :, start:stop].masked_fill_(hidden[:rows, :rows], 0.0)  # keys after each row are hidden from it
         sums[:, :, :end] += torch.bmm(weights[:, :, start:stop], block)  # 2× faster than baddbmm_ into the slice
     return sums.view(batch, heads, n_keys)
 
@@ -434,7 +438,7 @@ def _restore_dead_rows(q, key, value, fused, first_live: torch.Tensor, scale: fl
     prefix_output, prefix_lse = sdpa_with_lse(q[:, :, :rows], key[:, :, :rows], value[:, :, :rows], None, 0.0, True,
                                               scale, enable_gqa, {})
     dead = torch.arange(rows, device=q.device)[None, None, :] < first_live[:, :, None]
-    # the fused call's own fresh tensors: written in place, no copy of the whole output
+    output, lse = output.clone(), lse.clone()  # not in place: the kernel's backward keeps its own output and lse
     output[:, :, :rows] = torch.where(dead[..., None], prefix_output, output[:, :, :rows])
     lse[:, :, :rows] = torch.where(dead, prefix_lse, lse[:, :, :rows])
     return output, lse, dead

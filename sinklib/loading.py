@@ -65,6 +65,8 @@ class LoadedModel:
         `task` where it has one and the model is not of the zoo (Table 1 on a real checkpoint), else a named
         laptop model's own, the zoo's, or the paper's; steps / gen_length / block_length override by
         families.base.fit_layout's rule (a gen_length given alone keeps a valid block layout)."""
+        if task is not None and not isinstance(task, str):
+            raise bad_value("task", task, "a task name (str) or None")
         named_preset = named.NAMED_MODELS[self.name].sampling if self.name in named.NAMED_MODELS else None
         if task is not None and task not in ("paper", "zoo") and task in self.family.presets and not self.is_zoo:
             preset = self.family.preset(task)

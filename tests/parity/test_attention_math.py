@@ -158,6 +158,36 @@ def test_causal_column_sums_by_blocks_of_rows_match_float64(kv_heads, logit_size
     assert ((stats.scores.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
 
 
+def test_a_row_with_no_keys_sends_the_call_to_the_fused_route():
+    from sinklib.attention_math import _column_sums_by_blocks
+
+    q, k, _ = _inputs(seq=600, dim=64)
+    lse = torch.zeros(2, 4, 600)
+    assert _column_sums_by_blocks(q, k, lse, 0.125) is not None
+    lse[1, 2, 7] = float("-inf")
+    assert _column_sums_by_blocks(q, k, lse, 0.125) is None
+
+
+@pytest.mark.parametrize("seq", [160, 600])
+def test_gradients_flow_through_masking_keys_of_a_causal_call(seq):
+    """Capture under autograd: the masked route's output (dead rows restored) has the full-mask route's gradient."""
+    from sinklib.attention_math import mask_keys, masked_causal_route
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 3, seq, 64, generator=g, requires_grad=True) for _ in range(3))
+    key_mask = torch.zeros(1, 3, seq, dtype=torch.bool)
+    key_mask[:, :, 0] = True  # a first-token sink: row 0 is left with nothing and keeps its own row
+    output, _ = masked_causal_route(q, k, v, key_mask, None, False)
+    output.square().sum().backward()
+    routed = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    full = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_keys(None, True, key_mask, seq))
+    full.square().sum().backward()
+    for got, want in zip(routed, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", ["none", "causal", "bool"])
@@ -173,12 +203,16 @@ def test_on_a_gpu_bfloat16_scores_from_the_tf32_recompute_stay_within_1e_5_of_fl
 @pytest.mark.parametrize("seq", [160, 600], ids=["the fused route", "column sums by blocks"])
 @pytest.mark.parametrize("kv_heads", [9, 3])
 @pytest.mark.parametrize("masked_prefix", [0, 3])
-def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_heads, masked_prefix, seq):
+def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_heads, masked_prefix, seq, monkeypatch):
     """Masked causal attention from the fused kernel with one additive key row: output, column sums and the last
     row against a float64 softmax under the full mask mask_keys builds — rows whose every visible key is masked
     (a head's prefix before its first unmasked key) keep their own row, as mask_keys says."""
+    import sinklib.attention_math as math_module
     from sinklib.attention_math import mask_keys, masked_causal_route
 
+    routes = []
+    original = math_module._column_sums_by_blocks
+    monkeypatch.setattr(math_module, "_column_sums_by_blocks", lambda *a: routes.append(original(*a)) or routes[-1])
     g = torch.Generator().manual_seed(3)
     batch, heads, dim = 2, 9, 64
     q, k, v = (torch.randn(batch, h, seq, dim, generator=g) for h in (heads, kv_heads, kv_heads))
@@ -187,6 +221,7 @@ def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_he
     key_mask[0, 2, :masked_prefix] = True
     key_mask[1, :, 10:20] = True
     output, stats = masked_causal_route(q, k, v, key_mask, None, kv_heads != heads)
+    assert [r is not None for r in routes] == ([True] if seq >= math_module.BLOCKWISE_ROUTE_MIN_QUERIES else [])
     allowed = mask_keys(None, True, key_mask, seq)
     keys, values = (t.repeat_interleave(heads // kv_heads, 1).double() for t in (k, v))
     probs = (q.double() @ keys.transpose(-1, -2) / dim ** 0.5).masked_fill(~allowed, float("-inf")).softmax(-1)

