@@ -10,7 +10,8 @@ see `comparable_scores`.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import unicodedata
+from typing import Collection, Sequence
 
 import numpy as np
 import pandas as pd
@@ -143,9 +144,9 @@ def dynamics_summary(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def sink_token_frequency(traces: Sequence[Trace], eps: float = 3.0, top: int = 5) -> pd.DataFrame:
+def sink_token_frequency(traces: Sequence[Trace], eps: float = 3.0, top: int | None = 5) -> pd.DataFrame:
     """Relative frequency of the tokens detected as sinks, over every step, layer and head of every trace
-    (paper Table 2): columns token, count, share."""
+    (paper Table 2): columns token, count, share; the `top` most frequent (None: every token)."""
     counts: dict[str, int] = {}
     for trace in traces:
         sinks = sink_mask(trace, eps)
@@ -157,7 +158,33 @@ def sink_token_frequency(traces: Sequence[Trace], eps: float = 3.0, top: int = 5
     total = sum(counts.values())
     frame = pd.DataFrame(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])), columns=["token", "count"])
     frame["share"] = frame["count"] / total if total else 0.0
-    return frame.head(top).reset_index(drop=True)
+    return (frame if top is None else frame.head(top)).reset_index(drop=True)
+
+
+TOKEN_GROUPS = ("mask", "special", "punctuation", "content")
+
+
+def token_group(text: str, *, mask_token: str | None, special_tokens: Collection[str] = (),
+                markers: Collection[str] = ()) -> str:
+    """Which of TOKEN_GROUPS a token's text belongs to: the mask token; another special token; punctuation —
+    symbols, whitespace (byte-level "Ċ" newline, "Ġ" space) and the prompt format's own markers (`markers`, e.g. the
+    zoo's "Q:", "A:", "####"); or content, every other token (words, names, numbers)."""
+    if mask_token is not None and text == mask_token:
+        return "mask"
+    if text in special_tokens:
+        return "special"
+    if text in markers or all(char in "ĊĠ" or unicodedata.category(char)[0] in "PSZ" for char in text.strip()):
+        return "punctuation"
+    return "content"
+
+
+def sink_token_groups(frequency: pd.DataFrame, **group_options) -> dict[str, float]:
+    """Share of sink detections per token group (TOKEN_GROUPS, each present, summing to 1 when there are any) from
+    sink_token_frequency(..., top=None); group_options as token_group takes them."""
+    shares = dict.fromkeys(TOKEN_GROUPS, 0.0)
+    for text, share in zip(frequency["token"], frequency["share"]):
+        shares[token_group(text, **group_options)] += float(share)
+    return shares
 
 
 def main_sink_by_layer_head(trace: Trace) -> pd.DataFrame:

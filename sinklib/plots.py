@@ -216,3 +216,52 @@ def masking_plot(frame: pd.DataFrame, task: str) -> plt.Figure:
     ax.set_title("Masking the top-k sinks vs k random keys")
     ax.legend(fontsize=7)
     return fig
+
+
+GROUP_COLOURS = {"mask": PALETTE[3], "special": PALETTE[0], "punctuation": PALETTE[2], "content": PALETTE[7]}
+
+
+def training_dynamics_plot(frame: pd.DataFrame) -> plt.Figure:
+    """Sinks over training, one row per zoo model, checkpoints left to right (log-spaced steps, so evenly spaced
+    here), the shipped model last: accuracy unmasked / top-1 sink masked / one random key masked; the share of
+    sink detections per token group; the top key's score; how often a head's greatest sink moves.
+    `frame`: over_training's rows for one measurement setting."""
+    names = list(dict.fromkeys(frame["model"]))
+    fig, axes = plt.subplots(len(names), 4, figsize=(17, 3.1 * len(names)), squeeze=False)
+    for row, name in zip(axes, names):
+        rows = frame[frame["model"] == name].sort_values(["checkpoint"], key=lambda c: c == "shipped", kind="stable")
+        x = np.arange(len(rows))
+        labels = ["shipped" if c == "shipped" else str(s) for c, s in zip(rows["checkpoint"], rows["step"])]
+        _training_accuracy(row[0], x, rows)
+        row[1].stackplot(x, *(rows[f"share_{g}"] for g in GROUP_COLOURS), labels=list(GROUP_COLOURS),
+                         colors=list(GROUP_COLOURS.values()), alpha=0.85)
+        row[1].set_ylim(0, 1)
+        row[1].set_ylabel("share of sink detections")
+        row[2].plot(x, rows["top_key_score_mean"], marker="o", color="black", label="mean over layers × heads")
+        row[2].plot(x, rows["top_key_score_max_head"], marker="s", color=PALETTE[1], label="strongest head")
+        row[2].set_ylabel("top key's score (sum units)")
+        row[3].plot(x, rows["move_rate"], marker="o", color=PALETTE[4], label="greatest sink moves (share of step pairs)")
+        row[3].plot(x, rows["share_heads_with_sink"], marker="s", color=PALETTE[9], label="heads × steps with a sink")
+        row[3].set_ylim(-0.02, 1.02)
+        for ax in row:
+            ax.set_xticks(x, labels, rotation=45, fontsize=7)
+            if (rows["checkpoint"] == "shipped").any():
+                ax.axvline(len(rows) - 1.5, color="grey", linewidth=0.8, linestyle="--")
+        row[0].set_title(name, loc="left", fontweight="bold")
+    for ax, title in zip(axes[0], ["accuracy (held-out)", "which tokens host the sinks", "main sink's score",
+                                   "sink motion and prevalence"]):
+        ax.set_title(title)
+        ax.legend(fontsize=7, loc="best")
+    for ax in axes[-1]:
+        ax.set_xlabel("training step (checkpoint)")
+    fig.tight_layout()
+    return fig
+
+
+def _training_accuracy(ax: plt.Axes, x: np.ndarray, rows: pd.DataFrame) -> None:
+    ax.errorbar(x, rows["accuracy"], yerr=rows["accuracy_stderr"], marker="o", color="black", capsize=2,
+                label="unmasked")
+    ax.plot(x, rows["accuracy_top1_masked"], marker="v", color=PALETTE[3], label="top-1 sink masked")
+    ax.plot(x, rows["accuracy_random1_masked"], marker="^", color=PALETTE[0], linestyle=":", label="1 random key masked")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("accuracy")

@@ -34,7 +34,8 @@ MANIFEST = "PROVENANCE.json"
 _CONTENT = ("config", "seed", "notebook")  # the part of a record written inside the artifact
 _SOURCES = ("*.py", "*.js", "*.css", "*.yaml")
 _VERSIONS = ("torch", "transformers", "numpy", "pandas", "pyarrow", "matplotlib", "seaborn")
-_NOT_CONFIG = ("progress", "figures_dir", "results_dir")  # where results go and how loudly, not what they are
+_NOT_CONFIG = ("progress", "figures_dir", "results_dir", "retrain", "checkpoints_dir")  # where results go and how loudly,
+# and whether the measured rows were made just now: not what they are
 
 
 def source_hash(folder: Path) -> str:

@@ -9,9 +9,12 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
+
+import pandas as pd
 
 import papermill
+from annotated_types import Ge
 
 from sinklib._checks import did_you_mean
 from sinklib.explorer import export_pages
@@ -24,6 +27,7 @@ from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
 from sinklib.summary import Result
 from sinklib.validation import Consent, Count, Index, NonNegative, Text, validated
+from sinklib.zoo import over_training
 from sinklib.zoo.data import prompts
 
 
@@ -245,8 +249,52 @@ class ExplorerRun(RunConfig):
         return dict(device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
 
 
+@validated
+@dataclass(frozen=True)
+@parameters_from_notebook
+class TrainingDynamicsRun(RunConfig):
+    """Notebook 06: sinks over training. Reads the measured checkpoints from `measurements`; with retrain, first
+    retrains the zoo models from their seeds into checkpoints_dir and measures every checkpoint there (both resume)."""
+    NOTEBOOK = "06_sinks_over_training"
+    zoo_models: list[over_training.RecipeName]
+    retrain: Consent  # a real bool: a string "false" must not start 50 minutes of training
+    checkpoints: Annotated[int, Ge(2)]
+    n_problems: Count
+    n_traces: Count
+    eps: NonNegative
+    seed: Index
+    measurements: str | None
+    checkpoints_dir: str | None
+    figures_dir: str
+    progress: bool
+
+    def check(self) -> None:
+        """At least one zoo model, each once."""
+        if not self.zoo_models or len(set(self.zoo_models)) != len(self.zoo_models):
+            raise ValueError(f"zoo_models={self.zoo_models!r} is not allowed: zoo_models must be a non-empty list of "
+                             "distinct zoo model names")
+
+    @property
+    def measurement(self) -> over_training.Measurement:
+        """How each checkpoint is measured: this run's n_problems, n_traces, eps and seed."""
+        return over_training.Measurement(self.n_problems, self.n_traces, self.eps, self.seed)
+
+    def rows(self) -> pd.DataFrame:
+        """This run's measured rows (retraining and measuring first when `retrain`), one model after another."""
+        measurements = over_training.RESULTS_PATH if self.measurements is None else Path(self.measurements)
+        checkpoints = over_training.CHECKPOINTS_DIR if self.checkpoints_dir is None else Path(self.checkpoints_dir)
+        if self.retrain:
+            # tiny-dream starts from the shipped tiny-arm, so the order of retraining does not matter
+            for name in self.zoo_models:
+                over_training.retrain(name, checkpoints, self.checkpoints, progress=self.progress)
+            over_training.measure_all(list(self.zoo_models), self.measurement, checkpoints, measurements,
+                                      progress=self.progress)
+        return over_training.select(over_training.read_rows(measurements), self.measurement, self.zoo_models)
+
+
 RUNS: Registry[type] = Registry("notebook", {cls.NOTEBOOK: cls for cls in
-                                             (TracesRun, MovingSinksRun, ThresholdSweepRun, MaskingRun, ExplorerRun)})
+                                             (TracesRun, MovingSinksRun, ThresholdSweepRun, MaskingRun, ExplorerRun,
+                                              TrainingDynamicsRun)})
 
 
 def run_for(notebook: str | Path) -> type:

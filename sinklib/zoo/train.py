@@ -10,6 +10,7 @@ Each run is deterministic from its seed (data order, masking and initialisation)
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import time
@@ -44,6 +45,7 @@ class ZooSpec:
     warmup: int = 100
     init_from: str | None = None
     stratified_t: bool = False  # t_i = (i + u_i) / B across the batch: the same U(0,1) marginal, lower variance
+    mask_prompt: bool = False  # diffusion objectives: in every other row the prompt after [BOS] is masked and predicted too
     hidden_size: int = 128
     intermediate_size: int = 344
     layers: int = 4
@@ -56,6 +58,22 @@ ZOO = {
     "tiny-dream": ZooSpec("tiny-dream", "dream", "dream", causal=False, seed=13, steps=2600, init_from="tiny-arm",
                           stratified_t=True),
 }
+# Recipes that are studied but not shipped: each differs from a zoo model in one setting.
+VARIANTS = {
+    # LLaDA's pre-training masks the whole sequence, not only the answer: a prompt token may be missing, so no
+    # single key can be relied on. Half of each batch (the odd rows, so both ends of the stratified t) trains so.
+    "tiny-llada-prompt-masking": dataclasses.replace(ZOO["tiny-llada"], name="tiny-llada-prompt-masking",
+                                                     mask_prompt=True),
+}
+
+
+def recipe(name: str) -> ZooSpec:
+    """The recipe of a zoo model or a studied variant, by name."""
+    if name in ZOO:
+        return ZOO[name]
+    if name in VARIANTS:
+        return VARIANTS[name]
+    raise ValueError(f"name={name!r} is not allowed: name must be one of {sorted(ZOO) + sorted(VARIANTS)}")
 
 
 def model_config(spec: ZooSpec, tokenizer) -> transformers.LlamaConfig:
@@ -117,14 +135,19 @@ def _model_mask(model, batch: Batch) -> torch.Tensor:
 
 
 def masked_diffusion_loss(model, batch: Batch, mask_id: int, generator: torch.Generator, shifted: bool,
-                          stratified: bool = False) -> torch.Tensor:
-    """LLaDA (shifted=False) / Dream (shifted=True): Σ over masked response tokens of CE / t, per response token."""
+                          stratified: bool = False, mask_prompt: bool = False) -> torch.Tensor:
+    """LLaDA (shifted=False) / Dream (shifted=True): Σ over masked response tokens of CE / t, per response token.
+    mask_prompt: in the odd rows the prompt's tokens after [BOS] are masked with the same t and predicted too."""
     rows = batch.ids.shape[0]
     u = torch.rand(rows, 1, generator=generator)
     if stratified:
         u = (torch.arange(rows, dtype=torch.float32)[:, None] + u) / rows
     t = MASK_EPS + (1 - MASK_EPS) * u
-    masked = batch.response & (torch.rand(batch.ids.shape, generator=generator) < t)
+    maskable = batch.response
+    if mask_prompt:
+        odd_rows = (torch.arange(rows) % 2 == 1)[:, None]
+        maskable = maskable | (odd_rows & (batch.attention_mask == 1) & (batch.position_ids > 0))
+    masked = maskable & (torch.rand(batch.ids.shape, generator=generator) < t)
     noisy = batch.ids.masked_fill(masked, mask_id)
     logits = model(input_ids=noisy, attention_mask=_model_mask(model, batch), position_ids=batch.position_ids).logits
     if shifted:
@@ -171,7 +194,7 @@ def objective_loss(spec: ZooSpec, model, batch, mask_id: int, generator: torch.G
     if spec.objective == "arm":
         return next_token_loss(model, batch)
     return masked_diffusion_loss(model, batch, mask_id, generator, shifted=spec.objective == "dream",
-                                 stratified=spec.stratified_t)
+                                 stratified=spec.stratified_t, mask_prompt=spec.mask_prompt)
 
 
 def _update(model, optimizer: torch.optim.Optimizer, loss: torch.Tensor, lr: float) -> None:
@@ -183,39 +206,137 @@ def _update(model, optimizer: torch.optim.Optimizer, loss: torch.Tensor, lr: flo
     optimizer.step()
 
 
+def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
+    """Step 0 (the initialisation) and `count` steps log-spaced from `first` to `total` (the last is `total`):
+    the steps after which a run followed over training saves its weights."""
+    if count < 2 or not 1 <= first < total:
+        raise ValueError(f"count={count}, first={first}, total={total}: need count >= 2 and 1 <= first < total")
+    ratio = (total / first) ** (1 / (count - 1))
+    return sorted({0, *(round(first * ratio ** i) for i in range(count - 1)), total})
+
+
+def checkpoint_folder(folder: Path, step: int) -> Path:
+    """Where a run saves its weights after `step` optimiser updates: folder/step-NNNNN."""
+    return folder / f"step-{step:05d}"
+
+
+@dataclass
+class _RunState:
+    """What a run needs to go on from a checkpoint with the same bits as without stopping there."""
+
+    step: int  # optimiser updates done
+    curve: list[dict]
+
+
+def _save_checkpoint(folder: Path, spec: ZooSpec, model, optimizer, generator: torch.Generator,
+                     state: _RunState) -> None:
+    """The model (safetensors, loadable by sinklib.load), its tokenizer and the run's state, written to a scratch
+    folder first and renamed, so a checkpoint folder that exists is whole; one that exists is kept as it is (a
+    resumed run reaches the step it resumed from again)."""
+    final = checkpoint_folder(folder, state.step)
+    if final.exists():
+        return
+    scratch = final.with_name(final.name + ".partial")
+    scratch.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(scratch)
+    save_tokenizer(scratch)
+    torch.save({"spec": asdict(spec), "step": state.step, "curve": state.curve, "optimizer": optimizer.state_dict(),
+                "generator": generator.get_state()}, scratch / "training_state.pt")
+    scratch.rename(final)
+
+
+def _latest_checkpoint(folder: Path | None) -> Path | None:
+    """The whole checkpoint with the most steps in folder, or None."""
+    if folder is None or not folder.is_dir():
+        return None
+    done = sorted(path for path in folder.glob("step-[0-9]*") if path.is_dir() and not path.name.endswith(".partial")
+                  and (path / "training_state.pt").exists())
+    return done[-1] if done else None
+
+
+def _resume(path: Path, spec: ZooSpec, model, optimizer, generator: torch.Generator) -> _RunState:
+    """Load a checkpoint's weights, optimiser moments and masking generator into the run; a checkpoint of another
+    recipe is refused."""
+    saved = torch.load(path / "training_state.pt", weights_only=True)
+    if saved["spec"] != asdict(spec):
+        raise ValueError(f"checkpoints={path.parent}: {path.name} was saved by another recipe ({saved['spec']}), "
+                         f"not {asdict(spec)}; give an empty folder or that recipe's")
+    weights = transformers.LlamaForCausalLM.from_pretrained(path).state_dict()
+    model.load_state_dict(weights)
+    optimizer.load_state_dict(saved["optimizer"])
+    generator.set_state(saved["generator"])
+    return _RunState(step=saved["step"], curve=saved["curve"])
+
+
 def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = True, threads: int = 2,
-          curve_path: Path | None = None, spec: ZooSpec | None = None) -> tuple[transformers.LlamaForCausalLM, list[dict]]:
+          curve_path: Path | None = None, spec: ZooSpec | None = None, checkpoints: Path | None = None,
+          checkpoint_at: tuple[int, ...] = ()) -> tuple[transformers.LlamaForCausalLM, list[dict]]:
     """Train one zoo model from its seed; returns the model and the loss curve (one row per step).
-    `spec` replaces ZOO[name] for experiments with other settings."""
-    spec = ZOO[name] if spec is None else spec
+
+    `spec` replaces the recipe of `name` (train.recipe) for experiments with other settings. With `checkpoints`,
+    the weights are saved to checkpoints/step-NNNNN after each step count in `checkpoint_at` (0: the
+    initialisation), and a run that finds checkpoints there goes on from the latest one: the same batches, masks
+    and updates as an uninterrupted run.
+    The donor of spec.init_from is read from zoo_dir."""
+    spec = recipe(name) if spec is None else spec
     total = spec.steps if steps is None else steps
     torch.set_num_threads(threads)
     tokenizer = build_tokenizer()
     model = build_model(spec, tokenizer, zoo_dir).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
     generator = torch.Generator().manual_seed(spec.seed)
-    exclude = {p.question for p in held_out()}
-    stream = problems(spec.seed, exclude)
-    curve = []
-    writer_handle = curve_path.open("w", newline="") if curve_path else None
-    writer = csv.writer(writer_handle) if writer_handle else None
-    if writer:
-        writer.writerow(["step", "loss", "lr", "seconds"])
-    start = time.perf_counter()
-    for step in tqdm(range(total), desc=f"train {name}", disable=not progress):
-        batch = make_batch([next(stream) for _ in range(spec.batch_size)], tokenizer)
-        loss = objective_loss(spec, model, batch, tokenizer.mask_token_id, generator)
-        lr = learning_rate(spec, step)
-        _update(model, optimizer, loss, lr)
-        row = {"step": step, "loss": float(loss.detach()), "lr": lr, "seconds": round(time.perf_counter() - start, 3)}
-        curve.append(row)
-        if writer:
-            writer.writerow([row["step"], repr(row["loss"]), repr(lr), row["seconds"]])
-            if step % 50 == 0:
-                writer_handle.flush()
-    if writer_handle:
-        writer_handle.close()
-    return model.eval(), curve
+    latest = _latest_checkpoint(checkpoints)
+    state = _resume(latest, spec, model, optimizer, generator) if latest else _RunState(step=0, curve=[])
+    stream = problems(spec.seed, {p.question for p in held_out()})
+    for _ in range(state.step * spec.batch_size):  # the batches the checkpoint has already seen
+        next(stream)
+    with _CurveWriter(curve_path, state.curve) as writer:
+        start = time.perf_counter() - (state.curve[-1]["seconds"] if state.curve else 0.0)
+        for step in tqdm(range(state.step, total), desc=f"train {name}", disable=not progress, initial=state.step,
+                         total=total):
+            if checkpoints is not None and step in checkpoint_at:
+                _save_checkpoint(checkpoints, spec, model, optimizer, generator, _RunState(step, state.curve))
+            batch = make_batch([next(stream) for _ in range(spec.batch_size)], tokenizer)
+            loss = objective_loss(spec, model, batch, tokenizer.mask_token_id, generator)
+            lr = learning_rate(spec, step)
+            _update(model, optimizer, loss, lr)
+            writer.add({"step": step, "loss": float(loss.detach()), "lr": lr,
+                        "seconds": round(time.perf_counter() - start, 3)})
+    if checkpoints is not None and total in checkpoint_at:
+        _save_checkpoint(checkpoints, spec, model, optimizer, generator, _RunState(total, state.curve))
+    return model.eval(), state.curve
+
+
+class _CurveWriter:
+    """Appends loss-curve rows to a list and, when given a path, to a CSV (rewritten from the list on entry, so a
+    resumed run's file holds each step once)."""
+
+    def __init__(self, path: Path | None, curve: list[dict]):
+        self.path, self.curve, self.handle = path, curve, None
+
+    def __enter__(self) -> _CurveWriter:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.handle = self.path.open("w", newline="")
+            self.csv = csv.writer(self.handle)
+            self.csv.writerow(["step", "loss", "lr", "seconds"])
+            for row in self.curve:
+                self._write(row)
+        return self
+
+    def _write(self, row: dict) -> None:
+        self.csv.writerow([row["step"], repr(row["loss"]), repr(row["lr"]), row["seconds"]])
+
+    def add(self, row: dict) -> None:
+        self.curve.append(row)
+        if self.handle is not None:
+            self._write(row)
+            if row["step"] % 50 == 0:
+                self.handle.flush()
+
+    def __exit__(self, *exc) -> None:
+        if self.handle is not None:
+            self.handle.close()
 
 
 def save(name: str, model, zoo_dir: Path, curve: list[dict], extra: dict) -> Path:

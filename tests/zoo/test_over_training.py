@@ -1,0 +1,182 @@
+"""Sinks over training: checkpoints that resume with the same bits, the prompt-masking variant's masks, the token
+groups, and measurements that are written as they go and never redone."""
+import dataclasses
+import re
+import typing
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import sinklib
+from sinklib import dynamics
+from sinklib.generate import generate
+from sinklib.zoo import over_training
+from sinklib.zoo.data import held_out
+from sinklib.zoo.tokenizer import build_tokenizer
+from sinklib.zoo.train import (VARIANTS, ZOO, build_model, checkpoint_steps, make_batch, masked_diffusion_loss,
+                               recipe, train)
+
+# A recipe small enough for a test: the tiny-llada objective on one layer of width 32, 6 steps of 8 problems.
+SMALL = dataclasses.replace(ZOO["tiny-llada"], steps=6, warmup=2, batch_size=8, hidden_size=32, intermediate_size=64,
+                            layers=1, heads=2)
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {name: value.clone() for name, value in model.state_dict().items()}
+
+
+def test_checkpoint_steps_start_at_the_initialisation_end_at_the_last_step_and_are_log_spaced():
+    steps = checkpoint_steps(5000, 8)
+    assert steps[0] == 0 and steps[-1] == 5000 and len(steps) == 9 and steps == sorted(set(steps))
+    ratios = [later / earlier for earlier, later in zip(steps[1:], steps[2:])]
+    assert max(ratios) / min(ratios) < 1.05  # evenly spaced in log(step)
+    with pytest.raises(ValueError, match="count=1"):
+        checkpoint_steps(100, 1)
+    with pytest.raises(ValueError, match="first=25, total=20"):
+        checkpoint_steps(20, 4)
+
+
+def test_a_resumed_run_has_the_bits_of_an_uninterrupted_one(tmp_path):
+    whole, whole_curve = train("tiny-llada", tmp_path, spec=SMALL, progress=False, checkpoints=tmp_path / "whole",
+                               checkpoint_at=(0, 3, 6))
+    train("tiny-llada", tmp_path, spec=SMALL, steps=3, progress=False, checkpoints=tmp_path / "cut",
+          checkpoint_at=(0, 3, 6))  # stops after step 3, as a killed run would
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["step-00000", "step-00003"]
+    resumed, resumed_curve = train("tiny-llada", tmp_path, spec=SMALL, progress=False, checkpoints=tmp_path / "cut",
+                                   checkpoint_at=(0, 3, 6), curve_path=tmp_path / "curve.csv")
+    expected, got = _weights(whole), _weights(resumed)
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    assert [row["loss"] for row in resumed_curve] == [row["loss"] for row in whole_curve]
+    assert pd.read_csv(tmp_path / "curve.csv")["step"].tolist() == list(range(6))  # each step once
+    saved = sinklib.load(str(tmp_path / "cut" / "step-00006"))
+    assert saved.is_zoo and all(torch.equal(expected[name], value) for name, value in saved.model.state_dict().items())
+
+
+def test_checkpoints_of_another_recipe_are_refused(tmp_path):
+    train("tiny-llada", tmp_path, spec=SMALL, steps=3, progress=False, checkpoints=tmp_path, checkpoint_at=(3,))
+    other = dataclasses.replace(SMALL, lr=1e-3)
+    with pytest.raises(ValueError, match=r"checkpoints=.*step-00003 was saved by another recipe"):
+        train("tiny-llada", tmp_path, spec=other, progress=False, checkpoints=tmp_path, checkpoint_at=(3, 6))
+
+
+def _noisy_inputs(mask_prompt: bool) -> tuple[torch.Tensor, object, int]:
+    """The input ids the model sees in one loss call, and the batch they were made from."""
+    tokenizer = build_tokenizer()
+    model = build_model(SMALL, tokenizer, Path("."))
+    batch = make_batch(held_out()[:64], tokenizer)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"]), with_kwargs=True)
+    masked_diffusion_loss(model, batch, tokenizer.mask_token_id, torch.Generator().manual_seed(0), shifted=False,
+                          stratified=True, mask_prompt=mask_prompt)
+    return seen[0], batch, tokenizer.mask_token_id
+
+
+def test_prompt_masking_masks_prompts_of_odd_rows_only_and_never_bos_or_padding():
+    plain, batch, mask_id = _noisy_inputs(False)
+    variant, _, _ = _noisy_inputs(True)
+    prompt = ~batch.response
+    assert torch.equal(plain[prompt], batch.ids[prompt])  # the shipped recipe never masks a prompt
+    assert torch.equal(plain[batch.response], variant[batch.response])  # same draws on the answers
+    changed = variant != batch.ids
+    assert not changed[0::2][prompt[0::2]].any()
+    odd_prompt = prompt[1::2] & (batch.attention_mask[1::2] == 1) & (batch.position_ids[1::2] > 0)
+    assert changed[1::2][odd_prompt].float().mean() > 0.2  # t ~ U(0, 1): about half of them
+    assert not changed[1::2][prompt[1::2] & ~odd_prompt].any()  # [BOS] and left padding stay
+    assert (variant[changed] == mask_id).all()
+
+
+def test_every_recipe_name_is_one_the_literal_accepts():
+    assert set(typing.get_args(over_training.RecipeName)) == set(ZOO) | set(VARIANTS)
+    assert recipe("tiny-llada-prompt-masking").mask_prompt and not recipe("tiny-llada").mask_prompt
+    with pytest.raises(ValueError, match="name='tiny-lada' is not allowed"):
+        recipe("tiny-lada")
+
+
+@pytest.mark.parametrize(("text", "group"), [
+    ("[MASK]", "mask"), ("[EOS]", "special"), ("[BOS]", "special"), (".", "punctuation"), ("A:", "punctuation"),
+    ("####", "punctuation"), ("Ċ", "punctuation"), ("ĊĊ", "punctuation"), ("Ġ", "punctuation"), ("has", "content"),
+    ("12", "content"), ("Ġthe", "content"), ("<|mdm_mask|>", "mask")])
+def test_token_groups(text, group):
+    mask = "<|mdm_mask|>" if text == "<|mdm_mask|>" else "[MASK]"
+    assert dynamics.token_group(text, mask_token=mask, special_tokens={"[EOS]", "[BOS]", "<|mdm_mask|>"},
+                                markers=over_training.FORMAT_MARKERS) == group
+
+
+@pytest.fixture(scope="module")
+def arm():
+    return sinklib.load("tiny-arm")
+
+
+def test_measure_counts_sink_tokens_and_accuracy_as_an_independent_loop_does(arm):
+    how = over_training.Measurement(n_problems=6, n_traces=2)
+    row = over_training.measure(arm, how, progress=False)
+    # accuracy: generate each problem and read "#### N", written here without the evaluation runner
+    answers = []
+    for problem in held_out()[:6]:
+        text = generate(arm, problem.question, chat=False, progress=False, keep_scores=False, **arm.settings_for()).text
+        found = re.search(r"#### (-?\d+)", text)
+        answers.append(found is not None and int(found.group(1)) == problem.answer)
+    assert row["accuracy"] == pytest.approx(sum(answers) / 6)
+    # token groups: every detection of Eq. 3 over the traces, counted one by one
+    counts = dict.fromkeys(dynamics.TOKEN_GROUPS, 0)
+    for index, problem in enumerate(held_out()[:2]):
+        trace = generate(arm, problem.question, chat=False, seed=index, progress=False, **arm.settings_for())
+        for step, _layer, _head, position in dynamics.sink_mask(trace, 3.0).nonzero().tolist():
+            text = arm.tokenizer.convert_ids_to_tokens(int(trace.tokens[step, position]))
+            group = ("special" if text in arm.tokenizer.all_special_tokens else
+                     "punctuation" if text in {".", "?", "+", "-", "*", "=", "Q:", "A:", "####"} else "content")
+            counts[group] += 1
+    total = sum(counts.values())
+    assert total > 0
+    for group, count in counts.items():
+        assert row[f"share_{group}"] == pytest.approx(count / total)
+
+
+def test_measurements_are_written_as_they_go_and_never_redone(tmp_path, monkeypatch, arm):
+    small_arm = dataclasses.replace(SMALL, objective="arm", causal=True, family="arm", name="tiny-arm")
+    train("tiny-arm", tmp_path, spec=small_arm, progress=False, checkpoints=tmp_path / "tiny-arm", checkpoint_at=(0, 6),
+          curve_path=tmp_path / "tiny-arm" / "loss_curve.csv")
+    measured = []
+
+    def fake_measure(loaded, how, scratch=None, progress=True):
+        measured.append(loaded.name)
+        if len(measured) == 2:
+            raise KeyboardInterrupt  # the run is stopped after its first row was written
+        return {column: 0.5 for column in over_training.COLUMNS if column.startswith(("accuracy", "share_", "top_k",
+                                                                                       "move", "share"))}
+
+    monkeypatch.setattr(over_training, "measure", fake_measure)
+    results = tmp_path / "rows.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        over_training.measure_all(["tiny-arm"], folder=tmp_path, results=results, progress=False)
+    assert over_training.read_rows(results)["checkpoint"].tolist() == ["step-00000"]
+    rows = over_training.measure_all(["tiny-arm"], folder=tmp_path, results=results, progress=False)
+    assert measured == ["tiny-arm@step-00000", "tiny-arm@step-00006", "tiny-arm@step-00006", "tiny-arm@shipped"]
+    assert rows["checkpoint"].tolist() == ["step-00000", "step-00006", "shipped"]
+    assert rows["step"].tolist() == [0, 6, 1200] and rows["train_steps"].tolist() == [1200] * 3
+    assert rows.equals(over_training.read_rows(results))
+    again = over_training.measure_all(["tiny-arm"], folder=tmp_path, results=results, progress=False)
+    assert len(measured) == 4 and again.equals(rows)
+    assert not list(tmp_path.glob(".rows.parquet.*"))  # no scratch file left behind
+
+
+def test_select_refuses_settings_the_file_does_not_hold(tmp_path):
+    rows = pd.DataFrame([{column: 0 for column in over_training.COLUMNS} | {
+        "model": "tiny-arm", "checkpoint": "shipped", "n_problems": 300, "n_traces": 30, "eps": 3.0, "seed": 0}])
+    assert len(over_training.select(rows, over_training.Measurement(), ["tiny-arm"])) == 1
+    with pytest.raises(ValueError, match=r"\['tiny-arm'\] have no rows measured with .*'n_problems': 100"):
+        over_training.select(rows, over_training.Measurement(n_problems=100), ["tiny-arm"])
+    with pytest.raises(ValueError, match="n_problems=0 is not allowed"):
+        over_training.Measurement(n_problems=0)
+
+
+def test_the_committed_measurements_cover_every_checkpoint_and_the_shipped_models():
+    rows = over_training.select(over_training.read_rows(), over_training.Measurement(), list(ZOO))
+    for name, spec in ZOO.items():
+        mine = rows[rows["model"] == name]
+        assert mine["step"].tolist() == checkpoint_steps(spec.steps) + [spec.steps]
+        assert mine["checkpoint"].iloc[-1] == "shipped"
+        shares = mine[[f"share_{group}" for group in dynamics.TOKEN_GROUPS]].sum(axis=1)
+        assert ((shares - 1).abs() < 1e-9).all()
