@@ -1,5 +1,7 @@
 """python -m sinklib.zoo train NAME [--steps N]   retrain a zoo model from its seed, evaluate it, write its card
-python -m sinklib.zoo data                       write the held-out test set to data/arithmetic_test.jsonl"""
+python -m sinklib.zoo data                       write the held-out test set to data/arithmetic_test.jsonl
+python -m sinklib.zoo over-training [NAME ...]   retrain with checkpoints (data/checkpoints/) and measure each into
+                                                 data/results/training_dynamics.parquet; both resume"""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +11,8 @@ from pathlib import Path
 from sinklib.zoo import DATA_DIR, ZOO_DIR
 from sinklib.zoo.evaluate import write_card
 from sinklib.zoo.data import held_out, write_jsonl
-from sinklib.zoo.train import ZOO, save, train
+from sinklib.zoo import over_training
+from sinklib.zoo.train import VARIANTS, ZOO, save, train
 
 
 def positive_int(text: str) -> int:
@@ -20,6 +23,14 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not allowed: it must be an integer >= 1")
+    return value
+
+
+def at_least_two(text: str) -> int:
+    """argparse type: an integer >= 2 (a first and a last checkpoint at least)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed: it must be an integer >= 2")
     return value
 
 
@@ -34,9 +45,20 @@ def main(argv: list[str] | None = None) -> None:
     train_cmd.add_argument("--out", type=Path, default=ZOO_DIR)
     train_cmd.add_argument("--eval-n", type=positive_int, default=600)
     sub.add_parser("data", help="write the held-out JSONL")
+    dynamics_cmd = sub.add_parser("over-training", help="retrain with checkpoints and measure every checkpoint")
+    dynamics_cmd.add_argument("names", nargs="*", choices=[*ZOO, *VARIANTS], metavar="NAME",
+                              help=f"zoo models or variants (default: the zoo); one of {[*ZOO, *VARIANTS]}")
+    dynamics_cmd.add_argument("--checkpoints", type=at_least_two, default=8, help="log-spaced checkpoints (>= 2)")
+    dynamics_cmd.add_argument("--threads", type=positive_int, default=2)
     args = parser.parse_args(argv)
     if args.command == "data":
         write_jsonl(held_out(), DATA_DIR / "arithmetic_test.jsonl")
+        return
+    if args.command == "over-training":
+        names = args.names or list(ZOO)
+        for name in names:
+            over_training.retrain(name, count=args.checkpoints, threads=args.threads)
+        print(over_training.measure_all(names).to_string())
         return
     args.out.mkdir(parents=True, exist_ok=True)
     model, curve = train(args.name, args.out, steps=args.steps, curve_path=args.out / f"{args.name}.loss.csv")

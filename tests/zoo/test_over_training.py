@@ -180,3 +180,9 @@ def test_the_committed_measurements_cover_every_checkpoint_and_the_shipped_model
         assert mine["checkpoint"].iloc[-1] == "shipped"
         shares = mine[[f"share_{group}" for group in dynamics.TOKEN_GROUPS]].sum(axis=1)
         assert ((shares - 1).abs() < 1e-9).all()
+
+
+def test_the_notebook_measures_as_the_command_line_does():
+    from sinklib import runs
+
+    assert runs.TrainingDynamicsRun().measurement == over_training.Measurement()
