@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sinklib._checks import check_int
 from sinklib.sinks import find_sinks, single_row_scores
 from sinklib.trace import Trace
 
@@ -147,6 +148,8 @@ def dynamics_summary(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
 def sink_token_frequency(traces: Sequence[Trace], eps: float = 3.0, top: int | None = 5) -> pd.DataFrame:
     """Relative frequency of the tokens detected as sinks, over every step, layer and head of every trace
     (paper Table 2): columns token, count, share; the `top` most frequent (None: every token)."""
+    if top is not None:
+        check_int(top, "top", 1)
     counts: dict[str, int] = {}
     for trace in traces:
         sinks = sink_mask(trace, eps)

@@ -257,8 +257,8 @@ class TrainingDynamicsRun(RunConfig):
     retrains the zoo models from their seeds into checkpoints_dir and measures every checkpoint there (both resume)."""
     NOTEBOOK = "06_sinks_over_training"
     zoo_models: list[over_training.RecipeName]
-    retrain: Consent  # a real bool: a string "false" must not start 50 minutes of training
-    checkpoints: Annotated[int, Ge(2)]
+    retrain: Consent  # a real bool: a string "false" must not start an hour of training
+    checkpoint_count: Annotated[int, Ge(2)]
     n_problems: Count
     n_traces: Count
     eps: NonNegative
@@ -286,10 +286,11 @@ class TrainingDynamicsRun(RunConfig):
         if self.retrain:
             # tiny-dream starts from the shipped tiny-arm, so the order of retraining does not matter
             for name in self.zoo_models:
-                over_training.retrain(name, checkpoints, self.checkpoints, progress=self.progress)
-            over_training.measure_all(list(self.zoo_models), self.measurement, checkpoints, measurements,
-                                      progress=self.progress)
-        return over_training.select(over_training.read_rows(measurements), self.measurement, self.zoo_models)
+                over_training.retrain(name, checkpoints, self.checkpoint_count, progress=self.progress)
+            over_training.measure_all(list(self.zoo_models), self.measurement, count=self.checkpoint_count,
+                                      folder=checkpoints, results=measurements, progress=self.progress)
+        return over_training.select(over_training.read_rows(measurements), self.measurement, self.zoo_models,
+                                    self.checkpoint_count)
 
 
 RUNS: Registry[type] = Registry("notebook", {cls.NOTEBOOK: cls for cls in

@@ -36,7 +36,7 @@ def at_least_two(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """The command line above: `train` retrains, saves and evaluates a zoo model and prints its card's headline
-    numbers; `data` writes the held-out test set."""
+    numbers; `data` writes the held-out test set; `over-training` retrains with checkpoints and measures them."""
     parser = argparse.ArgumentParser(prog="python -m sinklib.zoo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train_cmd = sub.add_parser("train", help="train a zoo model")
@@ -48,17 +48,18 @@ def main(argv: list[str] | None = None) -> None:
     dynamics_cmd = sub.add_parser("over-training", help="retrain with checkpoints and measure every checkpoint")
     dynamics_cmd.add_argument("names", nargs="*", choices=[*ZOO, *VARIANTS], metavar="NAME",
                               help=f"zoo models or variants (default: the zoo); one of {[*ZOO, *VARIANTS]}")
-    dynamics_cmd.add_argument("--checkpoints", type=at_least_two, default=8, help="log-spaced checkpoints (>= 2)")
+    dynamics_cmd.add_argument("--checkpoint-count", type=at_least_two, default=8,
+                              help="log-spaced checkpoints after the initialisation (>= 2)")
     dynamics_cmd.add_argument("--threads", type=positive_int, default=2)
     args = parser.parse_args(argv)
     if args.command == "data":
         write_jsonl(held_out(), DATA_DIR / "arithmetic_test.jsonl")
         return
     if args.command == "over-training":
-        names = args.names or list(ZOO)
+        names = list(dict.fromkeys(args.names or ZOO))  # each once
         for name in names:
-            over_training.retrain(name, count=args.checkpoints, threads=args.threads)
-        print(over_training.measure_all(names).to_string())
+            over_training.retrain(name, count=args.checkpoint_count, threads=args.threads)
+        print(over_training.measure_all(names, count=args.checkpoint_count).to_string())
         return
     args.out.mkdir(parents=True, exist_ok=True)
     model, curve = train(args.name, args.out, steps=args.steps, curve_path=args.out / f"{args.name}.loss.csv")

@@ -14,6 +14,7 @@ written after every checkpoint, and a rerun measures only the checkpoints withou
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -33,14 +34,15 @@ from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.summary import Result, Summary
 from sinklib.validation import Count, Index, NonNegative, checked, validated
 from sinklib.zoo.data import prompts
-from sinklib.zoo.train import ZOO, checkpoint_folder, checkpoint_steps, recipe, train
+from sinklib.zoo.train import (ZOO, checkpoint_folder, checkpoint_steps, recipe, saved_checkpoints, train,
+                               training_state)
 
 CHECKPOINTS_DIR = DATA_DIR / "checkpoints"
 RESULTS_PATH = DATA_DIR / "results" / "training_dynamics.parquet"
 FORMAT_MARKERS = ("Q:", "A:", "####")  # the zoo's prompt and answer markers: structure, not content
 SHIPPED = "shipped"  # the checkpoint column of the shipped model's row
 RecipeName = Literal["tiny-llada", "tiny-dream", "tiny-arm", "tiny-llada-prompt-masking"]  # train.ZOO and VARIANTS
-KEY = ["model", "checkpoint", "n_problems", "n_traces", "eps", "seed"]
+KEY = ["model", "checkpoint", "weights", "n_problems", "n_traces", "eps", "seed"]
 COLUMNS = KEY + ["step", "train_steps", "loss", "accuracy", "accuracy_stderr", "accuracy_top1_masked",
                  "accuracy_random1_masked", *(f"share_{group}" for group in dynamics.TOKEN_GROUPS), "top_sink_token",
                  "top_sink_share", "top_key_score_mean", "top_key_score_max_head", "move_rate", "share_heads_with_sink"]
@@ -59,17 +61,23 @@ class Measurement:
 
 
 @checked
-def retrain(name: RecipeName, folder: Path = CHECKPOINTS_DIR, count: Annotated[int, Ge(2)] = 8, threads: int = 2,
-            progress: bool = True, donors: Path = ZOO_DIR) -> list[Path]:
+def retrain(name: RecipeName, folder: Path = CHECKPOINTS_DIR, count: Annotated[int, Ge(2)] = 8,
+            threads: Annotated[int, Ge(1)] = 2, progress: bool = True, donors: Path = ZOO_DIR) -> list[Path]:
     """Train zoo model (or studied variant, train.VARIANTS) `name` from its seed, saving its weights at step 0
-    and `count` log-spaced steps up to the last (train.checkpoint_steps) in folder/name/step-NNNNN; a rerun goes
-    on from the latest checkpoint and trains nothing when all exist. A model that starts from another (tiny-dream
-    from tiny-arm) starts from the shipped one in `donors`, as the shipped model did.
-    Returns the checkpoint folders in step order."""
+    and `count` log-spaced steps up to the last (train.checkpoint_steps) in folder/name/step-NNNNN. A rerun goes
+    on from the latest checkpoint before the first missing one, with the same thread count, and trains nothing
+    when all exist; checkpoints of another recipe are refused, and so is a folder/name that holds a model of its
+    own (a shipped model's folder is never written into). A model that starts from another (tiny-dream from
+    tiny-arm) starts from the shipped one in `donors`, as the shipped model did. Returns the checkpoint folders
+    in step order."""
     spec = recipe(name)
     steps = checkpoint_steps(spec.steps, count)
-    run_folder = folder / name
-    run_folder.mkdir(parents=True, exist_ok=True)
+    run_folder = Path(folder) / name
+    if any((run_folder / own).exists() for own in ("config.json", "model.safetensors", "card.json")):
+        raise ValueError(f"folder={str(folder)!r} is not allowed: {run_folder} holds a model of its own; give a folder "
+                         "for checkpoints (data/checkpoints/)")
+    for path in saved_checkpoints(run_folder).values():
+        training_state(path, spec)  # refuses another recipe's checkpoints before any work
     if not all(checkpoint_folder(run_folder, step).is_dir() for step in steps):
         train(name, donors, threads=threads, progress=progress, checkpoints=run_folder, checkpoint_at=tuple(steps),
               curve_path=run_folder / "loss_curve.csv")
@@ -78,7 +86,8 @@ def retrain(name: RecipeName, folder: Path = CHECKPOINTS_DIR, count: Annotated[i
 
 def measure(loaded: LoadedModel, how: Measurement, scratch: Path | None = None, progress: bool = True) -> dict[str, Any]:
     """One row of measurements of a zoo model (the module docstring lists them). `scratch` keeps Table 1's
-    per-problem answers so that an interrupted measurement resumes."""
+    per-problem answers so that an interrupted measurement resumes. A model without any sink gets NaN token
+    shares and an empty top token."""
     table = masking_table([loaded], ks=(0, 1), random_control=True, eps=how.eps, limit=how.n_problems,
                           out_dir=scratch, batch_size=50, seed=how.seed, progress=progress).frame
     accuracy = {(condition, k): (a, s) for condition, k, a, s in
@@ -91,9 +100,9 @@ def measure(loaded: LoadedModel, how: Measurement, scratch: Path | None = None, 
     motion = dynamics.dynamics_summary(traces, how.eps)
     return {"accuracy": accuracy[("sinks", 0)][0], "accuracy_stderr": accuracy[("sinks", 0)][1],
             "accuracy_top1_masked": accuracy[("sinks", 1)][0], "accuracy_random1_masked": accuracy[("random keys", 1)][0],
-            **{f"share_{group}": share for group, share in groups.items()},
+            **{f"share_{group}": share if len(frequency) else float("nan") for group, share in groups.items()},
             "top_sink_token": frequency["token"].iloc[0] if len(frequency) else "",
-            "top_sink_share": float(frequency["share"].iloc[0]) if len(frequency) else 0.0,
+            "top_sink_share": float(frequency["share"].iloc[0]) if len(frequency) else float("nan"),
             "top_key_score_mean": float(top_keys["score"].mean()),
             "top_key_score_max_head": float(top_keys.groupby(["layer", "head"])["score"].mean().max()),
             "move_rate": float(motion["move_rate"].mean()),
@@ -101,64 +110,89 @@ def measure(loaded: LoadedModel, how: Measurement, scratch: Path | None = None, 
 
 
 @checked
-def measure_all(names: list[RecipeName], how: Measurement = Measurement(), folder: Path = CHECKPOINTS_DIR,
-                results: Path = RESULTS_PATH, progress: bool = True) -> pd.DataFrame:
-    """Measure every checkpoint retrain() saved for `names`, and each shipped zoo model, into `results`: the file is
-    rewritten after each row, and rows already there for the same measurement settings are kept, not redone.
-    A model whose checkpoints are missing is refused before anything is measured. Returns the rows."""
-    plan = [(name, _checkpoints(folder, name)) for name in names]
+def measure_all(names: list[RecipeName], how: Measurement = Measurement(), count: Annotated[int, Ge(2)] = 8,
+                folder: Path = CHECKPOINTS_DIR, results: Path = RESULTS_PATH, progress: bool = True) -> pd.DataFrame:
+    """Measure the checkpoints retrain(name, folder, count) saved for each of `names`, and each shipped zoo model,
+    into `results`. The file is rewritten after each row; a row already there for the same checkpoint weights
+    (their sha256) and measurement settings is kept, not redone, and one for weights that have since been
+    retrained is replaced. Missing checkpoints are refused before anything is measured. Returns every row."""
+    if len(set(names)) != len(names):
+        raise ValueError(f"names={names!r} is not allowed: names must be distinct")
+    jobs = [(name, path) for name in names
+            for path in [*_checkpoints(Path(folder), name, count), *([ZOO_DIR / name] if name in ZOO else [])]]
     rows = read_rows(results)
-    done = {tuple(row[k] for k in KEY) for row in rows.to_dict("records")}
-    jobs = [(name, path) for name, paths in plan for path in [*paths, *([ZOO_DIR / name] if name in ZOO else [])]]
     for name, path in tqdm(jobs, desc="measure checkpoints", disable=not progress):
         checkpoint = SHIPPED if path.parent == ZOO_DIR else path.name
-        key = {"model": name, "checkpoint": checkpoint, **dataclasses.asdict(how)}
-        if tuple(key[k] for k in KEY) in done:
+        key = {"model": name, "checkpoint": checkpoint, "weights": _fingerprint(path), **dataclasses.asdict(how)}
+        same = (rows[KEY[:2] + KEY[3:]] == pd.Series({k: key[k] for k in KEY[:2] + KEY[3:]})).all(axis=1)
+        if (same & (rows["weights"] == key["weights"])).any():
             continue
         loaded = dataclasses.replace(load(str(path)), name=f"{name}@{checkpoint}")
-        row = {**key, **_training_point(folder / name, name, checkpoint),
-               **measure(loaded, how, scratch=folder / name / "measurements", progress=False)}
-        rows = pd.concat([rows, pd.DataFrame([row], columns=COLUMNS)], ignore_index=True) if len(rows) else \
-            pd.DataFrame([row], columns=COLUMNS)
+        row = {**key, **_training_point(path, name, checkpoint),
+               **measure(loaded, how, scratch=Path(folder) / name / "measurements", progress=False)}
+        fresh = pd.DataFrame([row], columns=COLUMNS)
+        rows = pd.concat([rows[~same], fresh], ignore_index=True) if len(rows[~same]) else fresh
         _write(rows, results, describe(dataclasses.asdict(how), what="sinks over training"))
     return read_rows(results)
 
 
-def _checkpoints(folder: Path, name: str) -> list[Path]:
-    """The checkpoint folders retrain() saved for `name`, in step order; none is refused."""
-    found = sorted(path for path in (folder / name).glob("step-[0-9]*") if (path / "model.safetensors").exists()
-                   and not path.name.endswith(".partial"))
-    if not found:
-        raise ValueError(f"names: {name!r} has no checkpoints in {folder / name}: retrain it first "
-                         f"(python -m sinklib.zoo over-training --retrain)")
-    return found
+def _checkpoints(folder: Path, name: str, count: int) -> list[Path]:
+    """The checkpoint folders retrain(name, folder, count) saves, in step order; any missing is refused."""
+    paths = [checkpoint_folder(folder / name, step) for step in checkpoint_steps(recipe(name).steps, count)]
+    missing = [path.name for path in paths if not (path / "model.safetensors").exists()]
+    if missing:
+        raise ValueError(f"names: {name!r} lacks checkpoints {missing} in {folder / name}: retrain it first "
+                         "(python -m sinklib.zoo over-training, or notebook 06 with retrain=True)")
+    return paths
 
 
-def _training_point(run_folder: Path, name: str, checkpoint: str) -> dict[str, Any]:
-    """Step, the run's total steps and the training loss around the step (mean of the 50 steps before it; NaN
-    at step 0) — from the retrained run's loss curve, or the shipped model's own for its row."""
-    total = recipe(name).steps
-    step = total if checkpoint == SHIPPED else int(checkpoint.removeprefix("step-"))
-    curve_path = ZOO_DIR / name / "loss_curve.csv" if checkpoint == SHIPPED else run_folder / "loss_curve.csv"
-    curve = pd.read_csv(curve_path)
+def _fingerprint(path: Path) -> str:
+    """The first 16 hex digits of the sha256 of a checkpoint's weights file: which weights a row measured."""
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:16]
+
+
+def _training_point(path: Path, name: str, checkpoint: str) -> dict[str, Any]:
+    """Step, the run's total steps and the training loss before the step (the mean of the 50 steps before it;
+    NaN at step 0): from the checkpoint's own saved state, or the shipped model's card and loss curve."""
+    if checkpoint == SHIPPED:
+        step = total = recipe(name).steps
+        curve = pd.read_csv(path / "loss_curve.csv")
+    else:
+        saved = training_state(path)
+        step, total = saved["step"], saved["spec"]["steps"]
+        curve = pd.DataFrame(saved["curve"], columns=["step", "loss"])
     window = curve[(curve["step"] < step) & (curve["step"] >= step - 50)]["loss"]
     return {"step": step, "train_steps": total, "loss": float(window.mean()) if len(window) else float("nan")}
 
 
 def read_rows(results: Path = RESULTS_PATH) -> pd.DataFrame:
-    """The measured rows (empty, with the columns, when the file does not exist yet)."""
-    return pd.read_parquet(results) if Path(results).exists() else pd.DataFrame(columns=COLUMNS)
+    """The measured rows (empty, with the columns, when the file does not exist yet); a file with other columns
+    is refused (it is not this module's, and would be rewritten)."""
+    if not Path(results).exists():
+        return pd.DataFrame(columns=COLUMNS)
+    rows = pd.read_parquet(results)
+    if list(rows.columns) != COLUMNS:
+        raise ValueError(f"results={str(results)!r} is not allowed: its columns {list(rows.columns)} are not "
+                         f"{COLUMNS}; give a sinks-over-training results file or a new path")
+    return rows
+
+
+def _ordered(rows: pd.DataFrame, names: Sequence[str] | None = None) -> pd.DataFrame:
+    """Rows by model (in `names` order, else by name), then step, the shipped model after the last checkpoint."""
+    order = {name: index for index, name in enumerate(names or sorted(set(rows["model"])))}
+    sort_key = {"model": lambda c: c.map(order), "checkpoint": lambda c: c == SHIPPED}
+    return rows.sort_values(["model", "step", "checkpoint"] + KEY[3:], kind="stable",
+                            key=lambda c: sort_key.get(c.name, lambda c: c)(c)).reset_index(drop=True)
 
 
 def _write(rows: pd.DataFrame, results: Path, record: dict[str, Any]) -> None:
-    """Rows sorted by model, step and checkpoint, written whole through a scratch file in the same folder and
-    entered in the folder's PROVENANCE.json."""
+    """Rows in _ordered order, written whole through a scratch file in the same folder and entered in the folder's
+    PROVENANCE.json."""
     results.parent.mkdir(parents=True, exist_ok=True)
-    ordered = rows.sort_values(["model", "step", "checkpoint"] + KEY[2:], kind="stable").reset_index(drop=True)
     handle, scratch = tempfile.mkstemp(dir=results.parent, prefix=f".{results.name}.", suffix=".partial")
     os.close(handle)
     try:
-        write_parquet(ordered, scratch, record)
+        write_parquet(_ordered(rows), scratch, record)
         os.replace(scratch, results)
         record_artifacts([results], record)
     finally:
@@ -166,19 +200,24 @@ def _write(rows: pd.DataFrame, results: Path, record: dict[str, Any]) -> None:
             os.remove(scratch)
 
 
-def select(rows: pd.DataFrame, how: Measurement, names: Sequence[str]) -> pd.DataFrame:
-    """The rows of `names` measured with `how`, in model order then step order; a model without any is refused,
-    naming the settings the file does hold."""
+def select(rows: pd.DataFrame, how: Measurement, names: Sequence[str], count: int = 8) -> pd.DataFrame:
+    """The rows of `names` measured with `how` at the `count` checkpoints retrain() saves (and the shipped
+    model), in `names` order then step order; a model without all of them is refused, naming the settings the
+    file does hold."""
+    if isinstance(names, str) or not names:
+        raise ValueError(f"names={names!r} is not allowed: names must be a non-empty list of recipe names")
     chosen = rows[(rows["n_problems"] == how.n_problems) & (rows["n_traces"] == how.n_traces)
-                  & (rows["eps"] == how.eps) & (rows["seed"] == how.seed) & rows["model"].isin(names)]
-    missing = [name for name in names if name not in set(chosen["model"])]
+                  & (rows["eps"] == how.eps) & (rows["seed"] == how.seed)]
+    wanted = {name: {f"step-{step:05d}" for step in checkpoint_steps(recipe(name).steps, count)}
+              | ({SHIPPED} if name in ZOO else set()) for name in names}
+    keep = [checkpoint in wanted.get(model, ()) for model, checkpoint in zip(chosen["model"], chosen["checkpoint"])]
+    chosen = chosen.loc[pd.Series(keep, index=chosen.index, dtype=bool)]
+    missing = [name for name in names if set(chosen.loc[chosen["model"] == name, "checkpoint"]) != wanted[name]]
     if missing:
-        held = rows[KEY[2:]].drop_duplicates().to_dict("records")
-        raise ValueError(f"{missing} have no rows measured with {dataclasses.asdict(how)} (the file holds {held}): "
-                         "measure them (retrain=True) or choose the settings it holds")
-    order = {name: index for index, name in enumerate(names)}
-    return chosen.sort_values(["model", "step", "checkpoint"], key=lambda c: c.map(order) if c.name == "model" else c,
-                              kind="stable").reset_index(drop=True)
+        held = rows[["model", *KEY[3:]]].drop_duplicates().to_dict("records")
+        raise ValueError(f"{missing} lack rows measured with {dataclasses.asdict(how)} at their {count} checkpoints "
+                         f"(the file holds {held}): measure them (retrain=True) or choose the settings it holds")
+    return _ordered(chosen, names)
 
 
 def result(rows: pd.DataFrame) -> Result:
@@ -207,14 +246,12 @@ def findings(rows: pd.DataFrame) -> list[str]:
              f"{last['accuracy_random1_masked']:.2f}."]
     gap = trained["accuracy_random1_masked"] - trained["accuracy_top1_masked"]
     dependent = trained[(gap > 0.2) & (trained["accuracy"] > 0.5)]
-    lines.append(f"{name}: masking the top-1 sink first costs over 0.2 more accuracy than masking a random key at "
-                 f"step {dependent.iloc[0]['step']}." if len(dependent) else
-                 f"{name}: at no checkpoint does masking the top-1 sink cost over 0.2 more than a random key.")
+    lines.append(f"{name}: from step {dependent.iloc[0]['step']} on, masking the top-1 sink costs over 0.2 more "
+                 "accuracy than masking a random key (counted where unmasked accuracy is above 0.5)."
+                 if len(dependent) else f"{name}: at no checkpoint with unmasked accuracy above 0.5 does masking the "
+                 "top-1 sink cost over 0.2 more than masking a random key.")
     for point in (first, trained.iloc[len(trained) // 2], last):
-        groups = {group: point[f"share_{group}"] for group in dynamics.TOKEN_GROUPS}
-        largest = max(groups, key=groups.get)
-        lines.append(f"{name} step {point['step']}: sinks mostly on {largest} tokens ({groups[largest]:.0%}; top token "
-                     f"{point['top_sink_token']!r} {point['top_sink_share']:.0%}); top key's score "
+        lines.append(f"{name} step {point['step']}: {_where_sinks_sit(point)}; top key's score "
                      f"{point['top_key_score_mean']:.1f} (sum units); move rate "
                      + ("n/a" if pd.isna(point["move_rate"]) else f"{point['move_rate']:.2f}") + ".")
     shipped = rows[rows["checkpoint"] == SHIPPED]
@@ -222,3 +259,13 @@ def findings(rows: pd.DataFrame) -> list[str]:
         lines.append(f"{name}: the shipped model scores {shipped.iloc[0]['accuracy']:.2f} on the same problems "
                      f"(the retrained last checkpoint {last['accuracy']:.2f}).")
     return lines
+
+
+def _where_sinks_sit(point: pd.Series) -> str:
+    """"sinks mostly on <group> tokens (share; top token 't' share)", or that Eq. 3 found none."""
+    groups = {group: point[f"share_{group}"] for group in dynamics.TOKEN_GROUPS}
+    if any(pd.isna(share) for share in groups.values()):
+        return "no sinks (Eq. 3 selects no key)"
+    largest = max(groups, key=groups.get)
+    return (f"sinks mostly on {largest} tokens ({groups[largest]:.0%}; top token {point['top_sink_token']!r} "
+            f"{point['top_sink_share']:.0%})")

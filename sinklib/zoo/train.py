@@ -207,12 +207,17 @@ def _update(model, optimizer: torch.optim.Optimizer, loss: torch.Tensor, lr: flo
 
 
 def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
-    """Step 0 (the initialisation) and `count` steps log-spaced from `first` to `total` (the last is `total`):
-    the steps after which a run followed over training saves its weights."""
+    """Step 0 (the initialisation) and `count` distinct steps log-spaced from `first` to `total` (the last is
+    `total`): the steps after which a run followed over training saves its weights."""
     if count < 2 or not 1 <= first < total:
-        raise ValueError(f"count={count}, first={first}, total={total}: need count >= 2 and 1 <= first < total")
+        raise ValueError(f"count={count} is not allowed with total={total}, first={first}: need count >= 2 and "
+                         "1 <= first < total")
     ratio = (total / first) ** (1 / (count - 1))
-    return sorted({0, *(round(first * ratio ** i) for i in range(count - 1)), total})
+    steps = sorted({0, *(round(first * ratio ** i) for i in range(count - 1)), total})
+    if len(steps) != count + 1:
+        raise ValueError(f"count={count} is not allowed with total={total}: log-spaced steps from {first} would "
+                         f"repeat; ask for fewer")
+    return steps
 
 
 def checkpoint_folder(folder: Path, step: int) -> Path:
@@ -230,9 +235,10 @@ class _RunState:
 
 def _save_checkpoint(folder: Path, spec: ZooSpec, model, optimizer, generator: torch.Generator,
                      state: _RunState) -> None:
-    """The model (safetensors, loadable by sinklib.load), its tokenizer and the run's state, written to a scratch
-    folder first and renamed, so a checkpoint folder that exists is whole; one that exists is kept as it is (a
-    resumed run reaches the step it resumed from again)."""
+    """The model (safetensors, loadable by sinklib.load), its tokenizer and the run's state (recipe, thread count,
+    loss curve so far, optimiser moments, masking generator), written to folder/step-NNNNN.partial (this
+    function's own scratch name: one a killed run left is written over) and renamed, so a checkpoint folder that
+    exists is whole; one that exists is kept as it is (a resumed run reaches the step it resumed from again)."""
     final = checkpoint_folder(folder, state.step)
     if final.exists():
         return
@@ -240,32 +246,49 @@ def _save_checkpoint(folder: Path, spec: ZooSpec, model, optimizer, generator: t
     scratch.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(scratch)
     save_tokenizer(scratch)
-    torch.save({"spec": asdict(spec), "step": state.step, "curve": state.curve, "optimizer": optimizer.state_dict(),
-                "generator": generator.get_state()}, scratch / "training_state.pt")
+    torch.save({"spec": asdict(spec), "threads": torch.get_num_threads(), "step": state.step, "curve": state.curve,
+                "optimizer": optimizer.state_dict(), "generator": generator.get_state()}, scratch / "training_state.pt")
     scratch.rename(final)
 
 
-def _latest_checkpoint(folder: Path | None) -> Path | None:
-    """The whole checkpoint with the most steps in folder, or None."""
+def saved_checkpoints(folder: Path | None) -> dict[int, Path]:
+    """The whole checkpoints in folder by step (a scratch folder a killed run left is not one)."""
     if folder is None or not folder.is_dir():
-        return None
-    done = sorted(path for path in folder.glob("step-[0-9]*") if path.is_dir() and not path.name.endswith(".partial")
-                  and (path / "training_state.pt").exists())
-    return done[-1] if done else None
+        return {}
+    return {int(path.name.removeprefix("step-")): path for path in folder.glob("step-[0-9]*")
+            if path.is_dir() and path.name[5:].isdigit() and (path / "training_state.pt").exists()}
 
 
-def _resume(path: Path, spec: ZooSpec, model, optimizer, generator: torch.Generator) -> _RunState:
-    """Load a checkpoint's weights, optimiser moments and masking generator into the run; a checkpoint of another
-    recipe is refused."""
+def training_state(path: Path, spec: ZooSpec | None = None, threads: int | None = None) -> dict:
+    """A checkpoint's saved run state; with `spec` / `threads`, refused unless it was saved by that recipe and
+    thread count (another thread count sums floats in another order: the run would not have the same bits)."""
     saved = torch.load(path / "training_state.pt", weights_only=True)
-    if saved["spec"] != asdict(spec):
-        raise ValueError(f"checkpoints={path.parent}: {path.name} was saved by another recipe ({saved['spec']}), "
-                         f"not {asdict(spec)}; give an empty folder or that recipe's")
-    weights = transformers.LlamaForCausalLM.from_pretrained(path).state_dict()
-    model.load_state_dict(weights)
+    if spec is not None and saved["spec"] != asdict(spec):
+        raise ValueError(f"checkpoints={str(path.parent)!r} is not allowed: {path.name} was saved by another recipe "
+                         f"({saved['spec']}), not {asdict(spec)}; give an empty folder or that recipe's")
+    if threads is not None and saved.get("threads", threads) != threads:
+        raise ValueError(f"threads={threads} is not allowed: {path} was trained with threads={saved['threads']}, and "
+                         "another thread count would not continue it with the same bits")
+    return saved
+
+
+def _resume(path: Path, spec: ZooSpec, threads: int, model, optimizer, generator: torch.Generator) -> _RunState:
+    """Load a checkpoint's weights, optimiser moments and masking generator into the run."""
+    saved = training_state(path, spec, threads)
+    model.load_state_dict(transformers.LlamaForCausalLM.from_pretrained(path).state_dict())
     optimizer.load_state_dict(saved["optimizer"])
     generator.set_state(saved["generator"])
     return _RunState(step=saved["step"], curve=saved["curve"])
+
+
+def _resume_point(checkpoints: Path | None, checkpoint_at: tuple[int, ...], total: int) -> Path | None:
+    """The checkpoint to go on from: the latest one not past the first asked-for checkpoint that is missing (or
+    past the end, when none is missing), so that every asked-for checkpoint gets made."""
+    saved = saved_checkpoints(checkpoints)
+    missing = [step for step in checkpoint_at if step <= total and step not in saved]
+    limit = min(missing, default=total)
+    usable = [step for step in saved if step <= limit]
+    return saved[max(usable)] if usable else None
 
 
 def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = True, threads: int = 2,
@@ -275,9 +298,9 @@ def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = T
 
     `spec` replaces the recipe of `name` (train.recipe) for experiments with other settings. With `checkpoints`,
     the weights are saved to checkpoints/step-NNNNN after each step count in `checkpoint_at` (0: the
-    initialisation), and a run that finds checkpoints there goes on from the latest one: the same batches, masks
-    and updates as an uninterrupted run.
-    The donor of spec.init_from is read from zoo_dir."""
+    initialisation), and a run that finds checkpoints there goes on from the latest one before the first missing
+    one: the same batches, masks and updates as an uninterrupted run with the same thread count (a checkpoint of
+    another recipe or thread count is refused). The donor of spec.init_from is read from zoo_dir."""
     spec = recipe(name) if spec is None else spec
     total = spec.steps if steps is None else steps
     torch.set_num_threads(threads)
@@ -285,8 +308,8 @@ def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = T
     model = build_model(spec, tokenizer, zoo_dir).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
     generator = torch.Generator().manual_seed(spec.seed)
-    latest = _latest_checkpoint(checkpoints)
-    state = _resume(latest, spec, model, optimizer, generator) if latest else _RunState(step=0, curve=[])
+    latest = _resume_point(checkpoints, checkpoint_at, total)
+    state = _resume(latest, spec, threads, model, optimizer, generator) if latest else _RunState(step=0, curve=[])
     stream = problems(spec.seed, {p.question for p in held_out()})
     for _ in range(state.step * spec.batch_size):  # the batches the checkpoint has already seen
         next(stream)

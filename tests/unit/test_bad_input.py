@@ -22,6 +22,7 @@ from sinklib.generate import collect_traces
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.sandbox import SandboxLimits, run_python
 from sinklib.evaluation.table1 import masking_table
+from sinklib.zoo import ZOO_DIR, over_training
 
 ROOT = Path(__file__).resolve().parents[2]
 SCORES = torch.tensor([[8.0, 1.0, 1.0, 1.0]])
@@ -137,6 +138,14 @@ CASES = [
     Case("generate maps step beyond run", lambda t: gen(maps=[(9, 0, 0)]), ValueError, "maps"),
     Case("generate intervention str", lambda t: gen(intervention="MaskSinks"), TypeError, "intervention"),
     Case("generate gen_length too long", lambda t: gen(gen_length=10**6, steps=4), ValueError, "gen_length"),
+    # -- sinks over training ---------------------------------------------------------------------------
+    Case("retrain unknown recipe", lambda t: over_training.retrain("tiny-lada", t), ValueError, "name"),
+    Case("retrain into a shipped model", lambda t: over_training.retrain("tiny-arm", ZOO_DIR), ValueError, "folder"),
+    Case("retrain one checkpoint", lambda t: over_training.retrain("tiny-arm", t, count=1), ValueError, "count"),
+    Case("measure_all without checkpoints", lambda t: over_training.measure_all(["tiny-arm"], folder=t,
+                                                                                 results=t / "rows.parquet"),
+         ValueError, "names"),
+    Case("measurement n_traces", lambda t: over_training.Measurement(n_traces=0), ValueError, "n_traces"),
     # -- load --------------------------------------------------------------------------------------------
     Case("load zoo typo", lambda t: sinklib.load("tiny-lada"), ValueError, "name_or_model"),
     Case("load missing folder", lambda t: sinklib.load(str(t / "nowhere" / "model")), ValueError, "name_or_model"),
@@ -261,6 +270,9 @@ CLI_CASES = [
     ("zoo steps", lambda t: ["sinklib.zoo", "train", "tiny-llada", "--steps", "-3"], "--steps"),
     ("zoo eval-n", lambda t: ["sinklib.zoo", "train", "tiny-llada", "--eval-n", "zero"], "--eval-n"),
     ("zoo no command", lambda t: ["sinklib.zoo"], "command"),
+    ("zoo over-training name", lambda t: ["sinklib.zoo", "over-training", "tiny-lada"], "NAME"),
+    ("zoo over-training count", lambda t: ["sinklib.zoo", "over-training", "--checkpoint-count", "1"],
+     "--checkpoint-count"),
 ]
 
 

@@ -34,16 +34,22 @@ def test_checkpoint_steps_start_at_the_initialisation_end_at_the_last_step_and_a
     assert max(ratios) / min(ratios) < 1.05  # evenly spaced in log(step)
     with pytest.raises(ValueError, match="count=1"):
         checkpoint_steps(100, 1)
-    with pytest.raises(ValueError, match="first=25, total=20"):
+    with pytest.raises(ValueError, match="count=4 is not allowed with total=20"):
         checkpoint_steps(20, 4)
+    with pytest.raises(ValueError, match="count=8 is not allowed with total=30: .* would repeat"):
+        checkpoint_steps(30, 8)
 
 
 def test_a_resumed_run_has_the_bits_of_an_uninterrupted_one(tmp_path):
     whole, whole_curve = train("tiny-llada", tmp_path, spec=SMALL, progress=False, checkpoints=tmp_path / "whole",
                                checkpoint_at=(0, 3, 6))
-    train("tiny-llada", tmp_path, spec=SMALL, steps=3, progress=False, checkpoints=tmp_path / "cut",
-          checkpoint_at=(0, 3, 6))  # stops after step 3, as a killed run would
+    train("tiny-llada", tmp_path, spec=SMALL, steps=5, progress=False, checkpoints=tmp_path / "cut",
+          checkpoint_at=(0, 3, 6), curve_path=tmp_path / "curve.csv")  # stops after step 5, as a killed run would
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["step-00000", "step-00003"]
+    assert pd.read_csv(tmp_path / "curve.csv")["step"].tolist() == list(range(5))
+    with pytest.raises(ValueError, match="threads=1 is not allowed: .* was trained with threads=2"):
+        train("tiny-llada", tmp_path, spec=SMALL, progress=False, checkpoints=tmp_path / "cut", checkpoint_at=(0, 3, 6),
+              threads=1)
     resumed, resumed_curve = train("tiny-llada", tmp_path, spec=SMALL, progress=False, checkpoints=tmp_path / "cut",
                                    checkpoint_at=(0, 3, 6), curve_path=tmp_path / "curve.csv")
     expected, got = _weights(whole), _weights(resumed)
@@ -57,7 +63,7 @@ def test_a_resumed_run_has_the_bits_of_an_uninterrupted_one(tmp_path):
 def test_checkpoints_of_another_recipe_are_refused(tmp_path):
     train("tiny-llada", tmp_path, spec=SMALL, steps=3, progress=False, checkpoints=tmp_path, checkpoint_at=(3,))
     other = dataclasses.replace(SMALL, lr=1e-3)
-    with pytest.raises(ValueError, match=r"checkpoints=.*step-00003 was saved by another recipe"):
+    with pytest.raises(ValueError, match=r"checkpoints=.* is not allowed: step-00003 was saved by another recipe"):
         train("tiny-llada", tmp_path, spec=other, progress=False, checkpoints=tmp_path, checkpoint_at=(3, 6))
 
 
@@ -136,8 +142,8 @@ def test_measure_counts_sink_tokens_and_accuracy_as_an_independent_loop_does(arm
 
 def test_measurements_are_written_as_they_go_and_never_redone(tmp_path, monkeypatch, arm):
     small_arm = dataclasses.replace(SMALL, objective="arm", causal=True, family="arm", name="tiny-arm")
-    train("tiny-arm", tmp_path, spec=small_arm, progress=False, checkpoints=tmp_path / "tiny-arm", checkpoint_at=(0, 6),
-          curve_path=tmp_path / "tiny-arm" / "loss_curve.csv")
+    train("tiny-arm", tmp_path, spec=small_arm, progress=False, checkpoints=tmp_path / "tiny-arm", checkpoint_at=(0, 6))
+    monkeypatch.setattr(over_training, "checkpoint_steps", lambda total, count: [0, 6])  # this small run's
     measured = []
 
     def fake_measure(loaded, how, scratch=None, progress=True):
@@ -155,19 +161,41 @@ def test_measurements_are_written_as_they_go_and_never_redone(tmp_path, monkeypa
     rows = over_training.measure_all(["tiny-arm"], folder=tmp_path, results=results, progress=False)
     assert measured == ["tiny-arm@step-00000", "tiny-arm@step-00006", "tiny-arm@step-00006", "tiny-arm@shipped"]
     assert rows["checkpoint"].tolist() == ["step-00000", "step-00006", "shipped"]
-    assert rows["step"].tolist() == [0, 6, 1200] and rows["train_steps"].tolist() == [1200] * 3
+    assert rows["step"].tolist() == [0, 6, 1200] and rows["train_steps"].tolist() == [6, 6, 1200]
     assert rows.equals(over_training.read_rows(results))
     again = over_training.measure_all(["tiny-arm"], folder=tmp_path, results=results, progress=False)
     assert len(measured) == 4 and again.equals(rows)
+    # retrained weights at one checkpoint: that row is measured again and replaces the old one
+    retrained = sinklib.load(str(tmp_path / "tiny-arm" / "step-00006")).model
+    with torch.no_grad():
+        retrained.model.norm.weight.add_(1.0)
+    retrained.save_pretrained(tmp_path / "tiny-arm" / "step-00006")
+    replaced = over_training.measure_all(["tiny-arm"], folder=tmp_path, results=results, progress=False)
+    assert measured[4:] == ["tiny-arm@step-00006"] and replaced["checkpoint"].tolist() == rows["checkpoint"].tolist()
+    assert (replaced["weights"] != rows["weights"]).tolist() == [False, True, False]
     assert not list(tmp_path.glob(".rows.parquet.*"))  # no scratch file left behind
+    with pytest.raises(ValueError, match=r"names=\['tiny-arm', 'tiny-arm'\] is not allowed"):
+        over_training.measure_all(["tiny-arm", "tiny-arm"], folder=tmp_path, results=results, progress=False)
+
+
+def test_the_shipped_model_comes_after_the_last_checkpoint_it_shares_a_step_with():
+    rows = pd.DataFrame({"model": ["tiny-arm"] * 3, "checkpoint": ["step-01200", "shipped", "step-00025"],
+                         "step": [1200, 1200, 25], **{k: 0 for k in over_training.KEY[3:]}})
+    assert over_training._ordered(rows)["checkpoint"].tolist() == ["step-00025", "step-01200", "shipped"]
 
 
 def test_select_refuses_settings_the_file_does_not_hold(tmp_path):
+    steps = checkpoint_steps(ZOO["tiny-arm"].steps, 3)
     rows = pd.DataFrame([{column: 0 for column in over_training.COLUMNS} | {
-        "model": "tiny-arm", "checkpoint": "shipped", "n_problems": 300, "n_traces": 30, "eps": 3.0, "seed": 0}])
-    assert len(over_training.select(rows, over_training.Measurement(), ["tiny-arm"])) == 1
-    with pytest.raises(ValueError, match=r"\['tiny-arm'\] have no rows measured with .*'n_problems': 100"):
-        over_training.select(rows, over_training.Measurement(n_problems=100), ["tiny-arm"])
+        "model": "tiny-arm", "checkpoint": checkpoint, "n_problems": 300, "n_traces": 30, "eps": 3.0, "seed": 0}
+        for checkpoint in [f"step-{step:05d}" for step in steps] + ["shipped"]])
+    assert len(over_training.select(rows, over_training.Measurement(), ["tiny-arm"], count=3)) == len(steps) + 1
+    with pytest.raises(ValueError, match=r"\['tiny-arm'\] lack rows measured with .*'n_problems': 100"):
+        over_training.select(rows, over_training.Measurement(n_problems=100), ["tiny-arm"], count=3)
+    with pytest.raises(ValueError, match=r"\['tiny-arm'\] lack rows .* at their 8 checkpoints"):
+        over_training.select(rows, over_training.Measurement(), ["tiny-arm"], count=8)
+    with pytest.raises(ValueError, match="names='tiny-arm' is not allowed"):
+        over_training.select(rows, over_training.Measurement(), "tiny-arm")
     with pytest.raises(ValueError, match="n_problems=0 is not allowed"):
         over_training.Measurement(n_problems=0)
 
@@ -178,8 +206,10 @@ def test_the_committed_measurements_cover_every_checkpoint_and_the_shipped_model
         mine = rows[rows["model"] == name]
         assert mine["step"].tolist() == checkpoint_steps(spec.steps) + [spec.steps]
         assert mine["checkpoint"].iloc[-1] == "shipped"
-        shares = mine[[f"share_{group}" for group in dynamics.TOKEN_GROUPS]].sum(axis=1)
-        assert ((shares - 1).abs() < 1e-9).all()
+        shares = mine[[f"share_{group}" for group in dynamics.TOKEN_GROUPS]]
+        with_sinks = shares.notna().all(axis=1)
+        assert ((shares[with_sinks].sum(axis=1) - 1).abs() < 1e-9).all()
+        assert shares[~with_sinks].isna().all(axis=None) and (mine.loc[~with_sinks, "top_sink_token"] == "").all()
 
 
 def test_the_notebook_measures_as_the_command_line_does():
