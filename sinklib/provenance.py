@@ -103,7 +103,7 @@ def record_artifacts(paths: list[Path], record: dict[str, Any]) -> None:
         by_folder.setdefault(Path(path).parent, []).append(Path(path))
     for folder, files in by_folder.items():
         manifest = folder / MANIFEST
-        with _locked(folder):
+        with locked(folder):
             entries = json.loads(manifest.read_text()) if manifest.is_file() else {}
             for path in files:
                 entries[path.name] = {**record, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
@@ -119,7 +119,7 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path):
+def locked(folder: Path):
     """An exclusive lock on the folder itself (flock on its descriptor): no lock file to leave behind."""
     descriptor = os.open(folder, os.O_RDONLY)
     try:

@@ -256,7 +256,7 @@ class TrainingDynamicsRun(RunConfig):
     """Notebook 06: sinks over training. Reads the measured checkpoints from `measurements`; with retrain, first
     retrains the zoo models from their seeds into checkpoints_dir and measures every checkpoint there (both resume)."""
     NOTEBOOK = "06_sinks_over_training"
-    zoo_models: list[over_training.RecipeName]
+    recipes: list[over_training.RecipeName]
     retrain: Consent  # a real bool: a string "false" must not start an hour of training
     checkpoint_count: Annotated[int, Ge(2)]
     n_problems: Count
@@ -269,10 +269,10 @@ class TrainingDynamicsRun(RunConfig):
     progress: bool
 
     def check(self) -> None:
-        """At least one zoo model, each once."""
-        if not self.zoo_models or len(set(self.zoo_models)) != len(self.zoo_models):
-            raise ValueError(f"zoo_models={self.zoo_models!r} is not allowed: zoo_models must be a non-empty list of "
-                             "distinct zoo model names")
+        """At least one recipe, each once."""
+        if not self.recipes or len(set(self.recipes)) != len(self.recipes):
+            raise ValueError(f"recipes={self.recipes!r} is not allowed: recipes must be a non-empty list of "
+                             "distinct recipe names (zoo models and variants)")
 
     @property
     def measurement(self) -> over_training.Measurement:
@@ -285,11 +285,11 @@ class TrainingDynamicsRun(RunConfig):
         checkpoints = over_training.CHECKPOINTS_DIR if self.checkpoints_dir is None else Path(self.checkpoints_dir)
         if self.retrain:
             # tiny-dream starts from the shipped tiny-arm, so the order of retraining does not matter
-            for name in self.zoo_models:
+            for name in self.recipes:
                 over_training.retrain(name, checkpoints, self.checkpoint_count, progress=self.progress)
-            over_training.measure_all(list(self.zoo_models), self.measurement, count=self.checkpoint_count,
+            over_training.measure_all(list(self.recipes), self.measurement, count=self.checkpoint_count,
                                       folder=checkpoints, results=measurements, progress=self.progress)
-        return over_training.select(over_training.read_rows(measurements), self.measurement, self.zoo_models,
+        return over_training.select(over_training.read_rows(measurements), self.measurement, self.recipes,
                                     self.checkpoint_count)
 
 

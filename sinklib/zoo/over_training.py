@@ -30,7 +30,7 @@ from sinklib.evaluation.table1 import masking_table
 from sinklib.generate import collect_traces
 from sinklib.loading import LoadedModel, load
 from sinklib.paths import DATA_DIR, ZOO_DIR
-from sinklib.provenance import describe, record_artifacts, write_parquet
+from sinklib.provenance import describe, locked, record_artifacts, write_parquet
 from sinklib.summary import Result, Summary
 from sinklib.validation import Count, Index, NonNegative, checked, validated
 from sinklib.zoo.data import prompts
@@ -130,10 +130,23 @@ def measure_all(names: list[RecipeName], how: Measurement = Measurement(), count
         loaded = dataclasses.replace(load(str(path)), name=f"{name}@{checkpoint}")
         row = {**key, **_training_point(path, name, checkpoint),
                **measure(loaded, how, scratch=Path(folder) / name / "measurements", progress=False)}
+        rows = _add_row(row, Path(results), describe(dataclasses.asdict(how), what="sinks over training"))
+    return read_rows(results)
+
+
+def _add_row(row: dict[str, Any], results: Path, record: dict[str, Any]) -> pd.DataFrame:
+    """Add one row to `results`, replacing a row of the same checkpoint and settings measured on other weights.
+    The file is read again under a lock on its folder, so that measurements of other models running at the same
+    time keep their rows. Returns the rows written."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with locked(results.parent):
+        rows = read_rows(results)
+        same = (rows[KEY[:2] + KEY[3:]] == pd.Series({k: row[k] for k in KEY[:2] + KEY[3:]})).all(axis=1)
         fresh = pd.DataFrame([row], columns=COLUMNS)
         rows = pd.concat([rows[~same], fresh], ignore_index=True) if len(rows[~same]) else fresh
-        _write(rows, results, describe(dataclasses.asdict(how), what="sinks over training"))
-    return read_rows(results)
+        _write(rows, results, record)
+    record_artifacts([results], record)  # takes the folder's lock itself
+    return rows
 
 
 def _checkpoints(folder: Path, name: str, count: int) -> list[Path]:
@@ -186,15 +199,13 @@ def _ordered(rows: pd.DataFrame, names: Sequence[str] | None = None) -> pd.DataF
 
 
 def _write(rows: pd.DataFrame, results: Path, record: dict[str, Any]) -> None:
-    """Rows in _ordered order, written whole through a scratch file in the same folder and entered in the folder's
-    PROVENANCE.json."""
-    results.parent.mkdir(parents=True, exist_ok=True)
+    """Rows in _ordered order, with the record's content part, written whole through a scratch file in the same
+    folder."""
     handle, scratch = tempfile.mkstemp(dir=results.parent, prefix=f".{results.name}.", suffix=".partial")
     os.close(handle)
     try:
         write_parquet(_ordered(rows), scratch, record)
         os.replace(scratch, results)
-        record_artifacts([results], record)
     finally:
         if os.path.exists(scratch):
             os.remove(scratch)

@@ -216,3 +216,24 @@ def test_the_notebook_measures_as_the_command_line_does():
     from sinklib import runs
 
     assert runs.TrainingDynamicsRun().measurement == over_training.Measurement()
+
+
+def test_measurements_of_two_models_running_at_once_keep_each_others_rows(tmp_path):
+    """Each row is added under a lock on the results folder, reading the file again: two writers lose nothing."""
+    import threading
+
+    results = tmp_path / "rows.parquet"
+
+    def write_rows(model: str) -> None:
+        for step in range(15):
+            row = {column: 0.0 for column in over_training.COLUMNS} | {
+                "model": model, "checkpoint": f"step-{step:05d}", "step": step, "weights": "w", "top_sink_token": ""}
+            over_training._add_row(row, results, {"config": {}})
+
+    writers = [threading.Thread(target=write_rows, args=(model,)) for model in ("tiny-arm", "tiny-dream")]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    rows = over_training.read_rows(results)
+    assert sorted(rows.groupby("model").size().tolist()) == [15, 15]
