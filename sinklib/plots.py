@@ -247,10 +247,10 @@ def training_dynamics_plot(frame: pd.DataFrame) -> plt.Figure:
             ax.set_xticks(x, labels, rotation=45, fontsize=7)
             if (rows["checkpoint"] == "shipped").any():
                 ax.axvline(len(rows) - 1.5, color="grey", linewidth=0.8, linestyle="--")
-        row[0].set_title(name, loc="left", fontweight="bold")
-    for ax, title in zip(axes[0], ["accuracy (held-out)", "which tokens host the sinks", "main sink's score",
+        for ax, title in zip(row, ["accuracy (held-out)", "which tokens host the sinks", "main sink's score",
                                    "sink motion and prevalence"]):
-        ax.set_title(title)
+            ax.set_title(f"{name} · {title}", fontsize=9)
+    for ax in axes[0]:
         ax.legend(fontsize=7, loc="best")
     for ax in axes[-1]:
         ax.set_xlabel("training step (checkpoint)")
