@@ -1,7 +1,7 @@
 """python -m sinklib.zoo train NAME [--steps N]   retrain a zoo model from its seed, evaluate it, write its card
 python -m sinklib.zoo data                       write the held-out test set to data/arithmetic_test.jsonl
 python -m sinklib.zoo over-training [NAME ...]   retrain with checkpoints (data/checkpoints/) and measure each into
-                                                 data/results/training_dynamics.parquet; both resume"""
+                                                 data/over_training/training_dynamics.parquet; both resume"""
 from __future__ import annotations
 
 import argparse

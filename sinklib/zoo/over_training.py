@@ -8,7 +8,7 @@ At each checkpoint (and once on the shipped model, for comparison) one row of me
 - the main sink: the top key's score (sum units, uniform attention scores 1) averaged over steps, layers and
   heads, and for the strongest head; how often a head's greatest sink moves between steps (move rate).
 
-The checkpoints live in data/checkpoints/ (not committed); the rows go to data/results/training_dynamics.parquet,
+The checkpoints live in data/checkpoints/ (not committed); the rows go to data/over_training/training_dynamics.parquet,
 written after every checkpoint, and a rerun measures only the checkpoints without a row.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from sinklib.zoo.train import (ZOO, checkpoint_folder, checkpoint_steps, recipe,
                                training_state)
 
 CHECKPOINTS_DIR = DATA_DIR / "checkpoints"
-RESULTS_PATH = DATA_DIR / "results" / "training_dynamics.parquet"
+RESULTS_PATH = DATA_DIR / "over_training" / "training_dynamics.parquet"  # not data/results/: no notebook writes it
 FORMAT_MARKERS = ("Q:", "A:", "####")  # the zoo's prompt and answer markers: structure, not content
 SHIPPED = "shipped"  # the checkpoint column of the shipped model's row
 RecipeName = Literal["tiny-llada", "tiny-dream", "tiny-arm", "tiny-llada-prompt-masking"]  # train.ZOO and VARIANTS

@@ -137,7 +137,8 @@ def _model_mask(model, batch: Batch) -> torch.Tensor:
 def masked_diffusion_loss(model, batch: Batch, mask_id: int, generator: torch.Generator, shifted: bool,
                           stratified: bool = False, mask_prompt: bool = False) -> torch.Tensor:
     """LLaDA (shifted=False) / Dream (shifted=True): Σ over masked response tokens of CE / t, per response token.
-    mask_prompt: in the odd rows the prompt's tokens after [BOS] are masked with the same t and predicted too."""
+    mask_prompt: in the odd rows the prompt's tokens after [BOS] are masked with the same t and predicted too (the
+    sum is still divided by the response tokens, so that loss is not on the same scale as the shipped recipe's)."""
     rows = batch.ids.shape[0]
     u = torch.rand(rows, 1, generator=generator)
     if stratified:
