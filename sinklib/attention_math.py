@@ -2,6 +2,7 @@
 source: float32, one query chunk at a time, so at most one chunk × keys block exists per head."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -122,8 +123,8 @@ def _single_row_statistics(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor 
         # the same products, in the same order, as _chunk_logits's grouped rows, so the same bits.
         rows = (q.float() * scale).reshape(batch, k.shape[1], heads // k.shape[1], dim)
         scores = torch.softmax(torch.matmul(rows, k.float().transpose(-1, -2)), dim=-1).view(batch, heads, -1)
-        return AttentionStats(scores, torch.ones(batch, device=q.device),
-                              torch.ones(batch, k.shape[-2], dtype=torch.bool, device=q.device), {}, scores)
+        one, true = _unit_tensors(q.device)
+        return AttentionStats(scores, one.expand(batch), true.expand(batch, k.shape[-2]), {}, scores)
     logits = _chunk_logits(q, k, scale)(0, 1)
     part, allowed = _apply_masks(logits, mask, False, 1, 0, 1)
     probs = _probabilities(logits, None, part, allowed)
@@ -136,6 +137,13 @@ def _single_row_statistics(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor 
         key_valid = allowed.any(-2).any(1).expand(batch, k.shape[-2])
     maps = {h: probs[:, h].clone() for h in map_heads}
     return AttentionStats(scores, query_count, key_valid, maps, scores)
+
+
+@functools.lru_cache(maxsize=None)
+def _unit_tensors(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float32 1 and a bool True on `device`, made once: a decoding row's query count and valid keys are views of
+    them (expand: no allocation on the per-layer path, and an in-place write to them raises instead of spreading)."""
+    return torch.ones(1, device=device), torch.ones(1, dtype=torch.bool, device=device)
 
 
 def _rows_per_chunk(q: torch.Tensor, n_keys: int) -> int:
