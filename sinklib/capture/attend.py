@@ -56,11 +56,12 @@ class SdpaArgs:
         self.q, self.mask, self.packed = unpack_single_query_gqa(layer, self.query, self.key, self.attn_mask)
         return self
 
-    def as_called(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def as_called(self, want_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(output, lse or None): the model's own call, unchanged. The fused kernel's lse saves the statistics a
-        softmax pass over many query rows; a single decoding row is cheaper to softmax again than to route."""
+        softmax pass over many query rows; a single decoding row is cheaper to softmax again than to route.
+        want_lse=False: the call exactly as the model made it, when nothing of it is to be recorded."""
         return self._sdpa(self.query, self.attn_mask, self.is_causal, self.enable_gqa,
-                          fused=not self.packed and self.q.shape[-2] > 1)
+                          fused=want_lse and not self.packed and self.q.shape[-2] > 1)
 
     def with_mask(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(output in the model's layout, lse or None) with `mask` (bool or additive [B, H, Sq, Sk], the causal
@@ -81,16 +82,22 @@ class SdpaArgs:
                              scale=self.scale, enable_gqa=gqa, **self.kwargs), None
 
 
+def unmasked(args: SdpaArgs, map_heads: tuple[int, ...], stats_options: dict) -> tuple[torch.Tensor, AttentionStats]:
+    """(output, stats) of the call as the model made it: the model's own SDPA and, beside it, its statistics
+    (from the fused kernel's log-sum-exp where it gave one)."""
+    output, lse = args.as_called()
+    return output, attention_statistics(args.q, args.key, args.mask, args.is_causal, args.scale, map_heads=map_heads,
+                                        want_last_row=True, lse=lse, **stats_options)
+
+
 def attend(call: AttentionCall, args: SdpaArgs, intervention, map_heads: tuple[int, ...], stats_options: dict):
     """(output, stats, masked keys [B, H, Sk] bool, or None when none was masked) of one call: the intervention
-    (if any) picks keys to mask, the call runs, and its statistics come from the attention as it ran."""
-    key_mask = intervention.keys_to_mask(call) if intervention is not None else None
+    picks keys to mask, the call runs, and its statistics come from the attention as it ran."""
+    key_mask = intervention.keys_to_mask(call)
     if key_mask is not None:
         key_mask = checked_key_mask(key_mask, call.batch, call.heads, call.n_keys, call.device)
     if key_mask is None or not bool(key_mask.any()):
-        output, lse = args.as_called()
-        stats = attention_statistics(args.q, args.key, args.mask, args.is_causal, args.scale, map_heads=map_heads,
-                                     want_last_row=True, lse=lse, **stats_options)
+        output, stats = unmasked(args, map_heads, stats_options)
         call._clean = lambda: stats  # nothing was masked: the call as it ran is the clean one
         return output, stats, None
     refuse_stranded_heads(call, args, key_mask, intervention)

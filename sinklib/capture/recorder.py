@@ -2,6 +2,7 @@
 is running. Steps live in a StepStore (steps.py), each call is handled by attend.py, the SDPA route by route.py."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -9,9 +10,10 @@ import torch
 from torch import nn
 
 from sinklib._checks import check_int, did_you_mean
+from sinklib.attention_math import deferrable_row
 from sinklib.capture import route
-from sinklib.capture.attend import AttentionCall, SdpaArgs, attend, clean_statistics
-from sinklib.capture.steps import StepStore
+from sinklib.capture.attend import AttentionCall, SdpaArgs, attend, clean_statistics, unmasked
+from sinklib.capture.steps import DeferredRowChanged, StepStore
 from sinklib.layers import AttentionLayer
 
 MapRequest = tuple[int, "int | str", int]
@@ -150,7 +152,13 @@ class Recorder:
         if output is None:  # the forward raised: nothing of it counts
             self._store.current = None
             return
-        record = self._store.end()
+        try:
+            record = self._store.end()
+        except DeferredRowChanged as changed:
+            raise CaptureError(f"{[self.layer_names[i] for i in changed.layers]} wrote into the query or key tensors "
+                               "they had passed to scaled_dot_product_attention before the forward returned; the capture "
+                               "scores a one-query call's attention when its forward ends, from those same tensors, so "
+                               "it cannot record this model's decoding steps") from None
         if record is not None and not record["scores"] and record["layers_ran"]:
             impl = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
             raise CaptureError(
@@ -186,23 +194,40 @@ class Recorder:
             raise CaptureError(f"{layer.name} called attention twice in one forward pass; pass layer_names=[...] "
                                "naming one module per attention call")
         args = SdpaArgs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, kwargs).unpack(layer)
-        step = self.n_steps
+        step = self._store.completed
         batch, heads, n_queries, _ = args.q.shape
+        map_heads = self._map_heads(step, layer, heads) if self._wanted_maps else ()
+        stats_options = {"query_weight": None if self.query_mask is None else self._query_weight(batch, n_queries),
+                         "chunk_size": self.options.chunk_size}
+        if self.intervention is None and not map_heads and not self.keep_steps:  # nothing of this call is kept
+            self._store.add(layer.index, None, None, None)
+            return args.as_called(want_lse=False)[0]
+        if self.intervention is None and not map_heads and stats_options["query_weight"] is None \
+                and deferrable_row(args.q, key, args.mask, is_causal):  # a decoding row: scored with its step's others
+            self._store.defer(layer.index, args.q, key, 1.0 / math.sqrt(args.q.shape[-1]) if scale is None else scale)
+            return args.as_called()[0]
+        if self.intervention is None:  # the common case, once per layer of every step: no call record to build
+            output, stats = unmasked(args, map_heads, stats_options)
+            key_mask = None
+        else:
+            call = AttentionCall(step, layer.index, layer.name, batch, heads, n_queries, key.shape[-2], args.q.device,
+                                 clean_statistics(args, stats_options))
+            output, stats, key_mask = attend(call, args, self.intervention, map_heads, stats_options)
+            self.intervention.observe(call, stats)
+        self._store.add(layer.index, stats.scores, key_mask, stats.query_count)
+        if stats.maps:
+            store = self.options.store_device
+            for head, attention_map in stats.maps.items():
+                self.maps[(step, layer.index, head)] = attention_map if store is None else attention_map.to(store)
+        return output
+
+    def _map_heads(self, step: int, layer: AttentionLayer, heads: int) -> tuple[int, ...]:
+        """The heads of (step, layer) whose full map was asked for; refuses a head the call does not have."""
         map_heads = tuple(sorted(self._wanted_maps.get((step, layer.index), ())))
         for head in map_heads:
             if head >= heads:
                 raise ValueError(f"maps head={head} is not allowed: layer {layer.name} has {heads} heads (0..{heads - 1})")
-        stats_options = dict(query_weight=self._query_weight(batch, n_queries), chunk_size=self.options.chunk_size)
-        call = AttentionCall(step, layer.index, layer.name, batch, heads, n_queries, key.shape[-2], args.q.device,
-                             clean_statistics(args, stats_options))
-        output, stats, key_mask = attend(call, args, self.intervention, map_heads, stats_options)
-        if self.intervention is not None:
-            self.intervention.observe(call, stats)
-        self._store.add(layer.index, stats.scores, key_mask, stats.query_count)
-        store = self.options.store_device
-        for head, attention_map in stats.maps.items():
-            self.maps[(step, layer.index, head)] = attention_map if store is None else attention_map.to(store)
-        return output
+        return map_heads
 
     def _query_weight(self, batch: int, n_queries: int) -> torch.Tensor | None:
         if self.query_mask is None:

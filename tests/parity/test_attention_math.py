@@ -258,3 +258,20 @@ def test_a_decoding_row_matches_float64_and_the_general_route_bit_for_bit(kv_hea
     assert stats.query_count.tolist() == [1.0, 1.0]
     assert stats.key_valid.tolist() == [[True] * 70, [False] * 12 + [True] * 58] if mask is not None else \
         stats.key_valid.all()
+
+
+def test_decoding_rows_scored_together_have_each_rows_own_bits():
+    """The rows of a decoding step's layers, scored in one batched matmul and softmax at the step's end, give each
+    row the bits the general route gives it alone (head dim 48: a scale that is not a power of two), within 1e-6
+    of float64."""
+    g = torch.Generator().manual_seed(5)
+    queries = [torch.randn(2, 6, 1, 48, generator=g) * 2 for _ in range(5)]
+    keys = [torch.randn(2, 3, 37, 48, generator=g) * 2 for _ in range(5)]
+    scale = 1 / math.sqrt(48)
+    together = attention_math.decoding_rows_scores(queries, keys, scale)
+    assert together.shape == (5, 2, 6, 37)
+    for q, k, scores in zip(queries, keys, together):
+        alone = attention_statistics(q, k, None, False, scale, map_heads=(0,))  # a map request: the general route
+        assert torch.equal(scores, alone.scores)
+        expected = reference_scores(q, k.repeat_interleave(2, dim=1), None, False, scale)
+        assert (scores.double() - expected).abs().max() < 1e-6

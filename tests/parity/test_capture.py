@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import sinklib
+from sinklib import attention_math
 from sinklib.capture import CaptureError
 from sinklib.layers import attention_layers
 from tests.models import NATIVE, eager_twin, logits_of, llama, qwen2_gqa
@@ -98,6 +99,79 @@ def test_kv_cache_decoding_with_grouped_heads_matches_eager():
     assert rec.n_steps == 2
     torch.testing.assert_close(rec.step_scores(1), reference, atol=1e-5, rtol=0)
     assert torch.isnan(rec.scores[0, ..., 6]).all(), "the prefill step has 6 keys; the 7th is padding"
+
+
+def _greedy_decoding_scores(model, steps: int = 4) -> torch.Tensor:
+    """Scores of a prefill and `steps` KV-cache decoding steps of greedy generation under a capture."""
+    with torch.no_grad(), sinklib.capture(model) as rec:
+        out = model(input_ids=IDS[:1, :6], use_cache=True)
+        for _ in range(steps):
+            out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
+    return rec.scores
+
+
+def test_decoding_rows_scored_at_their_steps_end_equal_scoring_each_at_its_call(monkeypatch):
+    """A decoding step's rows wait for the step's end and are scored together; the scores are the bits each row gets
+    when scored at its own call (waiting switched off), and when the waiting budget forces a row at a time."""
+    from sinklib.capture import steps
+
+    model = qwen2_gqa()
+    single_row_route = attention_math._single_row_statistics
+    monkeypatch.setattr(attention_math, "_single_row_statistics", lambda *a: pytest.fail("a decoding row did not wait"))
+    waited = _greedy_decoding_scores(model)
+    monkeypatch.setattr(attention_math, "_single_row_statistics", single_row_route)
+    monkeypatch.setattr(steps, "DEFERRED_STEP_MAX_KEY_ELEMENTS", 1)
+    one_by_one = _greedy_decoding_scores(model)
+    monkeypatch.setattr(attention_math, "DEFERRED_ROW_MAX_KEY_ELEMENTS", 0)
+    at_each_call = _greedy_decoding_scores(model)
+    assert waited.shape[0] == 5 and not torch.isnan(waited[-1]).any()  # the last step sees every key
+    torch.testing.assert_close(waited, at_each_call, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(one_by_one, at_each_call, rtol=0, atol=0, equal_nan=True)
+
+
+class _ScribblesOnItsKeys(torch.nn.Module):
+    """An attention layer that writes into its key tensor after attending, before its forward returns."""
+
+    def forward(self, q, k, v):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        k.mul_(2.0)
+        return out
+
+
+class _OneLayer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = _ScribblesOnItsKeys()
+
+    def forward(self, q, k, v):
+        return self.attn(q, k, v)
+
+
+def test_a_model_writing_into_its_keys_before_the_step_ends_is_refused():
+    """A decoding row is scored at its step's end from the model's own key tensor; had the model written into it
+    since, the scores would be of what it wrote: refused, naming the layer."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
+    model = _OneLayer()
+    with pytest.raises(CaptureError, match=r"\['attn'\] wrote into the query or key tensors"), \
+            sinklib.capture(model, layer_names=["attn"]):
+        model(q, k, v)
+    with sinklib.capture(model, layer_names=["attn"]) as rec:  # many queries: scored at the call, nothing to refuse
+        model(torch.randn(1, 2, 3, 8, generator=g), k, v)
+    assert rec.n_steps == 1
+
+
+def test_a_capture_keeping_nothing_computes_no_statistics(monkeypatch):
+    """keep_steps=False with no map or intervention: the calls run as the model made them and nothing is scored."""
+    from sinklib.capture import attend
+
+    model = llama()
+    with torch.no_grad():
+        plain = logits_of(model(input_ids=IDS))
+    monkeypatch.setattr(attend, "attention_statistics", lambda *a, **k: pytest.fail("scored a call nobody keeps"))
+    with torch.no_grad(), sinklib.capture(model, keep_steps=False) as rec:
+        kept_nothing = logits_of(model(input_ids=IDS))
+    assert torch.equal(kept_nothing, plain) and rec.n_steps == 1
 
 
 def test_maps_kept_only_for_requested_triples_and_equal_eager():
