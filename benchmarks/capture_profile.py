@@ -8,7 +8,8 @@ time split into its second fused call (the transposed log-sum-exp that gives col
 attention_math.TRANSPOSED_ROUTE_MIN_ELEMENTS pairs, e.g. S = 256 here, have none: one exp block instead) and
 everything else.
 Then the floor: q·kᵀ and exp over every (query, key) pair — the least any exact column sum beside the model's
-attention must compute, timed as matmul + exp_ + sum on the same tensors, chunked at its fastest — as a share of
+attention must compute, timed as matmul + exp_ + sum on the same tensors, chunked at its fastest, in rounds
+interleaved with the forwards — as a share of
 the plain forward, i.e. the best capture ÷ plain ratio such a route could reach. Writes
 benchmarks/results/capture_profile.txt.
 """
@@ -29,6 +30,7 @@ from capture_routes import build  # noqa: E402
 import sinklib  # noqa: E402
 
 FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
+ROUNDS = 15  # interleaved rounds of plain, capture and the floor's work per length
 
 
 def median_ms(run, rounds: int = 7) -> float:
@@ -51,19 +53,39 @@ def flash_ms(run, rounds: int = 5) -> float:
     return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == FLASH) / 1000 / rounds
 
 
-def column_floor_ms(layers: int, heads: int, seq: int, head_dim: int) -> float:
-    """ms for `layers` × (q·kᵀ, exp, sum over queries) in float32, the fastest of a few chunk sizes."""
+def column_floor_work(layers: int, heads: int, seq: int, head_dim: int):
+    """A zero-argument function doing `layers` × (q·kᵀ, exp, sum over queries) in float32 at the fastest of a few
+    chunk sizes (picked here, median of 5 runs each): the floor's work, to be timed beside the forwards."""
     q, k = (torch.randn(1, heads, seq, head_dim) / math.sqrt(head_dim) for _ in range(2))
     keys_t = k.transpose(-1, -2)
-    best = math.inf
+    candidates = {}
     for rows in (64, 128, 256, 512):
         def one_layer(rows=rows):
             total = torch.zeros(1, heads, seq)
             for start in range(0, seq, rows):
                 total += torch.matmul(q[:, :, start:start + rows], keys_t).exp_().sum(-2)
             return total
-        best = min(best, median_ms(one_layer, 5))
-    return layers * best
+        candidates[rows] = (median_ms(one_layer, 5), one_layer)
+    one_layer = min(candidates.values(), key=lambda timed: timed[0])[1]
+
+    def work():
+        for _ in range(layers):
+            one_layer()
+    return work
+
+
+def interleaved_ms(runs: dict, rounds: int) -> dict:
+    """Median ms of each zero-argument function in `runs`, timed in `rounds` interleaved rounds (one call of each
+    per round, after a warm-up), so that the machine's drift hits every one alike."""
+    times = {name: [] for name in runs}
+    for run in runs.values():
+        run()
+    for _ in range(rounds):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - began)
+    return {name: 1000 * statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -90,11 +112,11 @@ def main() -> None:
             with sinklib.capture(model):
                 model(input_ids=ids)
 
-        plain_ms, capture_ms = median_ms(plain), median_ms(captured)
+        timed = interleaved_ms({"plain": plain, "capture": captured, "floor": column_floor_work(4, 8, seq, 32)}, ROUNDS)
+        plain_ms, capture_ms, floor = timed["plain"], timed["capture"], timed["floor"]
         own_attention = flash_ms(plain)
         second_call = flash_ms(captured) - own_attention
         other = capture_ms - plain_ms - second_call
-        floor = column_floor_ms(4, 8, seq, 32)
         say(f"{seq:5d} {plain_ms:9.1f} {own_attention:9.1f} ({own_attention / plain_ms:3.0%}) {capture_ms:11.1f} "
               f"{second_call:15.1f} {other:7.1f} {capture_ms / plain_ms:16.2f} {(plain_ms + floor) / plain_ms:14.2f}")
 

@@ -26,9 +26,9 @@ BLOCKWISE_ROUTE_MIN_HEAD_DIM = 64
 BLOCKWISE_ROWS = 64
 # A decoding row (one query, no mask) may leave its statistics to the end of its step, where the rows of every
 # layer take one batched matmul and softmax instead of one each: SmolLM2's 30 layers at 100 keys cost 0.24 ms a step
-# that way against 1.1 ms (2 CPU cores). Stacking copies the keys, so only rows with at most this many key
-# elements wait (SmolLM2: 3 KV heads × 64 dims × ≤ 682 keys); measured, the batch still gains at 800 keys and
-# loses at 1600, where the copy outgrows the per-call overhead it saves.
+# that way against 1.1 ms (2 CPU cores). Each row's keys are copied to wait, so only rows with at most this many
+# key elements do (SmolLM2: 3 KV heads × 64 dims × ≤ 682 keys; at most 512 KB a layer waits); measured, batching
+# still gains at 800 keys and loses at 1600, where the copy outgrows the per-call overhead it saves.
 DEFERRED_ROW_MAX_KEY_ELEMENTS = 1 << 17
 
 
@@ -120,8 +120,10 @@ def _single_row_statistics(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor 
     """One query row (a decoding step): its softmax is its scores. The same sums as the chunked route, without
     its bookkeeping, which costs more than the row itself on every layer of every decoding step."""
     batch, heads, _, dim = q.shape
-    if mask is None and not map_heads and not (q.is_cuda and q.dtype == torch.bfloat16):
-        scores = decoding_rows_scores([q], [k], scale)[0]
+    if mask is None and not map_heads and k.shape[0] == batch and not (q.is_cuda and q.dtype == torch.bfloat16):
+        kv_heads = k.shape[1]
+        rows = (q.float() * scale).reshape(batch * kv_heads, heads // kv_heads, dim)
+        scores = _rows_softmax(rows, k.float().reshape(batch * kv_heads, k.shape[-2], dim)).view(batch, heads, -1)
         one, true = _unit_tensors(q.device)
         return AttentionStats(scores, one.expand(batch), true.expand(batch, k.shape[-2]), {}, scores)
     logits = _chunk_logits(q, k, scale)(0, 1)
@@ -139,25 +141,46 @@ def _single_row_statistics(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor 
 
 
 def deferrable_row(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> bool:
-    """Whether a call is a decoding row whose scores may wait for the end of its step (decoding_rows_scores):
-    one query, no mask, the float32 route, and keys small enough that stacking them costs less than it saves."""
-    return (q.shape[-2] == 1 and attn_mask is None and not is_causal and k.numel() <= DEFERRED_ROW_MAX_KEY_ELEMENTS
+    """Whether a call is a decoding row whose scores may wait for the end of its step (DecodingRows): one query,
+    no mask, the float32 route, one key set per batch row, and keys small enough that copying them costs less
+    than it saves."""
+    return (q.shape[-2] == 1 and attn_mask is None and not is_causal and k.shape[0] == q.shape[0]
+            and q.shape[1] % k.shape[1] == 0 and k.numel() <= DEFERRED_ROW_MAX_KEY_ELEMENTS
             and not (q.is_cuda and q.dtype == torch.bfloat16))
 
 
-def decoding_rows_scores(queries: list[torch.Tensor], keys: list[torch.Tensor], scale: float) -> torch.Tensor:
-    """[N, B, H, Sk] float32 scores of N unmasked decoding rows of one shape (q [B, H, 1, D], k [B, Hk, Sk, D]):
-    each row's softmax, all N in one batched matmul and softmax. The products and their order are those of
-    _chunk_logits's grouped rows (the scaled query rows of the heads sharing a KV head against its keys), so
-    each row has the bits the general route gives it, whatever N is."""
-    batch, heads, _, dim = queries[0].shape
-    kv_heads, n_keys = keys[0].shape[1], keys[0].shape[-2]
-    stacked_q = queries[0][None] if len(queries) == 1 else torch.stack(queries)
-    stacked_k = keys[0][None] if len(keys) == 1 else torch.stack(keys)
-    rows = (stacked_q.float() * scale).reshape(-1, heads // kv_heads, dim)
-    # bmm on [N·B·Hk, ·, D] views: the kernel matmul reaches for these shapes, without its broadcasting work
-    logits = torch.bmm(rows, stacked_k.float().reshape(-1, n_keys, dim).mT)
-    return logits.softmax(-1).view(len(queries), batch, heads, n_keys)
+def _rows_softmax(rows_scaled: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """softmax(rows · keysᵀ) for rows [N, G, D] (scaled query rows of the G heads sharing a KV head) against keys
+    [N, Sk, D]: the products and their order are _chunk_logits's grouped rows', so a decoding row has the bits the
+    general route gives it, alone or batched with others. (bmm on these views: the kernel matmul reaches for,
+    without its broadcasting work.)"""
+    return torch.bmm(rows_scaled, keys.mT).softmax(-1)
+
+
+class DecodingRows:
+    """Decoding rows of one shape (q [B, H, 1, D], k [B, Hk, Sk, D]) copied in as their calls run, while their
+    tensors are in cache, and scored together — one batched matmul and softmax — when their step ends. Copies,
+    not references: what the model does with its tensors after the call cannot reach the scores."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, capacity: int) -> None:
+        batch, heads, _, dim = q.shape
+        kv_heads, n_keys = k.shape[1], k.shape[-2]
+        self.shape = (batch, heads, n_keys)
+        self.rows = torch.empty(capacity, batch * kv_heads, heads // kv_heads, dim, dtype=torch.float32, device=q.device)
+        self.keys = torch.empty(capacity, batch * kv_heads, n_keys, dim, dtype=torch.float32, device=q.device)
+        self.count = 0
+
+    def add(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """Copy one call's query row and keys in (as float32)."""
+        self.rows[self.count].copy_(q.reshape(self.rows.shape[1:]))
+        self.keys[self.count].copy_(k.reshape(self.keys.shape[1:]))
+        self.count += 1
+
+    def scores(self, scale: float) -> torch.Tensor:
+        """[N, B, H, Sk] float32: each added row's softmax, in the order added."""
+        rows = self.rows[:self.count].mul_(scale)
+        probs = _rows_softmax(rows.flatten(0, 1), self.keys[:self.count].flatten(0, 1))
+        return probs.view(self.count, *self.shape)
 
 
 @functools.lru_cache(maxsize=None)

@@ -5,8 +5,9 @@ sinklib *only inside the model's attention modules* (entered and left through fo
 identity is explicit, never inferred from call counts; route.py). Each call is passed to the real SDPA with
 the model's own arguments (outputs stay bit-identical) and, beside it, the attention probabilities are
 summed over queries (from the fused kernel's log-sum-exp where it applies, else recomputed in float32 one
-query chunk at a time; attend.py, attention_math). One forward of `model` is one step (steps.py). Nothing
-else is kept unless asked for: full maps only for requested (step, layer, head) triples.
+query chunk at a time; attend.py, attention_math); a KV-cache decoding step's one-query rows are scored
+together when the step ends. One forward of `model` is one step (steps.py). Nothing else is kept unless asked
+for: full maps only for requested (step, layer, head) triples, and no scores at all with keep_steps=False.
 
 This sees native transformers models running with attn_implementation="sdpa" and remote-code models
 (LLaDA, Dream, MMaDA) that call `torch.nn.functional.scaled_dot_product_attention` themselves.

@@ -13,7 +13,7 @@ from sinklib._checks import check_int, did_you_mean
 from sinklib.attention_math import deferrable_row
 from sinklib.capture import route
 from sinklib.capture.attend import AttentionCall, SdpaArgs, attend, clean_statistics, unmasked
-from sinklib.capture.steps import DeferredRowChanged, StepStore
+from sinklib.capture.steps import StepStore
 from sinklib.layers import AttentionLayer
 
 MapRequest = tuple[int, "int | str", int]
@@ -152,13 +152,7 @@ class Recorder:
         if output is None:  # the forward raised: nothing of it counts
             self._store.current = None
             return
-        try:
-            record = self._store.end()
-        except DeferredRowChanged as changed:
-            raise CaptureError(f"{[self.layer_names[i] for i in changed.layers]} wrote into the query or key tensors "
-                               "they had passed to scaled_dot_product_attention before the forward returned; the capture "
-                               "scores a one-query call's attention when its forward ends, from those same tensors, so "
-                               "it cannot record this model's decoding steps") from None
+        record = self._store.end()
         if record is not None and not record["scores"] and record["layers_ran"]:
             impl = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
             raise CaptureError(

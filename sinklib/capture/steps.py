@@ -6,22 +6,9 @@ from __future__ import annotations
 import torch
 
 from sinklib._checks import check_int
-from sinklib.attention_math import decoding_rows_scores
-
-# Decoding rows waiting for their step's end hold references to their keys; past this many waiting key elements
-# (64 MB of float32) a shape's rows are scored at once, so a deep model's wait never stacks more than that.
-DEFERRED_STEP_MAX_KEY_ELEMENTS = 1 << 24
+from sinklib.attention_math import DecodingRows
 
 FIELDS = {"scores": float("nan"), "masked": False, "query_count": float("nan")}  # → fill for a layer that did not run
-
-
-class DeferredRowChanged(RuntimeError):
-    """A model wrote into the query or key tensors of an attention call before its step ended."""
-
-    def __init__(self, layers: list[int]) -> None:
-        super().__init__(f"attention layers {layers} wrote into the query or key tensors they passed to "
-                         "scaled_dot_product_attention before the forward returned")
-        self.layers = layers
 
 
 class StepStore:
@@ -48,41 +35,30 @@ class StepStore:
         self.current["query_count"][layer] = query_count
 
     def defer(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
-        """A decoding row whose scores are computed with the step's other rows of its shape when the step ends
-        (attention_math.decoding_rows_scores), or sooner if the waiting keys pass DEFERRED_STEP_MAX_KEY_ELEMENTS.
-        q and k are the model's own tensors, held, not copied: their version counters are kept, so a model that
-        wrote into them before the step ended is refused rather than scored on what it wrote."""
+        """A decoding row, copied now and scored with the step's other rows of its shape and scale when the step
+        ends (attention_math.DecodingRows)."""
         self.current["scores"][layer] = None
-        shape = (tuple(q.shape), tuple(k.shape), q.dtype, k.dtype, q.device, scale)
-        waiting = self.current["deferred"].setdefault(shape, [])
-        waiting.append((layer, q, k, q._version, k._version))
-        if len(waiting) * k.numel() > DEFERRED_STEP_MAX_KEY_ELEMENTS:
-            self._score_deferred(shape)
+        shape = (tuple(q.shape), tuple(k.shape), q.device, scale)
+        waiting = self.current["deferred"].get(shape)
+        if waiting is None:  # a layer runs once per step, so no shape has more rows than there are layers
+            waiting = self.current["deferred"][shape] = ([], DecodingRows(q, k, capacity=self.n_layers))
+        waiting[0].append(layer)
+        waiting[1].add(q, k)
 
     def settle(self) -> None:
-        """Score every decoding row still waiting in the step being recorded."""
-        for shape in list(self.current["deferred"]):
-            self._score_deferred(shape)
-
-    def _score_deferred(self, shape: tuple) -> None:
-        rows = self.current["deferred"].pop(shape)
-        changed = [layer for layer, q, k, q_version, k_version in rows if (q._version, k._version) != (q_version, k_version)]
-        if changed:
-            raise DeferredRowChanged(changed)
-        scores = decoding_rows_scores([row[1] for row in rows], [row[2] for row in rows], shape[-1])
-        query_count = torch.ones(scores.shape[1], device=scores.device)
-        for (layer, *_), row_scores in zip(rows, scores):
-            self.add(layer, row_scores, None, query_count)
+        """Score every decoding row waiting in the step being recorded."""
+        for (*_, scale), (layers, rows) in self.current["deferred"].items():
+            scores = rows.scores(scale)
+            query_count = torch.ones(scores.shape[1], device=scores.device)
+            for layer, row_scores in zip(layers, scores):
+                self.add(layer, row_scores, None, query_count)
+        self.current["deferred"] = {}
 
     def end(self) -> dict | None:
         """Close the step being recorded; it counts (and is kept) only if some attention call was seen.
         Returns the raw record (None if none was open)."""
         if self.current is not None and self.keep_steps:
-            try:
-                self.settle()
-            except DeferredRowChanged:
-                self.current = None
-                raise
+            self.settle()
         record, self.current = self.current, None
         if record is not None and record["scores"]:
             self.completed += 1

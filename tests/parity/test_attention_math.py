@@ -262,17 +262,22 @@ def test_a_decoding_row_matches_float64_and_the_general_route_bit_for_bit(kv_hea
 
 
 def test_decoding_rows_scored_together_have_each_rows_own_bits():
-    """The rows of a decoding step's layers, scored in one batched matmul and softmax at the step's end, give each
-    row the bits the general route gives it alone (head dim 48: a scale that is not a power of two), within 1e-6
-    of float64."""
+    """The rows of a decoding step's layers, copied in as their calls run and scored in one batched matmul and
+    softmax at the step's end, give each row the bits the general route gives it alone (head dim 48: a scale that
+    is not a power of two), within 1e-6 of float64; what a model writes into its tensors afterwards cannot reach
+    them."""
     g = torch.Generator().manual_seed(5)
     queries = [torch.randn(2, 6, 1, 48, generator=g) * 2 for _ in range(5)]
     keys = [torch.randn(2, 3, 37, 48, generator=g) * 2 for _ in range(5)]
     scale = 1 / math.sqrt(48)
-    together = attention_math.decoding_rows_scores(queries, keys, scale)
+    expected = [reference_scores(q, k.repeat_interleave(2, dim=1), None, False, scale) for q, k in zip(queries, keys)]
+    alone = [attention_statistics(q, k, None, False, scale, map_heads=(0,)).scores for q, k in zip(queries, keys)]
+    rows = attention_math.DecodingRows(queries[0], keys[0], capacity=8)
+    for q, k in zip(queries, keys):
+        rows.add(q, k)
+        q.mul_(3.0), k.zero_()  # the model's tensors, changed after the call: the copies keep what it attended to
+    together = rows.scores(scale)
     assert together.shape == (5, 2, 6, 37)
-    for q, k, scores in zip(queries, keys, together):
-        alone = attention_statistics(q, k, None, False, scale, map_heads=(0,))  # a map request: the general route
-        assert torch.equal(scores, alone.scores)
-        expected = reference_scores(q, k.repeat_interleave(2, dim=1), None, False, scale)
-        assert (scores.double() - expected).abs().max() < 1e-6
+    for scores, by_itself, reference in zip(together, alone, expected):
+        assert torch.equal(scores, by_itself)
+        assert (scores.double() - reference).abs().max() < 1e-6

@@ -112,53 +112,90 @@ def _greedy_decoding_scores(model, steps: int = 4) -> torch.Tensor:
 
 def test_decoding_rows_scored_at_their_steps_end_equal_scoring_each_at_its_call(monkeypatch):
     """A decoding step's rows wait for the step's end and are scored together; the scores are the bits each row gets
-    when scored at its own call (waiting switched off), and when the waiting budget forces a row at a time."""
-    from sinklib.capture import steps
-
+    when scored at its own call (waiting switched off). Against eager attention: the GQA KV-cache test above."""
     model = qwen2_gqa()
     single_row_route = attention_math._single_row_statistics
     monkeypatch.setattr(attention_math, "_single_row_statistics", lambda *a: pytest.fail("a decoding row did not wait"))
     waited = _greedy_decoding_scores(model)
     monkeypatch.setattr(attention_math, "_single_row_statistics", single_row_route)
-    monkeypatch.setattr(steps, "DEFERRED_STEP_MAX_KEY_ELEMENTS", 1)
-    one_by_one = _greedy_decoding_scores(model)
     monkeypatch.setattr(attention_math, "DEFERRED_ROW_MAX_KEY_ELEMENTS", 0)
     at_each_call = _greedy_decoding_scores(model)
     assert waited.shape[0] == 5 and not torch.isnan(waited[-1]).any()  # the last step sees every key
     torch.testing.assert_close(waited, at_each_call, rtol=0, atol=0, equal_nan=True)
-    torch.testing.assert_close(one_by_one, at_each_call, rtol=0, atol=0, equal_nan=True)
 
 
-class _ScribblesOnItsKeys(torch.nn.Module):
-    """An attention layer that writes into its key tensor after attending, before its forward returns."""
+def _eager_decoding(model, ids, mask, new_ids):
+    """The eager twin's attentions [L, B, H, Sk] of one decoding step after a prefill of `ids`."""
+    twin = eager_twin(model)
+    with torch.no_grad():
+        ref = twin(input_ids=ids, attention_mask=mask, use_cache=True, output_attentions=True)
+        full = torch.cat([mask, torch.ones_like(new_ids)], -1) if mask is not None else None
+        step = twin(input_ids=new_ids, attention_mask=full, past_key_values=ref.past_key_values, use_cache=True,
+                    output_attentions=True)
+    return torch.stack(step.attentions)[..., 0, :]
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_batched_decoding_with_and_without_left_padding_matches_eager_and_keeps_maps(padded):
+    """Two prompts decoded together (left-padded: the rows carry a mask and are scored at their call; unpadded:
+    they wait for the step's end), with a map asked of a decoding step: scores and the map equal eager attention."""
+    model = llama()
+    ids, mask = IDS[:, :6], (PADDING[:, :6] if padded else None)
+    new_ids = torch.tensor([[3], [4]])
+    with torch.no_grad(), sinklib.capture(model, maps=[(1, 1, 2)]) as rec:
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        full = torch.cat([mask, torch.ones_like(new_ids)], -1) if mask is not None else None
+        model(input_ids=new_ids, attention_mask=full, past_key_values=out.past_key_values, use_cache=True)
+    reference = _eager_decoding(model, ids, mask, new_ids)
+    torch.testing.assert_close(rec.step_scores(1), reference, atol=1e-6, rtol=0)
+    torch.testing.assert_close(rec.maps[(1, 1, 2)][:, 0], reference[1, :, 2], atol=1e-6, rtol=0)
+
+
+class _OneQueryAttention(torch.nn.Module):
+    """An attention layer as remote code writes one: its own scale, and (optionally) its key buffer reused in place
+    after the call, as a cache that shares one buffer across layers or steps would."""
+
+    def __init__(self, scale: float | None, scribble: bool) -> None:
+        super().__init__()
+        self.scale, self.scribble = scale, scribble
 
     def forward(self, q, k, v):
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        k.mul_(2.0)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        if self.scribble:
+            k.mul_(2.0)
         return out
 
 
-class _OneLayer(torch.nn.Module):
-    def __init__(self) -> None:
+class _TwoLayers(torch.nn.Module):
+    def __init__(self, scale: float | None = None, scribble: bool = False) -> None:
         super().__init__()
-        self.attn = _ScribblesOnItsKeys()
+        self.first, self.second = _OneQueryAttention(scale, scribble), _OneQueryAttention(scale, scribble)
 
     def forward(self, q, k, v):
-        return self.attn(q, k, v)
+        return self.second(self.first(q, k, v), k, v)
 
 
-def test_a_model_writing_into_its_keys_before_the_step_ends_is_refused():
-    """A decoding row is scored at its step's end from the model's own key tensor; had the model written into it
-    since, the scores would be of what it wrote: refused, naming the layer."""
+@pytest.mark.parametrize("case", ["its own scale", "keys rewritten after the call", "inference mode",
+                                  "keys shared by the batch"])
+def test_one_query_calls_of_remote_style_layers_match_a_hand_computed_softmax(case):
+    """One-query calls as code other than transformers makes them, scored at the step's end or at the call, against
+    a float64 softmax of what each call attended to."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
-    model = _OneLayer()
-    with pytest.raises(CaptureError, match=r"\['attn'\] wrote into the query or key tensors"), \
-            sinklib.capture(model, layer_names=["attn"]):
-        model(q, k, v)
-    with sinklib.capture(model, layer_names=["attn"]) as rec:  # many queries: scored at the call, nothing to refuse
-        model(torch.randn(1, 2, 3, 8, generator=g), k, v)
-    assert rec.n_steps == 1
+    q = torch.randn(2, 4, 1, 8, generator=g)
+    k, v = (torch.randn(1 if case == "keys shared by the batch" else 2, 4, 5, 8, generator=g) for _ in range(2))
+    if case == "keys shared by the batch":  # one key set, broadcast over the batch by SDPA itself
+        k, v = k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1)
+    scale = 0.3 if case == "its own scale" else None
+    model = _TwoLayers(scale, scribble=case == "keys rewritten after the call")
+    with torch.no_grad():
+        first_output = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    attended = [(q, k.clone()), (first_output, k.clone() * (2.0 if model.first.scribble else 1.0))]
+    context = torch.inference_mode() if case == "inference mode" else torch.no_grad()
+    with context, sinklib.capture(model, layer_names=["first", "second"]) as rec:
+        model(q, k.clone() if model.first.scribble else k, v)
+    for layer, (query, keys) in enumerate(attended):
+        logits = query.double() @ keys.double().transpose(-1, -2) * (scale or 8 ** -0.5)
+        torch.testing.assert_close(rec.step_scores(0)[layer].double(), logits.softmax(-1)[:, :, 0], atol=1e-6, rtol=0)
 
 
 def test_a_capture_keeping_nothing_computes_no_statistics(monkeypatch):
@@ -168,10 +205,16 @@ def test_a_capture_keeping_nothing_computes_no_statistics(monkeypatch):
     model = llama()
     with torch.no_grad():
         plain = logits_of(model(input_ids=IDS))
+    with torch.no_grad(), sinklib.capture(model, maps=[(0, 1, 2)]) as kept:
+        model(input_ids=IDS)
     monkeypatch.setattr(attend, "attention_statistics", lambda *a, **k: pytest.fail("scored a call nobody keeps"))
     with torch.no_grad(), sinklib.capture(model, keep_steps=False) as rec:
         kept_nothing = logits_of(model(input_ids=IDS))
     assert torch.equal(kept_nothing, plain) and rec.n_steps == 1
+    monkeypatch.undo()
+    with torch.no_grad(), sinklib.capture(model, keep_steps=False, maps=[(0, 1, 2)]) as only_a_map:
+        model(input_ids=IDS)
+    assert set(only_a_map.maps) == {(0, 1, 2)} and torch.equal(only_a_map.maps[(0, 1, 2)], kept.maps[(0, 1, 2)])
 
 
 def test_maps_kept_only_for_requested_triples_and_equal_eager():
