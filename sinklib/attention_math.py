@@ -158,29 +158,28 @@ def _rows_softmax(rows_scaled: torch.Tensor, keys: torch.Tensor) -> torch.Tensor
 
 
 class DecodingRows:
-    """Decoding rows of one shape (q [B, H, 1, D], k [B, Hk, Sk, D]) copied in as their calls run, while their
-    tensors are in cache, and scored together — one batched matmul and softmax — when their step ends. Copies,
-    not references: what the model does with its tensors after the call cannot reach the scores."""
+    """Decoding rows of one shape (q [B, H, 1, D], k [B, Hk, Sk, D]) copied as their calls run, while their tensors
+    are in cache, and scored together — one batched matmul and softmax — when their step ends. Copies, not
+    references: what the model does with its tensors after the call cannot reach the scores. (Each copy is a fresh
+    tensor: copying into one long-lived buffer measured 2–3× slower inside a real decoding step, whose weights push
+    the buffer out of cache between layers.)"""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, capacity: int) -> None:
-        batch, heads, _, dim = q.shape
-        kv_heads, n_keys = k.shape[1], k.shape[-2]
-        self.shape = (batch, heads, n_keys)
-        self.rows = torch.empty(capacity, batch * kv_heads, heads // kv_heads, dim, dtype=torch.float32, device=q.device)
-        self.keys = torch.empty(capacity, batch * kv_heads, n_keys, dim, dtype=torch.float32, device=q.device)
-        self.count = 0
+    def __init__(self) -> None:
+        self.queries: list[torch.Tensor] = []
+        self.keys: list[torch.Tensor] = []
 
     def add(self, q: torch.Tensor, k: torch.Tensor) -> None:
-        """Copy one call's query row and keys in (as float32)."""
-        self.rows[self.count].copy_(q.reshape(self.rows.shape[1:]))
-        self.keys[self.count].copy_(k.reshape(self.keys.shape[1:]))
-        self.count += 1
+        """Copy one call's query row and keys (as float32)."""
+        self.queries.append(q.float().clone() if q.dtype == torch.float32 else q.float())
+        self.keys.append(k.float().clone() if k.dtype == torch.float32 else k.float())
 
     def scores(self, scale: float) -> torch.Tensor:
         """[N, B, H, Sk] float32: each added row's softmax, in the order added."""
-        rows = self.rows[:self.count].mul_(scale)
-        probs = _rows_softmax(rows.flatten(0, 1), self.keys[:self.count].flatten(0, 1))
-        return probs.view(self.count, *self.shape)
+        batch, heads, _, dim = self.queries[0].shape
+        kv_heads, n_keys = self.keys[0].shape[1], self.keys[0].shape[-2]
+        rows = torch.stack(self.queries).mul_(scale).view(-1, heads // kv_heads, dim)
+        keys = torch.stack(self.keys).view(-1, n_keys, dim)
+        return _rows_softmax(rows, keys).view(len(self.queries), batch, heads, n_keys)
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,9 +39,7 @@ class StepStore:
         ends (attention_math.DecodingRows)."""
         self.current["scores"][layer] = None
         shape = (tuple(q.shape), tuple(k.shape), q.device, scale)
-        waiting = self.current["deferred"].get(shape)
-        if waiting is None:  # a layer runs once per step, so no shape has more rows than there are layers
-            waiting = self.current["deferred"][shape] = ([], DecodingRows(q, k, capacity=self.n_layers))
+        waiting = self.current["deferred"].setdefault(shape, ([], DecodingRows()))
         waiting[0].append(layer)
         waiting[1].add(q, k)
 

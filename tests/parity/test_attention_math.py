@@ -272,7 +272,7 @@ def test_decoding_rows_scored_together_have_each_rows_own_bits():
     scale = 1 / math.sqrt(48)
     expected = [reference_scores(q, k.repeat_interleave(2, dim=1), None, False, scale) for q, k in zip(queries, keys)]
     alone = [attention_statistics(q, k, None, False, scale, map_heads=(0,)).scores for q, k in zip(queries, keys)]
-    rows = attention_math.DecodingRows(queries[0], keys[0], capacity=8)
+    rows = attention_math.DecodingRows()
     for q, k in zip(queries, keys):
         rows.add(q, k)
         q.mul_(3.0), k.zero_()  # the model's tensors, changed after the call: the copies keep what it attended to
