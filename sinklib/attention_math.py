@@ -16,12 +16,13 @@ CPU_CHUNK_ELEMENTS = 1 << 19
 # call; above it, the fused call's blockwise pass wins (measured on 2 CPU cores, head dims 32 and 64: crossover at
 # S ≈ 300–500 with 8–9 heads; benchmarks/capture_routes.py). Causal calls take the fused route at any size.
 TRANSPOSED_ROUTE_MIN_ELEMENTS = 1 << 21
-# For causal calls from this many query rows and this head size, the column sums Σ_i exp(q_i·k_j·scale)·exp(−lse_i)
+# For causal calls from this many query rows and this head size, the column sums Σ_i exp(q_i·k_j·scale − lse_i)
 # are cheaper as blocks of 64 rows — q·kᵀ − lse, exp and one row sum per block, in cache, the causal half only —
-# than as the second fused call, which also multiplies by its values. Measured on 2 CPU cores at S = 512–2048: head
-# dim 64 (SmolLM2's 9 heads over 3 KV heads) 15–25 % faster, head dim 128 (32 heads) 1.6–2× faster; head dim 32
-# no faster; bidirectional calls, whose blocks span every key, no faster at any of these sizes.
-BLOCKWISE_ROUTE_MIN_QUERIES = 512
+# than as the second fused call, which also multiplies by its values. Measured on 2 CPU cores: head dim 64
+# (SmolLM2's 9 heads over 3 KV heads) 1.2–1.7× faster at S = 128–512 and 1.3–1.5× at 1024–2048, within 1–15 % of
+# the bare q·kᵀ, exp and column sum; head dim 128 (32 heads over 8) 2×; head dim 32 1.1–1.6× faster up to
+# S = 384 but no faster at 512, so it keeps the fused call.
+BLOCKWISE_ROUTE_MIN_QUERIES = 128
 BLOCKWISE_ROUTE_MIN_HEAD_DIM = 64
 BLOCKWISE_ROWS = 64
 # A decoding row (one query, no mask) may leave its statistics to the end of its step, where the rows of every

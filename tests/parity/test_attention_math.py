@@ -202,7 +202,7 @@ def test_on_a_gpu_bfloat16_scores_from_the_tf32_recompute_stay_within_1e_5_of_fl
     assert ((got.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
 
 
-@pytest.mark.parametrize("seq", [160, 600], ids=["the fused route", "column sums by blocks"])
+@pytest.mark.parametrize("seq", [100, 600], ids=["the fused route", "column sums by blocks"])
 @pytest.mark.parametrize("kv_heads", [9, 3])
 @pytest.mark.parametrize("masked_prefix", [0, 3])
 def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_heads, masked_prefix, seq, monkeypatch):
