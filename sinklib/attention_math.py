@@ -14,7 +14,8 @@ DEFAULT_CHUNK_ELEMENTS = 1 << 22
 CPU_CHUNK_ELEMENTS = 1 << 19
 # Below this many (query, key) pairs per non-causal call, one exp(q·kᵀ − lse) block in cache beats a second fused
 # call; above it, the fused call's blockwise pass wins (measured on 2 CPU cores, head dims 32 and 64: crossover at
-# S ≈ 300–500 with 8–9 heads; benchmarks/capture_routes.py). Causal calls take the fused route at any size.
+# S ≈ 300–500 with 8–9 heads; benchmarks/capture_routes.py). Causal calls use the kernel's lse at any size (by
+# blocks of rows below, else the fused call).
 TRANSPOSED_ROUTE_MIN_ELEMENTS = 1 << 21
 # For causal calls from this many query rows and this head size, the column sums Σ_i exp(q_i·k_j·scale − lse_i)
 # are cheaper as blocks of 64 rows — q·kᵀ − lse, exp and one row sum per block, in cache, the causal half only —
@@ -153,8 +154,8 @@ def deferrable_row(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | N
 def _rows_softmax(rows_scaled: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """softmax(rows · keysᵀ) for rows [N, G, D] (scaled query rows of the G heads sharing a KV head) against keys
     [N, Sk, D]: the products and their order are _chunk_logits's grouped rows', so a decoding row has the bits the
-    general route gives it, alone or batched with others. (bmm on these views: the kernel matmul reaches for,
-    without its broadcasting work.)"""
+    general route gives it, alone or batched with others. bmm directly: the kernel torch.matmul would call on
+    these shapes, without its broadcasting work on the per-layer path."""
     return torch.bmm(rows_scaled, keys.mT).softmax(-1)
 
 
