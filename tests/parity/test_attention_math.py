@@ -137,16 +137,21 @@ def test_column_sums_from_the_transposed_log_sum_exp_match_float64(kind, monkeyp
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
-@pytest.mark.parametrize("logit_size", [1.0, 10.0], ids=["logits of a few units", "logits above 80"])
-def test_causal_column_sums_by_blocks_of_rows_match_float64(kv_heads, logit_size, monkeypatch):
+# Head dim 128 (scale 1/sqrt(128), not a power of two) at logits of a few units only: at lse ≈ 190 float32 itself
+# carries ~5e-5 relative (the kernel's own lse and any route's logit − lse, measured alike before and after the
+# scale moved into the matmul), beyond the parity the scores keep at a model's logit sizes.
+@pytest.mark.parametrize(("head_dim", "logit_size"), [(64, 1.0), (64, 10.0), (128, 1.0)],
+                         ids=["logits of a few units", "logits above 80", "head dim 128"])
+def test_causal_column_sums_by_blocks_of_rows_match_float64(kv_heads, logit_size, head_dim, monkeypatch):
     """A causal call from BLOCKWISE_ROUTE_MIN_QUERIES rows (head dim ≥ 64) takes its column sums from blocks of
-    rows (q·kᵀ − lse, exp and a row sum), at logits whose exp alone would overflow float32 too. (Key masks on
-    this route: the masked causal route's test at S = 600.)"""
+    rows (scale·q·kᵀ − lse in one matmul, exp and a row sum), at logits whose exp alone would overflow float32
+    too, with q in the layout a model hands over ([B, S, H, D] memory seen as [B, H, S, D]). (Key masks on this
+    route: the masked causal route's test at S = 600.)"""
     import sinklib.attention_math as math_module
 
     seq = 600  # above the threshold, not a multiple of the block
-    q, k, v = _inputs(seq=seq, dim=64)
-    q = q * logit_size
+    q, k, v = _inputs(seq=seq, dim=head_dim)
+    q = (q * logit_size).transpose(1, 2).contiguous().transpose(1, 2)
     k, v = k[:, :kv_heads], v[:, :kv_heads]
     mask = None
     fused = sdpa_with_lse(q, k, v, mask, 0.0, True, None, kv_heads != 4, {})
