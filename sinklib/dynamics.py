@@ -10,6 +10,7 @@ see `comparable_scores`.
 """
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Collection, Sequence
 
@@ -170,15 +171,23 @@ TOKEN_GROUPS = ("mask", "special", "punctuation", "content")
 def token_group(text: str, *, mask_token: str | None, special_tokens: Collection[str] = (),
                 markers: Collection[str] = ()) -> str:
     """Which of TOKEN_GROUPS a token's text belongs to: the mask token; another special token; punctuation —
-    symbols, whitespace (byte-level "Ċ" newline, "Ġ" space) and the prompt format's own markers (`markers`, e.g. the
+    symbols, whitespace (byte-level "Ċ" newline, "Ġ" space; SentencePiece "▁" and byte tokens such as "<0x0A>")
+    and the prompt format's own markers (`markers`, e.g. the
     zoo's "Q:", "A:", "####"); or content, every other token (words, names, numbers)."""
     if mask_token is not None and text == mask_token:
         return "mask"
     if text in special_tokens:
         return "special"
+    byte = _BYTE_FALLBACK.fullmatch(text)
+    if byte:  # SentencePiece byte fallback ("<0x0A>" is a newline): an ASCII byte is its own character; a byte from
+        value = int(byte.group(1), 16)  # 0x80 up is a piece of a multi-byte character (a letter, mostly): content
+        return "punctuation" if value < 0x80 and not chr(value).isalnum() else "content"
     if text in markers or all(char in "ĊĠ" or unicodedata.category(char)[0] in "PSZ" for char in text.strip()):
         return "punctuation"
     return "content"
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def sink_token_groups(frequency: pd.DataFrame, **group_options) -> dict[str, float]:

@@ -231,11 +231,12 @@ def batch_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:7], "little")
 
 
-def sampler_settings(model: LoadedModel, settings: dict[str, Any]) -> dict[str, Any]:
+def sampler_settings(model: LoadedModel, settings: dict[str, Any], task: str | None = None) -> dict[str, Any]:
     """The settings a run generates with: the given ones, checked now (before any file is written or model run),
-    over the family's presets (as the notebooks use them) for whatever is not given."""
+    over the presets for whatever is not given — LoadedModel.settings_for(task): the family's preset for the
+    task on a real checkpoint (GSM8K's 256 tokens, HumanEval's 512, as Table 1 runs them), else the model's own."""
     if settings.get("gen_length") is None:
-        settings = {**model.settings_for(steps=settings.get("steps"), block_length=settings.get("block_length")),
+        settings = {**model.settings_for(task, steps=settings.get("steps"), block_length=settings.get("block_length")),
                     **{k: v for k, v in settings.items() if v is not None}}
     resolve_settings(model, **settings)  # raises on an unknown option, a bad value or an option of another family
     return settings
@@ -332,7 +333,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
     HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
     process (sinklib.evaluation.sandbox; `sandbox` sets its limits)."""
     model, spec, samples = _checked(model, task, intervention, allow_code_execution, out, task_path)
-    settings = sampler_settings(model, settings)
+    settings = sampler_settings(model, settings, task)
     samples = samples[:limit]
     if spec.executes_code:
         sandbox = sandbox or SandboxLimits()

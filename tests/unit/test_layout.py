@@ -63,3 +63,18 @@ def test_lm_eval_model_honours_max_gen_toks_unless_gen_length_is_given(caplog):
     with caplog.at_level(logging.WARNING):
         assert pinned.settings_for(8) == pinned.settings
     assert "max_gen_toks=8; model_args gen_length=16 is used instead" in caplog.text
+
+
+def test_evaluate_runs_a_real_checkpoint_with_its_family_preset_for_the_task(llada, monkeypatch):
+    """evaluate fills what the caller left out from settings_for(task): on a real checkpoint the family's preset for
+    the task (GSM8K's 256 steps and tokens), not the paper's 128 — the layout Table 1 runs."""
+    from sinklib.evaluation.runner import evaluate, sampler_settings
+
+    assert sampler_settings(llada, {}, "gsm8k") == llada.family.preset("gsm8k") != llada.family.preset("paper")
+    assert sampler_settings(llada, {"steps": 64}, "gsm8k") == {"steps": 64, "gen_length": 256, "block_length": 32}
+    asked = []
+    zoo = sinklib.load("tiny-llada")
+    original = type(zoo).settings_for
+    monkeypatch.setattr(type(zoo), "settings_for", lambda self, task=None, **kw: asked.append(task) or original(self, task, **kw))
+    evaluate(zoo, "arithmetic", limit=1, progress=False)
+    assert asked == ["arithmetic"]

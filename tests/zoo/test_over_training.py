@@ -103,7 +103,9 @@ def test_every_recipe_name_is_one_the_literal_accepts():
 @pytest.mark.parametrize(("text", "group"), [
     ("[MASK]", "mask"), ("[EOS]", "special"), ("[BOS]", "special"), (".", "punctuation"), ("A:", "punctuation"),
     ("####", "punctuation"), ("Ċ", "punctuation"), ("ĊĊ", "punctuation"), ("Ġ", "punctuation"), ("has", "content"),
-    ("12", "content"), ("Ġthe", "content"), ("<|mdm_mask|>", "mask")])
+    ("12", "content"), ("Ġthe", "content"), ("<|mdm_mask|>", "mask"), ("<0x0A>", "punctuation"), ("<0x20>", "punctuation"),
+    ("<0x2C>", "punctuation"), ("<0x41>", "content"), ("<0x37>", "content"), ("<0xE2>", "content"), ("▁", "punctuation"),
+    ("▁the", "content")])
 def test_token_groups(text, group):
     mask = "<|mdm_mask|>" if text == "<|mdm_mask|>" else "[MASK]"
     assert dynamics.token_group(text, mask_token=mask, special_tokens={"[EOS]", "[BOS]", "<|mdm_mask|>"},
