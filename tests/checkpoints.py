@@ -55,7 +55,16 @@ def _llada_fields(family: str) -> dict:
     return {"d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 128, "rope_theta": 500000.0,
             "rms_norm_eps": 1e-5, "vocab_size": VOCAB, "embedding_size": VOCAB, "weight_tying": False,
             "max_sequence_length": 256, "eos_token_id": ids["<|endoftext|>"], "pad_token_id": ids["<|endoftext|>"],
-            "mask_token_id": ids["<|mdm_mask|>"], "init_device": "meta", "use_cache": False, "transformers_version": "4.46.3"}
+            "mask_token_id": ids["<|mdm_mask|>"], "init_device": "meta", "use_cache": False, "transformers_version": "4.46.3",
+            # every other field of LLaDA's ModelConfig, as the real config.json files list them: MMaDA's config class
+            # keeps only what the file gives, and LLaDA's code reads each field from it
+            "mlp_ratio": 4, "activation_type": "silu", "block_type": "llama", "block_group_size": 1, "alibi": False,
+            "alibi_bias_max": 8.0, "rope": True, "rope_full_precision": True, "flash_attention": False,
+            "attention_dropout": 0.0, "multi_query_attention": None, "attention_layer_norm": False,
+            "residual_dropout": 0.0, "embedding_dropout": 0.0, "input_emb_norm": False, "layer_norm_type": "rms",
+            "layer_norm_with_affine": True, "attention_layer_norm_with_affine": True, "include_qkv_bias": False,
+            "include_bias": False, "bias_for_layer_norm": False, "scale_logits": False, "init_fn": "mitchell",
+            "init_std": 0.02, "init_cutoff_factor": None, "precision": "amp_bf16"}
 
 
 def config_for(family: str) -> dict:
