@@ -10,7 +10,8 @@ everything else.
 Then the floor: q·kᵀ and exp over every (query, key) pair — the least any exact column sum beside the model's
 attention must compute, timed as matmul + exp_ + sum on the same tensors, chunked at its fastest, in rounds
 interleaved with the forwards — as a share of
-the plain forward, i.e. the best capture ÷ plain ratio such a route could reach. Writes
+the plain forward, i.e. the best capture ÷ plain ratio such a route could reach. Both ratios are medians of each
+round's own ratio (capture_profile.paired_ratio). Writes
 benchmarks/results/capture_profile.txt.
 """
 from __future__ import annotations
@@ -74,9 +75,9 @@ def column_floor_work(layers: int, heads: int, seq: int, head_dim: int):
     return work
 
 
-def interleaved_ms(runs: dict, rounds: int) -> dict:
-    """Median ms of each zero-argument function in `runs`, timed in `rounds` interleaved rounds (one call of each
-    per round, after a warm-up), so that the machine's drift hits every one alike."""
+def interleaved_times(runs: dict, rounds: int) -> dict[str, list[float]]:
+    """ms of each zero-argument function in `runs`, per round, timed in `rounds` interleaved rounds (one call of
+    each per round, after a warm-up), so that the machine's drift hits every one alike."""
     times = {name: [] for name in runs}
     for run in runs.values():
         run()
@@ -84,8 +85,15 @@ def interleaved_ms(runs: dict, rounds: int) -> dict:
         for name, run in runs.items():
             began = time.perf_counter()
             run()
-            times[name].append(time.perf_counter() - began)
-    return {name: 1000 * statistics.median(values) for name, values in times.items()}
+            times[name].append(1000 * (time.perf_counter() - began))
+    return times
+
+
+def paired_ratio(times: dict[str, list[float]], name: str, extra: str | None = None) -> float:
+    """The median over rounds of each round's (name [+ extra]) ÷ plain: a ratio taken within a round, where the
+    machine's slower and faster spells (minutes long on a shared host) fall on both sides of it."""
+    return statistics.median((t + (times[extra][i] if extra else 0.0)) / times["plain"][i]
+                             for i, t in enumerate(times[name]))
 
 
 def main() -> None:
@@ -112,13 +120,14 @@ def main() -> None:
             with sinklib.capture(model):
                 model(input_ids=ids)
 
-        timed = interleaved_ms({"plain": plain, "capture": captured, "floor": column_floor_work(4, 8, seq, 32)}, ROUNDS)
-        plain_ms, capture_ms, floor = timed["plain"], timed["capture"], timed["floor"]
+        rounds = interleaved_times({"plain": plain, "capture": captured, "floor": column_floor_work(4, 8, seq, 32)}, ROUNDS)
+        plain_ms, capture_ms = statistics.median(rounds["plain"]), statistics.median(rounds["capture"])
         own_attention = flash_ms(plain)
         second_call = flash_ms(captured) - own_attention
         other = capture_ms - plain_ms - second_call
         say(f"{seq:5d} {plain_ms:9.1f} {own_attention:9.1f} ({own_attention / plain_ms:3.0%}) {capture_ms:11.1f} "
-              f"{second_call:15.1f} {other:7.1f} {capture_ms / plain_ms:16.2f} {(plain_ms + floor) / plain_ms:14.2f}")
+              f"{second_call:15.1f} {other:7.1f} {paired_ratio(rounds, 'capture'):16.2f} "
+              f"{paired_ratio(rounds, 'plain', 'floor'):14.2f}")
 
     out = Path(__file__).resolve().parent / "results" / "capture_profile.txt"
     out.write_text("\n".join(lines) + "\n")
