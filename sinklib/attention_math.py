@@ -32,6 +32,8 @@ BLOCKWISE_ROWS = 64
 # key elements do (SmolLM2: 3 KV heads × 64 dims × ≤ 682 keys; at most 512 KB a layer waits); measured, batching
 # still gains at 800 keys and loses at 1600, where the copy outgrows the per-call overhead it saves.
 DEFERRED_ROW_MAX_KEY_ELEMENTS = 1 << 17
+# The largest log-sum-exp of the fused kernel taken as it is at head dims above 64 (see trusted_lse).
+LSE_TRUSTED_MAX = 24.0
 
 
 @dataclass
@@ -91,7 +93,8 @@ def attention_statistics(
     """Scores s_j = Σ_i A_ij of softmax(q kᵀ·scale + mask) for q [B,H,Sq,D], k [B,Hk,Sk,D] (Hk divides H).
 
     lse: optional [B, H, Sq] log-sum-exp of each row, as the fused kernel that computed the output returned it;
-    then A_ij = exp(logit_ij − lse_i) and the softmax's max and sum passes are not repeated.
+    then A_ij = exp(logit_ij − lse_i) and the softmax's max and sum passes are not repeated (unless
+    trusted_lse declines it: then the softmax is recomputed).
 
     Fully masked query rows contribute nothing. query_weight: optional [B, Sq] weights (0 drops a row,
     e.g. left padding). map_heads: heads whose full [B, Sq, Sk] map is kept.
@@ -99,6 +102,7 @@ def attention_statistics(
     batch, heads, n_queries, head_dim = q.shape
     n_keys, mask = k.shape[-2], as_4d(attn_mask) if attn_mask is not None else None
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    lse = trusted_lse(lse, head_dim)
     if n_queries == 1 and lse is None and query_weight is None and not is_causal:
         return _single_row_statistics(q, k, mask, scale, map_heads)
     if lse is not None and not map_heads and query_weight is None and chunk_size is None and _transposable(mask, is_causal, q, k):
@@ -119,6 +123,17 @@ def attention_statistics(
         totals.add(probs, allowed, None if query_weight is None else query_weight[:, start:stop].float(), start, stop)
     last_row = probs[:, :, -1].clone() if (want_last_row and probs is not None) else None
     return AttentionStats(totals.scores, totals.query_count, totals.key_valid, totals.maps, last_row)
+
+
+def trusted_lse(lse: torch.Tensor | None, head_dim: int) -> torch.Tensor | None:
+    """The fused kernel's lse where it keeps the scores within 1e-5 of float64, else None. Its float32 lse is off
+    by about 4e-7 × lse (measured, every head dim), and exp passes that error to every probability of the row:
+    at head dim 128 the scores left 1e-5 from lse ≈ 32 (measured 9.9e-6 at 31.9, 1.2e-5 at 44), while at head
+    dim ≤ 64 they stayed within 8e-6 up to lse 230. So above LSE_TRUSTED_MAX, for head dims above 64, the
+    statistics recompute the softmax themselves (one max and one sum pass more)."""
+    if lse is None or head_dim <= 64 or lse.numel() == 0:
+        return lse
+    return lse if float(lse.float().masked_fill(lse == float("inf"), 0).max()) <= LSE_TRUSTED_MAX else None
 
 
 def _single_row_statistics(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float,
@@ -486,7 +501,7 @@ def masked_causal_route(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     bias = torch.zeros(batch, heads, 1, n_keys, dtype=q.dtype, device=q.device).masked_fill_(
         key_mask[:, :, None, :], float("-inf"))
     fused = sdpa_with_lse(q, key, value, bias, 0.0, True, scale, enable_gqa, {})
-    if fused is None:
+    if fused is None or trusted_lse(fused[1], q.shape[-1]) is None:  # the caller's full-mask route then recomputes
         return None
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     first_live = (~key_mask).int().argmax(-1)  # [B, H]: rows before it have only masked keys to see

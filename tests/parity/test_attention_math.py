@@ -137,9 +137,8 @@ def test_column_sums_from_the_transposed_log_sum_exp_match_float64(kind, monkeyp
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
-# Head dim 128 (scale 1/sqrt(128), not a power of two) at logits of a few units only: at lse ≈ 190 float32 itself
-# carries ~5e-5 relative (the kernel's own lse and any route's logit − lse, measured alike before and after the
-# scale moved into the matmul), beyond the parity the scores keep at a model's logit sizes.
+# Head dim 128 (scale 1/sqrt(128), not a power of two) at logits of a few units only: from lse ≈ 24 its kernel lse
+# is not trusted and the softmax is recomputed instead (the test after the next).
 @pytest.mark.parametrize(("head_dim", "logit_size"), [(64, 1.0), (64, 10.0), (128, 1.0)],
                          ids=["logits of a few units", "logits above 80", "head dim 128"])
 def test_causal_column_sums_by_blocks_of_rows_match_float64(kv_heads, logit_size, head_dim, monkeypatch):
@@ -163,6 +162,28 @@ def test_causal_column_sums_by_blocks_of_rows_match_float64(kv_heads, logit_size
     assert logit_size == 1 or float(fused[1].max()) > 80, "logits large enough that exp(q·kᵀ) overflows"
     reference = reference_scores(q, k.repeat_interleave(4 // kv_heads, 1), mask, True)
     assert ((stats.scores.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal (block route)", "bidirectional (lse route)"])
+def test_at_head_dim_128_a_large_kernel_lse_is_not_trusted_and_the_scores_keep_1e_5(causal):
+    """The kernel's float32 lse is off by about 4e-7 × lse; at head dim 128 and lse ≈ 45 (a peaked sink head) the
+    scores from it left 1e-5 of float64 (1.2e-5 measured). Such a call recomputes its softmax instead, and keeps
+    parity; the masked causal route hands it back to the full-mask route."""
+    from sinklib.attention_math import LSE_TRUSTED_MAX, masked_causal_route, trusted_lse
+
+    q, k, v = _inputs(seq=512, dim=128)
+    q, k = q * 1.5, k * 1.5  # _inputs are × 2 already: logits of std ≈ 9, lse ≈ 45
+    _, lse = sdpa_with_lse(q, k, v, None, 0.0, causal, None, False, {})
+    assert float(lse.max()) > LSE_TRUSTED_MAX and trusted_lse(lse, 128) is None and trusted_lse(lse, 64) is lse
+    stats = attention_statistics(q, k, None, causal, lse=lse, want_last_row=True)
+    reference = reference_scores(q, k, None, causal)
+    assert ((stats.scores.double() - reference).abs() / (1 + reference.abs())).max() <= 1e-5
+    if causal:
+        assert masked_causal_route(q, k, v, torch.zeros(2, 4, 512, dtype=torch.bool), None, False) is None
+        moderate = _inputs(seq=512, dim=128)  # lse ≈ 15: the kernel's lse is used, and parity holds with it
+        _, small_lse = sdpa_with_lse(*moderate, None, 0.0, True, None, False, {})
+        assert trusted_lse(small_lse, 128) is small_lse
+        assert masked_causal_route(*moderate, torch.zeros(2, 4, 512, dtype=torch.bool), None, False) is not None
 
 
 def test_a_row_with_no_keys_sends_the_call_to_the_fused_route():
