@@ -172,8 +172,8 @@ def token_group(text: str, *, mask_token: str | None, special_tokens: Collection
                 markers: Collection[str] = ()) -> str:
     """Which of TOKEN_GROUPS a token's text belongs to: the mask token; another special token; punctuation —
     symbols, whitespace (byte-level "Ċ" newline, "Ġ" space; SentencePiece "▁" and byte tokens such as "<0x0A>")
-    and the prompt format's own markers (`markers`, e.g. the
-    zoo's "Q:", "A:", "####"); or content, every other token (words, names, numbers)."""
+    and the prompt format's own markers (`markers`, e.g. the zoo's "Q:", "A:", "####"); or content, every other
+    token (words, names, numbers)."""
     if mask_token is not None and text == mask_token:
         return "mask"
     if text in special_tokens:
