@@ -77,14 +77,18 @@ def column_floor_work(layers: int, heads: int, seq: int, head_dim: int):
 
 def interleaved_times(runs: dict, rounds: int) -> dict[str, list[float]]:
     """ms of each zero-argument function in `runs`, per round, timed in `rounds` interleaved rounds (one call of
-    each per round, after a warm-up), so that the machine's drift hits every one alike."""
+    each per round, after a warm-up), so that the machine's drift hits every one alike. Each round starts one
+    function later than the last, so that no function always runs in the same place (after the same other one:
+    measured here, running second moved a ratio by 2 %)."""
     times = {name: [] for name in runs}
+    names = list(runs)
     for run in runs.values():
         run()
-    for _ in range(rounds):
-        for name, run in runs.items():
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
             began = time.perf_counter()
-            run()
+            runs[name]()
             times[name].append(1000 * (time.perf_counter() - began))
     return times
 

@@ -15,20 +15,26 @@ Per length S, one forward of a prompt of S tokens, median of interleaved rounds:
   recomputes exactly.
 Then generation: 64 new tokens, greedy, sinklib.generate traced (capture on) against the same sampler with the
 capture off; the tokens must be the same.
-Each round times every mode once, one after another, so each ratio is taken within a round (the machine's slower and
-faster spells, minutes long on a shared host, fall on both sides of it) and the median over rounds is printed with
-the range of the rounds' ratios.
+Each round times every mode once, one after another, each round starting one mode later
+(capture_profile.interleaved_times); each ratio is taken within a round (the machine's slower and faster spells,
+minutes long on a shared host, fall on both sides of it), and the median over rounds is printed with the range of
+the rounds' ratios.
 Goals: capture ≤ 1.10× plain, masking ≤ 1.15×, traced generation ≤ 1.08× — or the floor, where it is higher.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import sinklib
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from capture_profile import interleaved_times  # noqa: E402
 
 FLOOR_BLOCKS = (32, 64, 128, 256)  # query rows per block; the floor takes the fastest on this machine
 
@@ -88,16 +94,15 @@ def forwards(loaded, seqs: list[int], rounds: int) -> list[dict]:
             for _ in range(layers):
                 floor_layer()
 
-        modes = {"plain": forward, "capture": forward, "masking": forward, "floor work": floor}
-        times = {mode: [] for mode in modes}
-        with torch.no_grad():
-            for mode, run in modes.items():  # warm-up
+        def under(mode, run, captures=captures):
+            def timed():
                 with captures.get(mode, _Nothing)():
                     run()
-            for _ in range(rounds):  # interleaved, so that drift hits every mode alike
-                for mode, run in modes.items():
-                    with captures.get(mode, _Nothing)():
-                        times[mode] += median_seconds(run, 1)
+            return timed
+
+        modes = {"plain": forward, "capture": forward, "masking": forward, "floor work": floor}
+        with torch.no_grad():
+            times = interleaved_times({mode: under(mode, run) for mode, run in modes.items()}, rounds)
         times["floor"] = [p + f for p, f in zip(times["plain"], times["floor work"])]
         print(f"\nS = {seq}: one forward, median of {rounds} interleaved rounds; ratios: the median of each round's own "
               "ratio (its spread over the rounds beside it)")
@@ -107,8 +112,8 @@ def forwards(loaded, seqs: list[int], rounds: int) -> list[dict]:
             ratio = statistics.median(ratios)
             note = f"  (plain + {layers} × q·kᵀ, exp, column sum over the causal pairs)" if mode == "floor" else ""
             spread = f"  [{min(ratios):.3f}–{max(ratios):.3f}]" if mode != "plain" else ""
-            print(f"  {mode:8s} {1000 * t:8.1f} ms   {ratio:.3f}× plain{spread}{note}")
-            rows.append({"S": seq, "mode": mode, "ms": 1000 * t, "x_plain": ratio})
+            print(f"  {mode:8s} {t:8.1f} ms   {ratio:.3f}× plain{spread}{note}")
+            rows.append({"S": seq, "mode": mode, "ms": t, "x_plain": ratio})
     return rows
 
 
@@ -135,9 +140,9 @@ def generation(loaded, new_tokens: int, rounds: int) -> None:
     first, bare = traced(), plain()
     assert first.tokens[-1].tolist() == bare.tokens[-1].tolist(), "the capture changed the generated tokens"
     times = {"plain": [], "traced": []}
-    for _ in range(rounds):
-        times["plain"] += median_seconds(plain, 1)
-        times["traced"] += median_seconds(traced, 1)
+    for round_index in range(rounds):  # alternating which runs first
+        for mode in (("plain", "traced") if round_index % 2 == 0 else ("traced", "plain")):
+            times[mode] += median_seconds({"plain": plain, "traced": traced}[mode], 1)
     p, t = statistics.median(times["plain"]), statistics.median(times["traced"])
     ratios = [traced / plain for traced, plain in zip(times["traced"], times["plain"])]
     print(f"\ngeneration: {new_tokens} new tokens, greedy, median of {rounds} interleaved rounds (same tokens: yes)")
