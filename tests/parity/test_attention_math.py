@@ -230,8 +230,8 @@ def test_on_a_gpu_bfloat16_scores_from_the_tf32_recompute_stay_within_1e_5_of_fl
 
 @pytest.mark.parametrize("seq", [100, 600], ids=["the fused route", "column sums by blocks"])
 @pytest.mark.parametrize("kv_heads", [9, 3])
-@pytest.mark.parametrize("masked_prefix", [0, 3])
-def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_heads, masked_prefix, seq, monkeypatch):
+@pytest.mark.parametrize("dead_rows", ["none", "in one head", "in every head"])
+def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_heads, dead_rows, seq, monkeypatch):
     """Masked causal attention from the fused kernel with one additive key row: output, column sums and the last
     row against a float64 softmax under the full mask mask_keys builds — rows whose every visible key is masked
     (a head's prefix before its first unmasked key) keep their own row, as mask_keys says."""
@@ -246,8 +246,12 @@ def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_he
     q, k, v = (torch.randn(batch, h, seq, dim, generator=g) for h in (heads, kv_heads, kv_heads))
     key_mask = torch.zeros(batch, heads, seq, dtype=torch.bool)
     key_mask[:, :, 5] = True
-    key_mask[0, 2, :masked_prefix] = True
     key_mask[1, :, 10:20] = True
+    if dead_rows == "in one head":
+        key_mask[0, 2, :3] = True
+        key_mask[1, :, 1] = True  # before batch 0's dead rows end, but seen by no row of batch 1: not a valid key
+    elif dead_rows == "in every head":  # a first-token sink masked: row 0 keeps its own row in every head
+        key_mask[:, :, 0] = True
     output, stats = masked_causal_route(q, k, v, key_mask, None, kv_heads != heads)
     assert [r is not None for r in routes] == ([True] if seq >= math_module.BLOCKWISE_ROUTE_MIN_QUERIES else [])
     allowed = mask_keys(None, True, key_mask, seq)

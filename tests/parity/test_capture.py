@@ -243,6 +243,26 @@ def test_layer_names_follow_module_paths():
     assert rec.layer_names == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
 
 
+def test_a_later_capture_finds_the_layers_as_the_model_now_is():
+    """attention_layers keeps what it found for the next capture of a model: a block removed, an attention module
+    swapped or a module on the path deleted between captures is seen, and the scores follow the model as it is."""
+    model = llama()
+    first = attention_layers(model)
+    assert attention_layers(model) == first  # kept and reused: the same layers
+    swapped = llama().model.layers[0].self_attn
+    swapped.config = model.config  # a module of a twin model, now reading this model's settings
+    model.model.layers[0].self_attn = swapped
+    assert [layer.module for layer in attention_layers(model)] == [swapped, first[1].module]
+    del model.model.layers[1]
+    model.config.num_hidden_layers = 1
+    with torch.no_grad(), sinklib.capture(model) as rec:
+        model(input_ids=IDS)
+    assert rec.layer_names == ["model.layers.0.self_attn"] and rec.scores.shape[1] == 1
+    torch.testing.assert_close(rec.scores[0], eager_scores(model, IDS), atol=1e-5, rtol=0)
+    del model.model.layers[0].self_attn  # no attention module left in the block: the block itself is the layer
+    assert attention_layers(model)[0].name == "model.layers.0"
+
+
 def test_map_request_for_missing_layer_or_head_is_a_clear_error():
     model = llama()
     with pytest.raises(ValueError, match=r"layer=5 is not allowed"):
