@@ -10,12 +10,15 @@ everything else.
 Then the floor: q·kᵀ and exp over every (query, key) pair — the least any exact column sum beside the model's
 attention must compute, timed as matmul + exp_ + sum on the same tensors, chunked at its fastest, in rounds
 interleaved with the forwards — as a share of
-the plain forward, i.e. the best capture ÷ plain ratio such a route could reach. Both ratios are medians of each
-round's own ratio (capture_profile.paired_ratio). Writes
+the plain forward, i.e. the best capture ÷ plain ratio such a route could reach; and the floor in place: the same
+work done inside a capture in place of its statistics (floor_in_place), where the model's own tensors compete
+for the cache. The ratios are medians of each round's own ratio (capture_profile.paired_ratio). Writes
 benchmarks/results/capture_profile.txt.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
 import statistics
 import sys
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capture_routes import build  # noqa: E402
 
 import sinklib  # noqa: E402
+from sinklib.attention_math import AttentionStats, repeat_heads  # noqa: E402
 
 FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
 ROUNDS = 15  # interleaved rounds of plain, capture and the floor's work per length
@@ -67,12 +71,40 @@ def column_floor_work(layers: int, heads: int, seq: int, head_dim: int):
                 total += torch.matmul(q[:, :, start:start + rows], keys_t).exp_().sum(-2)
             return total
         candidates[rows] = (median_ms(one_layer, 5), one_layer)
-    one_layer = min(candidates.values(), key=lambda timed: timed[0])[1]
+    fastest = min(candidates, key=lambda rows: candidates[rows][0])
+    one_layer = candidates[fastest][1]
 
     def work():
         for _ in range(layers):
             one_layer()
+    work.rows = fastest  # query rows per block, for floor_in_place
     return work
+
+
+@contextlib.contextmanager
+def floor_in_place(rows: int):
+    """Inside the block, a capture does the floor's work in place of its statistics: q·kᵀ, exp and the sum over
+    queries on each call's own q and k, `rows` query rows at a time (the isolated floor's fastest), in the layer
+    where the statistics would run, with everything else of the
+    capture (hooks, route, the model's own call with its lse, the step store) kept. The isolated floor runs its
+    work on tensors hot in cache; here the model's weights and activations compete for the cache, as they do for
+    the real statistics, so this is the floor a capture could reach where it actually runs."""
+    attend_module = importlib.import_module("sinklib.capture.attend")
+    statistics_of = attend_module.attention_statistics
+
+    def floor_work(q, k, *args, **kwargs):
+        batch, heads, n_queries, _ = q.shape
+        keys_t = repeat_heads(k, heads).transpose(-1, -2)
+        scores = torch.zeros(batch, heads, k.shape[-2])
+        for start in range(0, n_queries, rows):
+            scores += torch.matmul(q[:, :, start:start + rows], keys_t).exp_().sum(-2)
+        return AttentionStats(scores, torch.ones(batch), torch.ones(batch, k.shape[-2], dtype=torch.bool))
+
+    attend_module.attention_statistics = floor_work
+    try:
+        yield
+    finally:
+        attend_module.attention_statistics = statistics_of
 
 
 def interleaved_times(runs: dict, rounds: int) -> dict[str, list[float]]:
@@ -112,7 +144,7 @@ def main() -> None:
 
     say(f"torch {torch.__version__}, {torch.get_num_threads()} threads; d 256, 4 layers, 8 heads (head dim 32)")
     say(f"{'S':>5} {'plain ms':>9} {'its attention':>14} {'capture ms':>11} {'2nd fused call':>15} {'other':>7} "
-          f"{'capture ÷ plain':>16} {'floor ÷ plain':>14}")
+          f"{'capture ÷ plain':>16} {'floor ÷ plain':>14} {'floor in place ÷ plain':>23}")
     for seq in (256, 1024, 2048):
         model = build(256, seq, "sdpa")
         ids = torch.randint(0, 512, (1, seq), generator=torch.Generator().manual_seed(0))
@@ -124,14 +156,21 @@ def main() -> None:
             with sinklib.capture(model):
                 model(input_ids=ids)
 
-        rounds = interleaved_times({"plain": plain, "capture": captured, "floor": column_floor_work(4, 8, seq, 32)}, ROUNDS)
+        floor = column_floor_work(4, 8, seq, 32)
+
+        def floor_captured(captured=captured, rows=floor.rows):
+            with floor_in_place(rows):
+                captured()
+
+        rounds = interleaved_times({"plain": plain, "capture": captured, "floor": floor,
+                                    "floor in place": floor_captured}, ROUNDS)
         plain_ms, capture_ms = statistics.median(rounds["plain"]), statistics.median(rounds["capture"])
         own_attention = flash_ms(plain)
         second_call = flash_ms(captured) - own_attention
         other = capture_ms - plain_ms - second_call
         say(f"{seq:5d} {plain_ms:9.1f} {own_attention:9.1f} ({own_attention / plain_ms:3.0%}) {capture_ms:11.1f} "
               f"{second_call:15.1f} {other:7.1f} {paired_ratio(rounds, 'capture'):16.2f} "
-              f"{paired_ratio(rounds, 'plain', 'floor'):14.2f}")
+              f"{paired_ratio(rounds, 'plain', 'floor'):14.2f} {paired_ratio(rounds, 'floor in place'):23.2f}")
 
     out = Path(__file__).resolve().parent / "results" / "capture_profile.txt"
     out.write_text("\n".join(lines) + "\n")
