@@ -510,7 +510,8 @@ def masked_causal_route(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     (−∞), and the statistics come from its log-sum-exp by the transposed route. The same semantics as
     mask_keys: a query row whose every visible key is masked — rows below a head's first unmasked key, in
     causal attention — keeps its own unmasked row (recomputed on that short prefix). None where the fused
-    CPU kernel would not run (then the caller builds the full mask).
+    CPU kernel would not run (then the caller builds the full mask). Where the kernel's lse is not trusted
+    (trusted_lse), the output stands and the statistics recompute the softmax under the full mask.
 
     This runs in every layer of a masked forward, so its bookkeeping is kept to a few tensor operations: each
     costs microseconds, tens of them a measurable share of a layer's attention."""
@@ -520,7 +521,7 @@ def masked_causal_route(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return None
     bias = q.new_zeros(batch, heads, 1, n_keys).masked_fill_(key_mask[:, :, None, :], float("-inf"))
     fused = sdpa_with_lse(q, key, value, bias, 0.0, True, scale, enable_gqa, {})
-    if fused is None or trusted_lse(fused[1], q.shape[-1]) is None:  # the caller's full-mask route then recomputes
+    if fused is None:  # the caller's full-mask route then runs the call
         return None
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     first_live = key_mask.view(torch.uint8).argmin(-1)  # [B, H]: rows before it have only masked keys to see
@@ -530,6 +531,9 @@ def masked_causal_route(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if highest:
         output, lse, dead = _restore_dead_rows(q, key, value, output, lse, first_live, highest, lowest == highest,
                                                scale, enable_gqa)
+    if trusted_lse(lse, q.shape[-1]) is None:  # the output stands; the statistics recompute the softmax
+        return output, attention_statistics(q, key, mask_keys(None, True, key_mask, n_queries), False, scale,
+                                            want_last_row=True)
     # Live rows by the transposed route without the mask (a masked key's column is zeroed after); a dead row's lse
     # set to +∞ leaves it out. (Starting the blocks after the dead rows instead was slower: blocks whose key
     # counts are not multiples of 64 slow the matmul more than the rows saved.)
