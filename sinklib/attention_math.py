@@ -109,7 +109,7 @@ def attention_statistics(
         return _statistics_by_transposed_lse(q, k, mask, is_causal, scale, lse, want_last_row)
     chunk_size = chunk_size or _rows_per_chunk(q, n_keys)
     if lse is not None and mask is None and not is_causal and not map_heads and query_weight is None \
-            and chunk_size >= n_queries:
+            and 0 < n_queries <= chunk_size:
         return _one_block_statistics(q, k, scale, lse, want_last_row)
     logits_of = _chunk_logits(q, k, scale)
     # The kernel's lse rides on the matmul (one pass less over each chunk) unless an additive mask must be added
@@ -138,7 +138,7 @@ def _one_block_statistics(q: torch.Tensor, k: torch.Tensor, scale: float, lse: t
     probs = _chunk_logits(q, k, scale)(0, n_queries, lse).exp_()
     _, true = _unit_tensors(q.device)
     last_row = probs[:, :, -1].clone() if want_last_row else None
-    query_count = torch.full((batch,), float(n_queries), device=q.device)
+    query_count = torch.full((batch,), float(n_queries), dtype=torch.float32, device=q.device)
     return AttentionStats(probs.sum(-2), query_count, true.expand(batch, k.shape[-2]), {}, last_row)
 
 
@@ -147,7 +147,10 @@ def trusted_lse(lse: torch.Tensor | None, head_dim: int) -> torch.Tensor | None:
     by about 4e-7 × lse (measured, every head dim), and exp passes that error to every probability of the row:
     at head dim 128 the scores left 1e-5 from lse ≈ 32 (measured 9.9e-6 at 31.9, 1.2e-5 at 44), while at head
     dim ≤ 64 they stayed within 8e-6 up to lse 230. So above LSE_TRUSTED_MAX, for head dims above 64, the
-    statistics recompute the softmax themselves (one max and one sum pass more)."""
+    statistics recompute the softmax themselves (one max and one sum pass more). The bound is on the scores (sums
+    over rows, measured relative to 1 + |s|): a single row's probabilities, as last_row keeps them, carry the
+    same 4e-7 × lse relative error unaveraged (measured 1.2e-5 to 3.3e-5 off float64 at lse 90 to 195, head dim
+    64: logits far beyond what a trained model's rows reach)."""
     if lse is None or head_dim <= 64 or lse.numel() == 0:
         return lse
     return lse if float(lse.float().masked_fill(lse == float("inf"), 0).max()) <= LSE_TRUSTED_MAX else None
@@ -576,11 +579,13 @@ def _restore_dead_rows(q, key, value, output, lse, first_live: torch.Tensor, row
 
 
 def _causal_column_sums(q: torch.Tensor, key: torch.Tensor, lse: torch.Tensor, scale: float,
-                        row_weight: torch.Tensor | None = None) -> torch.Tensor:
+                        rows_kept: torch.Tensor | None = None) -> torch.Tensor:
     """[B, H, Sk] float32: Σ_i exp(scale·q_i·k_j − lse_i) over the causal pairs of a short square call (a few
-    rows: one matmul), each row i weighted by row_weight [B, H, Sq] (bool or float) when given."""
+    rows: one matmul), over the rows where rows_kept [B, H, Sq] (bool) is True when given. A row left out is
+    zeroed, not multiplied by 0: its lse may belong to another call (a live row's masked lse), where its exp
+    overflows to +∞ and ∞·0 would be NaN."""
     rows = q.shape[-2]
     logits = torch.baddbmm(lse.float().reshape(-1, rows, 1).neg(), q.float().reshape(-1, rows, q.shape[-1]),
                            repeat_heads(key, q.shape[1]).float().reshape(-1, rows, key.shape[-1]).mT, alpha=scale)
     probs = logits.exp_().tril_().view(q.shape[:-1] + (rows,))
-    return (probs if row_weight is None else probs * row_weight[..., None]).sum(-2)
+    return (probs if rows_kept is None else probs.masked_fill_(~rows_kept[..., None], 0.0)).sum(-2)

@@ -126,6 +126,17 @@ def restore_use_cache(config, raw: dict[str, Any] | None) -> bool:
     return True
 
 
+def cache_keyword(model: nn.Module) -> str:
+    """The name model.forward takes its KV cache by, and its output returns it by: "cache" from transformers 5.24
+    (where the old name still works but warns on every call), "past_key_values" before."""
+    return _cache_keyword_of(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword_of(model_class: type) -> str:  # once per class: it is asked at every decoding step
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
 def _accepts(function, keyword: str) -> bool:
     parameters = inspect.signature(function).parameters
     return keyword in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

@@ -6,7 +6,6 @@ Architectures are data: a block's attention is the first submodule whose class n
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -82,41 +81,10 @@ def attention_layers(model: nn.Module, layer_names: Sequence[str] | None = None)
                 raise ValueError(f"layer_names[{index}]={name!r} is not a module of the model{did_you_mean(name, modules)}")
             layers.append(AttentionLayer(index, name, modules[name], _head_count(modules[name], model)))
         return layers
-    found = _found_layers.get(model)
-    if found is not None and found.still_in_place(model):
-        return list(found.layers)
     list_name, blocks = _block_list(model)
-    layers, subpaths = [], []
+    layers = []
     for index, block in enumerate(blocks):
         sub, module = _attention_in(block)
         name = ".".join(part for part in (list_name, str(index), sub) if part)
         layers.append(AttentionLayer(index, name, module, _head_count(module, model)))
-        subpaths.append(sub)
-    _found_layers[model] = _FoundLayers(list_name, tuple(blocks), tuple(subpaths), tuple(layers))
     return layers
-
-
-@dataclass(frozen=True)
-class _FoundLayers:
-    """What attention_layers found in a model, kept for the next capture of it: finding them walks every module
-    (0.1 ms for a 4-layer model, 0.7 ms for SmolLM2's 30, measured), a share of a small model's forward that
-    every capture would pay again. Reused only while the block list and each block's attention module are
-    still the same objects at the same places."""
-
-    list_name: str
-    blocks: tuple[nn.Module, ...]
-    subpaths: tuple[str, ...]
-    layers: tuple[AttentionLayer, ...]
-
-    def still_in_place(self, model: nn.Module) -> bool:
-        try:
-            blocks = tuple(model.get_submodule(self.list_name))
-            if len(blocks) != len(self.blocks) or any(now is not then for now, then in zip(blocks, self.blocks)):
-                return False
-            return all(block.get_submodule(sub) is layer.module
-                       for block, sub, layer in zip(self.blocks, self.subpaths, self.layers))
-        except AttributeError:  # a module on the way was removed
-            return False
-
-
-_found_layers: weakref.WeakKeyDictionary[nn.Module, _FoundLayers] = weakref.WeakKeyDictionary()

@@ -87,9 +87,10 @@ class LoadedModel:
 
     def step_with_cache(self, ids, attention_mask, position_ids, cache):
         """One autoregressive forward with a KV cache → (logits, cache)."""
-        out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True)
-        return out.logits, out.past_key_values
+        keyword = compat.cache_keyword(self.model)
+        out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                         **{keyword: cache})
+        return out.logits, getattr(out, keyword)
 
 
 def _config_text(model_type: Any, architectures: Any) -> str:

@@ -74,3 +74,11 @@ def diffusion_llama(family: str = "llada", seed: int = 0):
             if p.dim() > 1:
                 p.normal_(std=0.3)
     return model
+
+
+def with_cache(model, out) -> dict:
+    """The keyword argument that hands out's KV cache to model's next call, by the name this transformers uses."""
+    from sinklib.compat import cache_keyword
+
+    keyword = cache_keyword(model)
+    return {keyword: getattr(out, keyword)}

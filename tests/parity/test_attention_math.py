@@ -274,6 +274,25 @@ def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_he
     assert torch.equal(stats.key_valid, slow.key_valid) and torch.equal(stats.query_count, slow.query_count)
 
 
+def test_a_live_row_beside_a_dead_one_adds_nothing_even_where_its_masked_key_dominates():
+    """Dead rows in one head only: the other head's live row has a masked key far above everything it may still
+    see, so exp(logit − its masked lse) overflows. Its share must be zero, not ∞·0 = NaN."""
+    from sinklib.attention_math import mask_keys, masked_causal_route
+
+    q, k = torch.zeros(1, 2, 4, 16), torch.zeros(1, 2, 4, 16)
+    q[0, 0, 1, 0] = k[0, 0, 1, 0] = 20.0  # head 0, row 1 attends to key 1 with logit 100
+    v = torch.randn(1, 2, 4, 16, generator=torch.Generator().manual_seed(0))
+    key_mask = torch.zeros(1, 2, 4, dtype=torch.bool)
+    key_mask[0, 0, 1] = True  # head 0: key 1 masked, row 1 still sees key 0 (live)
+    key_mask[0, 1, :2] = True  # head 1: rows 0 and 1 see only masked keys (dead)
+    output, stats = masked_causal_route(q, k, v, key_mask, None, False)
+    allowed = mask_keys(None, True, key_mask, 4)
+    probs = (q.double() @ k.double().transpose(-1, -2) / 4).masked_fill(~allowed, float("-inf")).softmax(-1)
+    torch.testing.assert_close(stats.scores.double(), probs.sum(-2), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(stats.scores[0, 0], torch.tensor([2.5 + 1 / 3, 0.0, 0.5 + 1 / 3, 1 / 3]))
+    torch.testing.assert_close(output.double(), probs @ v.double(), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("kv_heads", [9, 3])
 @pytest.mark.parametrize("mask_kind", ["none", "padded"])
 def test_a_decoding_row_matches_float64_and_the_general_route_bit_for_bit(kv_heads, mask_kind, monkeypatch):
@@ -320,3 +339,11 @@ def test_decoding_rows_scored_together_have_each_rows_own_bits():
     for scores, by_itself, reference in zip(together, alone, expected):
         assert torch.equal(scores, by_itself)
         assert (scores.double() - reference).abs().max() < 1e-6
+
+
+def test_a_call_with_no_query_rows_gives_empty_statistics_not_an_error():
+    """Zero query rows (an empty chunk of a caller's) with the kernel's lse: nothing attended, no last row."""
+    q, k = torch.zeros(1, 2, 0, 16), torch.randn(1, 2, 5, 16)
+    stats = attention_statistics(q, k, None, False, None, lse=torch.zeros(1, 2, 0), want_last_row=True)
+    assert torch.equal(stats.scores, torch.zeros(1, 2, 5)) and stats.query_count.tolist() == [0.0]
+    assert not stats.key_valid.any() and stats.last_row is None

@@ -8,7 +8,7 @@ import sinklib
 from sinklib import attention_math
 from sinklib.capture import CaptureError
 from sinklib.layers import attention_layers
-from tests.models import NATIVE, eager_twin, logits_of, llama, qwen2_gqa
+from tests.models import with_cache, NATIVE, eager_twin, logits_of, llama, qwen2_gqa
 from tests.standin import StandInLM
 
 IDS = torch.tensor([[5, 9, 2, 33, 17, 8, 41, 3, 12, 7], [6, 1, 30, 22, 9, 19, 2, 44, 10, 5]])
@@ -90,11 +90,11 @@ def test_kv_cache_decoding_with_grouped_heads_matches_eager():
     ids = IDS[:1, :6]
     with torch.no_grad(), sinklib.capture(model) as rec:
         out = model(input_ids=ids, use_cache=True)
-        model(input_ids=ids[:, -1:] * 0 + 3, past_key_values=out.past_key_values, use_cache=True)
+        model(input_ids=ids[:, -1:] * 0 + 3, **with_cache(model, out), use_cache=True)
     twin = eager_twin(model)
     with torch.no_grad():
         ref = twin(input_ids=ids, use_cache=True, output_attentions=True)
-        step = twin(input_ids=ids[:, -1:] * 0 + 3, past_key_values=ref.past_key_values, use_cache=True, output_attentions=True)
+        step = twin(input_ids=ids[:, -1:] * 0 + 3, **with_cache(twin, ref), use_cache=True, output_attentions=True)
     reference = torch.stack(step.attentions).sum(-2)  # [L, B, H, 7]
     assert rec.n_steps == 2
     torch.testing.assert_close(rec.step_scores(1), reference, atol=1e-5, rtol=0)
@@ -106,7 +106,7 @@ def _greedy_decoding_scores(model, steps: int = 4) -> torch.Tensor:
     with torch.no_grad(), sinklib.capture(model) as rec:
         out = model(input_ids=IDS[:1, :6], use_cache=True)
         for _ in range(steps):
-            out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
+            out = model(input_ids=out.logits[:, -1:].argmax(-1), **with_cache(model, out), use_cache=True)
     return rec.scores
 
 
@@ -130,7 +130,7 @@ def _eager_decoding(model, ids, mask, new_ids):
     with torch.no_grad():
         ref = twin(input_ids=ids, attention_mask=mask, use_cache=True, output_attentions=True)
         full = torch.cat([mask, torch.ones_like(new_ids)], -1) if mask is not None else None
-        step = twin(input_ids=new_ids, attention_mask=full, past_key_values=ref.past_key_values, use_cache=True,
+        step = twin(input_ids=new_ids, attention_mask=full, **with_cache(twin, ref), use_cache=True,
                     output_attentions=True)
     return torch.stack(step.attentions)[..., 0, :]
 
@@ -145,7 +145,7 @@ def test_batched_decoding_with_and_without_left_padding_matches_eager_and_keeps_
     with torch.no_grad(), sinklib.capture(model, maps=[(1, 1, 2)]) as rec:
         out = model(input_ids=ids, attention_mask=mask, use_cache=True)
         full = torch.cat([mask, torch.ones_like(new_ids)], -1) if mask is not None else None
-        model(input_ids=new_ids, attention_mask=full, past_key_values=out.past_key_values, use_cache=True)
+        model(input_ids=new_ids, attention_mask=full, **with_cache(model, out), use_cache=True)
     reference = _eager_decoding(model, ids, mask, new_ids)
     torch.testing.assert_close(rec.step_scores(1), reference, atol=1e-6, rtol=0)
     torch.testing.assert_close(rec.maps[(1, 1, 2)][:, 0], reference[1, :, 2], atol=1e-6, rtol=0)

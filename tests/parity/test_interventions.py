@@ -4,7 +4,7 @@ import torch
 
 import sinklib
 from sinklib.interventions import key_normalised
-from tests.models import eager_twin, llama, qwen2_gqa
+from tests.models import with_cache, eager_twin, llama, qwen2_gqa
 from tests.standin import StandInLM
 from tests.unit.test_sinks import reference_sinks
 
@@ -110,7 +110,7 @@ def test_arm_policy_reads_the_last_row_scaled_to_key_units():
     policy = sinklib.MaskSinks(top_k=3, rows="last", eps=0.5)
     with torch.no_grad(), sinklib.capture(model, intervention=policy) as rec:
         out = model(input_ids=ids, use_cache=True)
-        model(input_ids=torch.tensor([[3]]), past_key_values=out.past_key_values, use_cache=True)
+        model(input_ids=torch.tensor([[3]]), **with_cache(model, out), use_cache=True)
     last_rows = torch.stack(eager_twin(model)(input_ids=ids, output_attentions=True).attentions)[:, :, :, -1]
     expected = reference_top(last_rows * 12, 3, eps=0.5)
     assert expected.any()
@@ -187,13 +187,13 @@ def test_masking_all_heads_of_a_gqa_model_equals_a_key_padding_mask_in_eager_att
     ids = IDS[:, :8]
     with torch.no_grad(), sinklib.capture(model, intervention=sinklib.MaskKeys([1, 2])) as rec:
         out = model(input_ids=ids, use_cache=True)
-        step = model(input_ids=torch.tensor([[3], [4]]), past_key_values=out.past_key_values, use_cache=True)
+        step = model(input_ids=torch.tensor([[3], [4]]), **with_cache(model, out), use_cache=True)
     padding = torch.ones(2, 9, dtype=torch.long)
     padding[:, 1:3] = 0
     twin = eager_twin(model)
     with torch.no_grad():
         ref = twin(input_ids=ids, attention_mask=padding[:, :8], use_cache=True)
-        ref_step = twin(input_ids=torch.tensor([[3], [4]]), attention_mask=padding, past_key_values=ref.past_key_values,
+        ref_step = twin(input_ids=torch.tensor([[3], [4]]), attention_mask=padding, **with_cache(twin, ref),
                         use_cache=True, output_attentions=True)
     torch.testing.assert_close(out.logits, ref.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(step.logits, ref_step.logits, atol=1e-5, rtol=0)
