@@ -148,9 +148,9 @@ def trusted_lse(lse: torch.Tensor | None, head_dim: int) -> torch.Tensor | None:
     at head dim 128 the scores left 1e-5 from lse ≈ 32 (measured 9.9e-6 at 31.9, 1.2e-5 at 44), while at head
     dim ≤ 64 they stayed within 8e-6 up to lse 230. So above LSE_TRUSTED_MAX, for head dims above 64, the
     statistics recompute the softmax themselves (one max and one sum pass more). The bound is on the scores (sums
-    over rows, measured relative to 1 + |s|): a single row's probabilities, as last_row keeps them, carry the
-    same 4e-7 × lse relative error unaveraged (measured 1.2e-5 to 3.3e-5 off float64 at lse 90 to 195, head dim
-    64: logits far beyond what a trained model's rows reach)."""
+    over rows, measured relative to 1 + |s|): a single row's probabilities, as last_row keeps them, are not
+    averaged over rows, and at head dim 64 measured 1.2e-5 to 3.3e-5 off float64 at lse 90 to 195 (logits far
+    beyond what a trained model's rows reach)."""
     if lse is None or head_dim <= 64 or lse.numel() == 0:
         return lse
     return lse if float(lse.float().masked_fill(lse == float("inf"), 0).max()) <= LSE_TRUSTED_MAX else None
