@@ -18,6 +18,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from sinklib.compat import transformers_major
+
 
 @dataclass(frozen=True)
 class NamedModel:
@@ -75,10 +77,17 @@ def package_folder(spec: NamedModel) -> Path:
     return folder
 
 
+def converted_folder(name: str) -> Path:
+    """Where the named model's conversion lives: one folder per transformers major version. A folder written by
+    one major is misread by the other — transformers 5 writes RoPE's base under `rope_parameters`, which 4.x does
+    not read (it silently takes its default 10000, where SmolLM2's is 100000), and a tokenizer class 4.x lacks."""
+    return cache_root() / f"{name}-transformers{transformers_major()}"
+
+
 def resolve_named(name: str, progress: bool = True) -> str:
     """The converted folder of a named model, converting it on first use."""
     spec = NAMED_MODELS[name]
-    target = cache_root() / name
+    target = converted_folder(name)
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         _check_conversion(spec, target)
         return str(target)

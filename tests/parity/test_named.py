@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sinklib
-from sinklib import named
+from sinklib import compat, named
 from sinklib.generate import encode
 from tests.models import eager_twin
 
@@ -26,7 +26,8 @@ def smollm2():
 
 def test_loads_by_name_offline_from_the_users_cache_not_the_repository(smollm2):
     folder = Path(named.resolve_named(NAME))
-    assert folder == named.cache_root() / NAME and not folder.is_relative_to(Path(__file__).resolve().parents[2])
+    assert folder == named.cache_root() / f"{NAME}-transformers{compat.transformers_major()}"
+    assert not folder.is_relative_to(Path(__file__).resolve().parents[2])
     assert smollm2.name == NAME and smollm2.family.name == "arm" and type(smollm2.model).__name__ == "LlamaForCausalLM"
     config = smollm2.model.config
     assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
