@@ -278,3 +278,49 @@ def top_moving_event(events: pd.DataFrame) -> pd.Series | None:
     if not len(events):
         return None
     return events.sort_values(["score", "trace", "step"], ascending=[False, True, True], kind="stable").iloc[0]
+
+
+def topk_overlap(trace: Trace, k: int = 5) -> pd.DataFrame:
+    """One row per (step pair, layer, head): the Jaccard overlap |A ∩ B| / |A ∪ B| of the head's top-k keys (by
+    score, among the keys that exist) at step t−1 and step t — 1 when attention keeps to the same keys, 0 when it
+    moves entirely. `k` is capped by the keys that exist at the earlier step."""
+    check_int(k, "k", 1)
+    scores = torch.nan_to_num(comparable_scores(trace), nan=float("-inf"))
+    valid = _valid(trace)
+    steps, layers, heads, keys = scores.shape
+    width = min(k, int(valid[0].sum(-1).min()))
+    top = scores.topk(width, dim=-1).indices  # [steps, layers, heads, width]
+    chosen = torch.zeros(steps, layers, heads, keys, dtype=torch.bool).scatter(-1, top, True) & valid
+    both = (chosen[1:] & chosen[:-1]).sum(-1).double()
+    either = (chosen[1:] | chosen[:-1]).sum(-1).double()
+    grid = np.meshgrid(np.arange(1, steps), np.arange(layers), np.arange(heads), indexing="ij")
+    frame = pd.DataFrame({"step": grid[0].ravel(), "layer": grid[1].ravel(), "head": grid[2].ravel(),
+                          "jaccard": (both / either.clamp(min=1)).numpy().ravel(), "k": width,
+                          "model": trace.meta.get("model", "")})
+    # an autoregressive prefill (column sums over the prompt) and a decoding row are different quantities
+    return frame[frame["step"] > 1].reset_index(drop=True) if trace.is_autoregressive else frame
+
+
+def stability_by_layer(traces: Sequence[Trace], k: int = 5, eps: float = 3.0) -> pd.DataFrame:
+    """Per (model, layer): the mean and standard deviation over (trace, head, step pair) of the top-k Jaccard
+    overlap between consecutive steps, and the greatest sink's move rate — the share of consecutive step pairs,
+    both with a sink, whose greatest sink changed position — with its standard deviation over (trace, head)."""
+    overlaps = pd.concat([topk_overlap(trace, k) for trace in traces], ignore_index=True)
+    moves = pd.concat([_moves(trace, index, eps) for index, trace in enumerate(traces)], ignore_index=True)
+    per_head = moves.groupby(["model", "layer", "trace", "head"])["moved"].mean().reset_index()
+    frame = overlaps.groupby(["model", "layer"], sort=False)["jaccard"].agg(["mean", "std"])
+    frame.columns = ["jaccard_mean", "jaccard_std"]
+    rates = per_head.groupby(["model", "layer"])["moved"].agg(["mean", "std", "size"])
+    rates.columns = ["move_rate", "move_rate_std", "heads_with_pairs"]
+    return frame.join(rates, how="left").reset_index()
+
+
+def _moves(trace: Trace, index: int, eps: float) -> pd.DataFrame:
+    """One row per (layer, head, step pair) with a sink at both steps: whether the greatest sink moved."""
+    top = greatest_sinks(trace, eps).sort_values(["layer", "head", "step"])
+    before = top.groupby(["layer", "head"])[["position", "is_sink", "step"]].shift(1)
+    first = 1 if trace.is_autoregressive else 0  # the prefill's sink is not a decoding row's
+    pairs = top[top["is_sink"] & before["is_sink"].eq(True) & (top["step"] - before["step"] == 1)
+                & (before["step"] >= first)]
+    return pd.DataFrame({"model": trace.meta.get("model", ""), "trace": index, "layer": pairs["layer"],
+                         "head": pairs["head"], "moved": (pairs["position"] != before.loc[pairs.index, "position"])})

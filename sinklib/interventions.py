@@ -1,6 +1,12 @@
 """Which keys to mask at an attention call. The capture asks `keys_to_mask(call)` before each call and
 tells `observe(call, stats)` what was computed; masked keys get logit −∞ for every query of that
-(batch, layer, head), so they receive exactly 0 attention and the rest renormalises."""
+(batch, layer, head), so they receive exactly 0 attention and the rest renormalises.
+
+Value-path ablation (`AblateValues`) is the other way to take a key out: the capture also asks
+`values_to_ablate(call)`, and the keys it names keep their attention while their value vectors are zeroed or
+replaced by the head's mean value — what the head reads from them is removed, where they sit in the softmax is not.
+`Audited` wraps any policy and keeps what its masking did to the attention (the masked keys' score with the mask
+lifted and as it ran)."""
 from __future__ import annotations
 
 import re
@@ -11,7 +17,7 @@ import torch
 
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.attention_math import AttentionStats
-from sinklib.capture import AttentionCall
+from sinklib.capture import AttentionCall, check_intervention
 from sinklib.layers import AttentionLayer
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule, positions_to_mask, single_row_scores
@@ -40,6 +46,11 @@ class Intervention:
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
         """bool [batch, heads, keys] (or broadcastable), or None for nothing."""
+        return None
+
+    def values_to_ablate(self, call: AttentionCall) -> tuple[torch.Tensor, str] | None:
+        """(bool [batch, heads, keys], "zero" or "mean"): keys whose value vectors are replaced at this call while
+        they keep their attention; None for nothing (every masking policy)."""
         return None
 
     def observe(self, call: AttentionCall, stats: AttentionStats) -> None:
@@ -107,12 +118,27 @@ class MaskSinks(Intervention):
     source: str = "previous_step"
     rows: str = "all"
     threshold: bool = True
+    layers: tuple[int, ...] | None = None  # mask only in these layers (None: every layer); sinks are found in all
+    steps: tuple[int, ...] | None = None  # mask only at these steps (None: every step), e.g. range(0, 8): early
     _chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # layer → (step, keys)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.threshold, bool):
+            raise bad_value("threshold", self.threshold, "True or False")
         _settle(self, top_k=check_int(self.top_k, "top_k", 0), eps=check_eps(self.eps),
                 source=check_choice(self.source, "source", self.SOURCES),
-                rows=check_choice(self.rows, "rows", self.ROWS), threshold=bool(self.threshold))
+                rows=check_choice(self.rows, "rows", self.ROWS), layers=_index_set(self.layers, "layers[]"),
+                steps=_index_set(self.steps, "steps[]"))
+
+    def __repr__(self) -> str:
+        """The settings; layers and steps only where restricted (so unrestricted runs keep the identity they had)."""
+        shown = {name: getattr(self, name) for name in ("top_k", "eps", "source", "rows", "threshold")}
+        shown.update({name: getattr(self, name) for name in ("layers", "steps") if getattr(self, name) is not None})
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
+        """Refuse layer or step indices this model or run does not have (they would mask nothing)."""
+        _check_layers_steps(self.layers, self.steps, layers, n_steps)
 
     @property
     def rule(self) -> SinkRule:
@@ -134,7 +160,7 @@ class MaskSinks(Intervention):
         """bool [batch, heads, keys]: "same_step", the top-K sinks of a clean pass of this call; otherwise those this
         layer chose at step t−1 (fitted to this call's keys). None with top_k=0 or when this layer recorded no
         choice at step t−1 (step 0, for one)."""
-        if self.top_k == 0:
+        if self.top_k == 0 or not self.applies(call):
             return None
         if self.source == "same_step":
             return self.select(call.clean_stats())
@@ -142,6 +168,10 @@ class MaskSinks(Intervention):
         if chosen is None or chosen[0] != call.step - 1:
             return None
         return _fit_keys(chosen[1], call.n_keys)
+
+    def applies(self, call: AttentionCall) -> bool:
+        """Whether this call's layer and step are among those the policy masks."""
+        return (self.layers is None or call.layer in self.layers) and (self.steps is None or call.step in self.steps)
 
     def observe(self, call: AttentionCall, stats: AttentionStats) -> None:
         """Choose this layer's top-K sinks for the next step from the call as it ran ("previous_step") or from its
@@ -185,6 +215,15 @@ class MaskRandomKeys(Intervention):
         return positions_to_mask(positions, call.n_keys).to(call.device)
 
 
+def _check_layers_steps(chosen_layers, chosen_steps, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
+    too_deep = sorted(x for x in chosen_layers or () if x >= len(layers))
+    if too_deep:
+        raise bad_value("layers", too_deep, f"layer indices < {len(layers)} (this model's attention layers)")
+    late = sorted(x for x in chosen_steps or () if n_steps is not None and x >= n_steps)
+    if late:
+        raise bad_value("steps", late, f"step indices < {n_steps}, the number of forwards this run makes")
+
+
 def _index_list(values: Sequence[int] | None, param: str) -> tuple[int, ...] | None:
     return None if values is None else tuple(check_int(x, param, 0) for x in values)
 
@@ -212,16 +251,11 @@ class MaskKeys(Intervention):
     def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
         """Refuse layer, head or step indices this model (its attention layers) or this run (n_steps forwards)
         does not have."""
-        too_deep = sorted(x for x in self.layers or () if x >= len(layers))
-        if too_deep:
-            raise bad_value("layers", too_deep, f"layer indices < {len(layers)} (this model's attention layers)")
+        _check_layers_steps(self.layers, self.steps, layers, n_steps)
         known = [layer.n_heads for layer in layers if layer.n_heads is not None]
         bad_heads = sorted(h for h in self.heads or () if known and h >= min(known))
         if bad_heads:
             raise bad_value("heads", bad_heads, f"head indices < {min(known)} (heads per attention layer)")
-        late = sorted(x for x in self.steps or () if n_steps is not None and x >= n_steps)
-        if late:
-            raise bad_value("steps", late, f"step indices < {n_steps}, the number of forwards this run makes")
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
         """bool [batch, heads, keys]: the positions masked in the chosen heads; None outside the chosen layers and
@@ -241,8 +275,100 @@ class MaskKeys(Intervention):
         return mask
 
 
+@dataclass(frozen=True)
+class AblateValues(Intervention):
+    """Value-path ablation: the keys `select` would mask (any policy: MaskSinks for the sinks, MaskRandomKeys for the
+    equal-budget control) keep their attention, and their value vectors are zeroed (mode="zero") or replaced by the
+    mean value of the head's valid keys (mode="mean"). Sinks are chosen from the attention as it ran, which this
+    ablation leaves as it was."""
+
+    MODES = ("zero", "mean")
+
+    select: Intervention
+    mode: str = "zero"
+
+    def __post_init__(self) -> None:
+        check_intervention(self.select)
+        if self.select is None or isinstance(self.select, AblateValues):
+            raise bad_value("select", self.select, "a masking policy (MaskSinks, MaskRandomKeys, MaskKeys) whose keys "
+                            "have their values ablated")
+        _settle(self, mode=check_choice(self.mode, "mode", self.MODES))
+
+    def reset(self) -> None:
+        """Forget the selecting policy's state."""
+        self.select.reset()
+
+    def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
+        """The selecting policy's checks."""
+        self.select.check(layers, n_steps)
+
+    def values_to_ablate(self, call: AttentionCall) -> tuple[torch.Tensor, str] | None:
+        """(the keys the selecting policy would mask, this mode), or None where it masks nothing."""
+        keys = self.select.keys_to_mask(call)
+        return None if keys is None else (keys, self.mode)
+
+    def observe(self, call: AttentionCall, stats: AttentionStats) -> None:
+        """The selecting policy sees the attention as it ran (unchanged by a value ablation)."""
+        self.select.observe(call, stats)
+
+
+class Audited(Intervention):
+    """Any policy, with a ledger of what its masking did to the attention: at every call where it masked keys,
+    their score (sum units) with the mask lifted (`before`: the same call's clean statistics) and as the call ran
+    (`after`: ~0 when the attention really left them), and how many (batch, head, key) entries were masked. For a
+    value ablation the attention is left in place: `before` and `after` are then both the kept score."""
+
+    def __init__(self, policy: Intervention):
+        check_intervention(policy)
+        self.policy = policy
+        self._ledger = {"masked": 0, "before": 0.0, "after": 0.0, "calls": 0}
+        self._current = None
+
+    def __repr__(self) -> str:
+        """The wrapped policy's identity: auditing changes nothing a run computes."""
+        return repr(self.policy)
+
+    @property
+    def ledger(self) -> dict:
+        """Masked (batch, head, key) entries; their summed score before (mask lifted) and after (as run); the calls
+        that masked anything. Kept across resets (one audit may span many captures)."""
+        return dict(self._ledger)
+
+    def reset(self) -> None:
+        """Reset the wrapped policy (the ledger is kept)."""
+        self.policy.reset()
+
+    def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
+        """The wrapped policy's checks."""
+        self.policy.check(layers, n_steps)
+
+    def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
+        """The wrapped policy's keys, remembered for observe."""
+        self._current = self.policy.keys_to_mask(call)
+        return self._current
+
+    def values_to_ablate(self, call: AttentionCall) -> tuple[torch.Tensor, str] | None:
+        """The wrapped policy's value ablation, remembered for observe."""
+        ablated = self.policy.values_to_ablate(call)
+        if ablated is not None:
+            self._current = ablated[0]
+        return ablated
+
+    def observe(self, call: AttentionCall, stats: AttentionStats) -> None:
+        """Enter the masked keys' scores, then let the wrapped policy observe."""
+        chosen, self._current = self._current, None
+        if chosen is not None:
+            chosen = chosen.to(stats.scores.device).expand_as(stats.scores)
+            if bool(chosen.any()):
+                self._ledger["masked"] += int(chosen.sum())
+                self._ledger["before"] += float(call.clean_stats().scores[chosen].sum())
+                self._ledger["after"] += float(stats.scores[chosen].sum())
+                self._ledger["calls"] += 1
+        self.policy.observe(call, stats)
+
+
 POLICIES: Registry[type] = Registry("policy", {"mask_sinks": MaskSinks, "mask_random_keys": MaskRandomKeys,
-                                                "mask_keys": MaskKeys})
+                                                "mask_keys": MaskKeys, "ablate_values": AblateValues})
 
 
 def make_policy(name: str, **settings) -> Intervention:

@@ -67,7 +67,7 @@ class LoadedModel:
         families.base.fit_layout's rule (a gen_length given alone keeps a valid block layout)."""
         if task is not None and not isinstance(task, str):
             raise bad_value("task", task, "a task name (str) or None")
-        named_preset = named.NAMED_MODELS[self.name].sampling if self.name in named.NAMED_MODELS else None
+        named_preset = named.sampling(self.name)
         if task is not None and task not in ("paper", "zoo") and task in self.family.presets and not self.is_zoo:
             preset = self.family.preset(task)
         elif named_preset:
@@ -135,7 +135,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 def is_default_model(name: str) -> bool:
     """A model of the CPU default: the tiny zoo or a named real model (sinklib.named)."""
-    return (ZOO_DIR / str(name)).is_dir() or str(name) in named.NAMED_MODELS
+    return (ZOO_DIR / str(name)).is_dir() or str(name) in named.named_names()
 
 
 def load_models(names: list[str], device: str | None = None, dtype: str | None = None,
@@ -153,17 +153,11 @@ def resolve_name(name: str) -> str:
     """A zoo name, a local folder or a hub id → what transformers should open, settled offline where it can be:
     a mistyped zoo name, a missing folder or a folder without config.json is refused at once (with "did you
     mean"), never after a minute of hub retries."""
+    if name in named.named_names():
+        return _resolve_named(name)
     zoo = ZOO_DIR / name
     if "/" not in name and os.sep not in name and zoo.is_dir():
         return str(zoo)
-    if name in named.NAMED_MODELS:
-        spec = named.NAMED_MODELS[name]
-        try:
-            return named.resolve_named(name)
-        except ModuleNotFoundError:
-            if _hub_cached(spec.hub_id) or _hub_reachable():
-                return spec.hub_id  # the same model, unquantised
-            raise
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -180,6 +174,20 @@ def resolve_name(name: str) -> str:
     if not _hub_cached(name) and not _hub_reachable():
         raise OSError(_offline_hint(name))
     return name
+
+
+def _resolve_named(name: str) -> str:
+    """A named model's folder: its converted GGUF (or, without the package, the same model on the hub where it can
+    be reached); an adapted model's base's (its adapter is merged once the base is loaded)."""
+    if name in named.ADAPTED_MODELS:
+        return _resolve_named(named.ADAPTED_MODELS[name].base)
+    spec = named.NAMED_MODELS[name]
+    try:
+        return named.resolve_named(name)
+    except ModuleNotFoundError:
+        if _hub_cached(spec.hub_id) or _hub_reachable():
+            return spec.hub_id  # the same model, unquantised
+        raise
 
 
 def _hub_cached(name: str) -> bool:
@@ -267,7 +275,12 @@ def load(
 
 
 def _resolve_family(family: str | None, config, name: str):
-    """The Family the caller named (checked against the config's) or the one the config declares."""
+    """The Family the caller named (checked against the config's) or the one the config declares (an adapted named
+    model's: the one its adaptation trained)."""
+    adapted = named.ADAPTED_MODELS.get(name)
+    if adapted is not None:
+        _check_family(family, adapted.family, name)
+        return get_family(adapted.family)
     _check_family(family, infer_family(config) if config is not None else None, name)
     family = family or infer_family(config)
     if family is None:
@@ -314,16 +327,22 @@ def _open_checkpoint(name: str, family: str | None, dtype, trust_remote_code: bo
     if trust_remote_code and compat.needs_fixes():
         compat.apply_default_rope()
     config = _load_config(path, trust_remote_code)
-    _check_family(family, infer_family(config), name)
+    if name not in named.ADAPTED_MODELS:  # the base's config: its adaptation decides the family
+        _check_family(family, infer_family(config), name)
     if compat.needs_fixes() and not type(config).__module__.startswith("transformers.") and compat.restore_use_cache(config, raw):
         fixes.append("config_use_cache")
     model = _load_model(path, config, family or infer_family(config), dtype, trust_remote_code, fixes)
+    if tokenizer is None:
+        tokenizer = _load_tokenizer(path, trust_remote_code)
+    if name in named.ADAPTED_MODELS:
+        model = named.apply_adapter(named.ADAPTED_MODELS[name], model, tokenizer)
+        config = model.config
     remote = not type(model).__module__.startswith("transformers.models.")
     if remote and compat.needs_fixes() and compat.uses_default_rope(model):
         fixes.append("default_rope")
     if remote and compat.needs_fixes() and compat.recompute_rotary_inv_freq(model):
         fixes.append("rotary_inv_freq")
-    return model, config, tokenizer if tokenizer is not None else _load_tokenizer(path, trust_remote_code)
+    return model, config, tokenizer
 
 
 def _special_ids(spec: Family, config, tokenizer, mask_id: int | None, eos_ids, name: str):

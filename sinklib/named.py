@@ -3,6 +3,10 @@
 `sinklib.load("smollm2-135m-instruct")` finds the package's GGUF file, converts it once (dequantised to float32)
 into a transformers folder in the user's cache — `$SINKLIB_CACHE`, else `$XDG_CACHE_HOME/sinklib`, else
 `~/.cache/sinklib`, never the repository — and loads that folder from then on (under a second).
+
+An adapted model (`AdaptedModel`) is a named base plus a LoRA adapter this project trained and ships in data/models/
+(sinklib/zoo/adapt.py): its base loads as above, the adapter is merged into it with `peft`, and what the adaptation
+changed — attention made bidirectional, the sampler family, the mask token, the chat template — is applied.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from sinklib.compat import transformers_major
+from sinklib.compat import make_bidirectional, transformers_major
+from sinklib.paths import ZOO_DIR
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,70 @@ NAMED_MODELS: dict[str, NamedModel] = {
 }
 
 
+@dataclass(frozen=True)
+class AdaptedModel:
+    """A named base model with a LoRA adapter shipped in data/models/`name`/ (adapter_config.json and
+    adapter_model.safetensors, as `peft` writes them), and what its training changed: the sampler family, attention
+    made bidirectional, the mask token, the chat template it was trained with, its laptop sampler settings."""
+    name: str
+    base: str  # a NAMED_MODELS entry
+    family: str
+    bidirectional: bool
+    chat_template: str
+    mask_id: int | None = None
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _twin(name: str, family: str, bidirectional: bool, mask_id: int | None, sampling: dict) -> AdaptedModel:
+    from sinklib.zoo.adapt import BASE, CHAT_TEMPLATE  # noqa: PLC0415  (the recipe's constants, one home)
+
+    return AdaptedModel(name, BASE, family, bidirectional, CHAT_TEMPLATE, mask_id, sampling)
+
+
+# SmolLM2 adapted to masked diffusion (Dream's recipe) and its autoregressive twin (sinklib/zoo/adapt.py): one token
+# per step over the 28-token answer slot, the order Dream's Table 1 runs use (entropy).
+ADAPTED_MODELS: dict[str, AdaptedModel] = {
+    "smollm2-135m-diffusion": _twin("smollm2-135m-diffusion", "dream", True, 16,
+                                    {"steps": 28, "gen_length": 28, "alg": "entropy"}),
+    "smollm2-135m-autoregressive": _twin("smollm2-135m-autoregressive", "arm", False, None, {"gen_length": 28}),
+}
+
+
 def named_names() -> list[str]:
-    """The names of the named models, sorted."""
-    return sorted(NAMED_MODELS)
+    """The names of the named models (pretrained and adapted), sorted."""
+    return sorted([*NAMED_MODELS, *ADAPTED_MODELS])
+
+
+def sampling(name: str) -> Mapping[str, Any] | None:
+    """A named model's own laptop sampler settings (None for any other name)."""
+    spec = NAMED_MODELS.get(name) or ADAPTED_MODELS.get(name)
+    return spec.sampling if spec is not None else None
+
+
+def adapter_folder(name: str) -> Path:
+    """Where an adapted model's adapter ships: data/models/NAME."""
+    return ZOO_DIR / name
+
+
+def apply_adapter(spec: AdaptedModel, model: torch.nn.Module, tokenizer) -> torch.nn.Module:
+    """The base with spec's adapter merged into its weights (peft), made bidirectional when spec says so, its
+    config carrying the mask id, and the tokenizer given the chat template the adapter was trained with."""
+    import peft  # noqa: PLC0415  (optional heavy dependency: only adapted models need it)
+
+    folder = adapter_folder(spec.name)
+    if not (folder / "adapter_model.safetensors").is_file():
+        raise FileNotFoundError(f"name_or_model={spec.name!r}: {folder} holds no adapter_model.safetensors; retrain it "
+                                f"with python -m sinklib.zoo adapt {spec.name}")
+    merged = peft.PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    if spec.bidirectional:
+        merged.config.is_causal = False
+        make_bidirectional(merged)
+    if spec.mask_id is not None:
+        merged.config.mask_token_id = spec.mask_id
+    merged.config._name_or_path = str(folder)  # what runner.model_fingerprint hashes: the adapter's weights
+    if tokenizer is not None:
+        tokenizer.chat_template = spec.chat_template
+    return merged.eval()
 
 
 def cache_root() -> Path:

@@ -93,6 +93,11 @@ def unmasked(args: SdpaArgs, map_heads: tuple[int, ...], stats_options: dict) ->
 def attend(call: AttentionCall, args: SdpaArgs, intervention, map_heads: tuple[int, ...], stats_options: dict):
     """(output, stats, masked keys [B, H, Sk] bool, or None when none was masked) of one call: the intervention
     picks keys to mask, the call runs, and its statistics come from the attention as it ran."""
+    ablation = intervention.values_to_ablate(call) if hasattr(intervention, "values_to_ablate") else None
+    if ablation is not None:
+        value_mask = checked_key_mask(ablation[0], call.batch, call.heads, call.n_keys, call.device)
+        if bool(value_mask.any()):
+            return _with_values_ablated(call, args, value_mask, ablation[1], map_heads, stats_options)
     key_mask = intervention.keys_to_mask(call)
     if key_mask is not None:
         key_mask = checked_key_mask(key_mask, call.batch, call.heads, call.n_keys, call.device)
@@ -110,6 +115,31 @@ def attend(call: AttentionCall, args: SdpaArgs, intervention, map_heads: tuple[i
     stats = attention_statistics(args.q, args.key, masked, False, args.scale, map_heads=map_heads, want_last_row=True,
                                  lse=lse, **stats_options)
     return output, stats, key_mask
+
+
+def _with_values_ablated(call: AttentionCall, args: SdpaArgs, value_mask: torch.Tensor, mode: str,
+                         map_heads: tuple[int, ...], stats_options: dict):
+    """(output, stats, None): the attention as the model computed it (the statistics are the clean ones), the
+    output with the chosen keys' value vectors replaced per head — zeros, or the mean value over the keys some
+    query may attend to. Grouped-query heads get their own copy of the value head they share."""
+    _, stats = unmasked(args, map_heads, stats_options)
+    call._clean = lambda: stats
+    key, value = args.key, args.value
+    heads = args.q.shape[1]
+    if value.shape[1] != heads:
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)
+        value = value.repeat_interleave(heads // value.shape[1], dim=1)
+    if mode == "zero":
+        replacement = torch.zeros_like(value)
+    else:
+        valid = stats.key_valid.to(value.device)[:, None, :, None].to(value.dtype)
+        replacement = ((value * valid).sum(-2, keepdim=True) / valid.sum(-2, keepdim=True).clamp(min=1)).expand_as(value)
+    value = torch.where(value_mask[..., None], replacement, value)
+    output = original_sdpa(args.q, key, value, attn_mask=args.mask, dropout_p=args.dropout_p, is_causal=args.is_causal,
+                           scale=args.scale, **args.kwargs)
+    if args.packed:
+        output = output.reshape(*args.query.shape[:3], output.shape[-1])
+    return output, stats, None
 
 
 def _fits_masked_causal_route(call: AttentionCall, args: SdpaArgs, map_heads: tuple[int, ...], stats_options: dict) -> bool:

@@ -17,7 +17,8 @@ from sinklib.validation import Consent, Count, Index, NonNegative, checked
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
-from sinklib.interventions import MaskRandomKeys, MaskSinks
+from sinklib.evaluation.checks import mass_dropped, noop_check
+from sinklib.interventions import AblateValues, MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel, is_default_model, load
 from sinklib.summary import Result, Summary, is_near_tie, label
 
@@ -79,7 +80,7 @@ class MaskingTable:
         parts = [f"{row[column]} {_in_words(column)}"
                  + (f" ({accuracy[column] - accuracy['unmasked']:+.2f})"
                     if column != "unmasked" and "unmasked" in accuracy else "")
-                 for column in ("unmasked", "top-1", "random-1") if column in row]
+                 for column in ("unmasked", "top-1", "random-1", "values-1") if column in row]
         text = f"{shown_name} (n = {int(frame['n'].max())}): " + ", ".join(parts)
         if self.items is not None:
             margins = self.items.loc[self.items["model"] == name, "margin"]
@@ -114,6 +115,8 @@ def _in_words(column: str) -> str:
     if column == "unmasked":
         return "unmasked"
     kind, k = column.split("-")
+    if kind == "values":
+        return f"with its top-{k} sink{'' if k == '1' else 's'}' values ablated"
     plural = "" if k == "1" else "s"
     return f"with its top-{k} sink{plural} masked" if kind == "top" else f"with {k} random key{plural} masked"
 
@@ -121,6 +124,8 @@ def _in_words(column: str) -> str:
 def _column(condition: str, k: int) -> str:
     if k == 0:
         return "unmasked"
+    if condition.startswith("sink values"):
+        return f"values-{k}"
     return f"top-{k}" if condition == "sinks" else f"random-{k}"
 
 
@@ -130,11 +135,15 @@ def paper_masking(family_kind: str, top_k: int, eps: float = 3.0, source: str = 
 
 
 def conditions(family_kind: str, ks: Sequence[int], random_control: bool, eps: float, source: str,
-               seed: int) -> list[tuple[str, int, Any]]:
-    """(condition, k, intervention) in table order."""
+               seed: int, value_ablation: str | None = None) -> list[tuple[str, int, Any]]:
+    """(condition, k, intervention) in table order: the top-k sinks masked, k random keys masked (random_control),
+    and the top-k sinks' values ablated ("zero" or "mean": they keep their attention, what they carry is removed)."""
     result = [("sinks", k, paper_masking(family_kind, k, eps, source) if k else None) for k in ks]
     if random_control:
         result += [("random keys", k, MaskRandomKeys(k=k, seed=seed)) for k in ks if k]
+    if value_ablation is not None:
+        result += [(f"sink values ({value_ablation})", k,
+                    AblateValues(paper_masking(family_kind, k, eps, source), value_ablation)) for k in ks if k]
     return result
 
 
@@ -144,22 +153,30 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                   limit: Count | None = None, out_dir: str | Path | None = None, batch_size: Count = 8, seed: Index = 0,
                   allow_code_execution: Consent = False, progress: bool = True, task_path: str | None = None,
                   settings: dict[str, Any] | None = None, steps: Count | None = None, gen_length: Count | None = None,
-                  block_length: Count | None = None) -> MaskingTable:
+                  block_length: Count | None = None, value_ablation: str | None = None,
+                  checks: bool = True) -> MaskingTable:
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
     masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
     (default: LoadedModel.settings_for(task)); steps / gen_length / block_length refit each model's layout
     (families.base.fit_layout; block_length for LLaDA/MMaDA only). Each run is written to
     out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
-    a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
+    a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one.
+    value_ablation: "zero" or "mean" adds the top-k sinks' value ablation (AblateValues) beside the masking.
+    checks: every row carries the no-op check (noop_identical: a capture masking nothing is bit-identical to no
+    capture) and the mass its policy dropped in one audited generation of the first sample (evaluation.checks)."""
     require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
     models = _checked_models(models)
     _check_conditions(ks, eps, source, limit)
+    if value_ablation is not None:
+        check_choice(value_ablation, "value_ablation", AblateValues.MODES)
     rows, items = [], []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)
         run_settings = {**loaded.settings_for(task, steps=steps, gen_length=gen_length, block_length=block_length),
                         **(settings or {})}
-        for condition, k, intervention in conditions(loaded.family.kind, ks, random_control, eps, source, seed):
+        audit = _Audit(loaded, task, task_path, run_settings, seed) if checks else None
+        for condition, k, intervention in conditions(loaded.family.kind, ks, random_control, eps, source, seed,
+                                                     value_ablation):
             out = None
             if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh
                 digest = config_hash(run_config(loaded, task, intervention, limit, seed, batch_size, task_path, None,
@@ -169,12 +186,31 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                                seed=seed, progress=progress, task_path=task_path,
                                allow_code_execution=allow_code_execution, **run_settings)
             rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": summary.accuracy,
-                         "stderr": summary.stderr, "n": summary.n, "accuracy_flexible": summary.accuracy_flexible})
+                         "stderr": summary.stderr, "n": summary.n, "accuracy_flexible": summary.accuracy_flexible,
+                         **(audit.of(intervention) if audit else {})})
             items += [{"model": loaded.name, "condition": condition, "k": k, "id": str(r["id"]),
                        "correct": bool(r["correct"]), "output": r["output"], "margin": r.get("margin")}
                       for r in summary.records]
     items = pd.DataFrame(items, columns=ITEM_COLUMNS).astype({"margin": "float64"})
     return MaskingTable(pd.DataFrame(rows), task, items)
+
+
+class _Audit:
+    """The checks of one model's rows: the no-op check once, the mass each condition's policy drops on the task's
+    first sample."""
+
+    def __init__(self, loaded: LoadedModel, task: str, task_path: str | None, settings: dict, seed: int):
+        spec = get_task(task)
+        self.loaded, self.settings, self.seed, self.chat = loaded, settings, seed, spec.chat
+        self.prompt = spec.samples(task_path)[0].prompt
+        self.noop = noop_check(loaded, self.prompt, settings, spec.chat, seed)
+
+    def of(self, intervention) -> dict:
+        """The row's check columns for this condition's policy (None: the unmasked condition, nothing dropped)."""
+        dropped = {"masked_entries": 0, "masked_score_before": 0.0, "masked_score_after": 0.0,
+                   "kept_share": float("nan")} if intervention is None else \
+            mass_dropped(self.loaded, self.prompt, intervention, self.settings, self.chat, self.seed)
+        return {"noop_identical": self.noop, **dropped}
 
 
 def _checked_models(models) -> list:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 from sinklib.evaluation.sandbox import SandboxLimits, run_tests
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
+from sinklib.zoo.data import plain
 from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
                                         strict_answer)
 
@@ -118,6 +119,12 @@ def _arithmetic(path: str | None = None) -> list[Sample]:
     return [Sample(str(r["id"]), r["question"], str(r["answer"])) for r in rows]
 
 
+def _arithmetic_english(path: str | None = None) -> list[Sample]:
+    """The same held-out arithmetic in plain English ("Tom has 5 apples. …?"), read through a chat template: what
+    the adapted SmolLM2 twins were trained on (sinklib/zoo/adapt.py)."""
+    return [Sample(s.id, plain(s.prompt), s.target) for s in _arithmetic(path)]
+
+
 def _capitals(path: str | None = None) -> list[Sample]:
     """Short factual questions in plain English ("What is the capital of France?"), for real instruct models on a
     laptop (the zoo's arithmetic is in the zoo's own format): data/tasks/capitals.jsonl, or a JSONL at `path` with
@@ -154,6 +161,7 @@ def _humaneval(path: str | None = None) -> list[Sample]:
 
 TASKS: Registry[Task] = Registry("task", {
     "arithmetic": Task("arithmetic", _arithmetic, chat=False, scorer=score_final_number),
+    "arithmetic-english": Task("arithmetic-english", _arithmetic_english, chat=True, scorer=score_final_number),
     "capitals": Task("capitals", _capitals, chat=True, scorer=score_short_answer),
     "gsm8k": Task("gsm8k", _gsm8k, chat=True, scorer=score_final_number),
     "humaneval": Task("humaneval", _humaneval, chat=False, scorer=score_humaneval, executes_code=True),

@@ -1,4 +1,6 @@
 """python -m sinklib.zoo train NAME [--steps N]   retrain a zoo model from its seed, evaluate it, write its card
+python -m sinklib.zoo adapt NAME [--threads N]    adapt SmolLM2 (smollm2-135m-diffusion / -autoregressive): train a
+                                                 LoRA adapter (resumes from data/checkpoints/NAME), ship it, write its card
 python -m sinklib.zoo data                       write the held-out test set to data/arithmetic_test.jsonl
 python -m sinklib.zoo over-training [NAME ...]   retrain with checkpoints (data/checkpoints/) and measure each into
                                                  data/over_training/training_dynamics.parquet; both resume"""
@@ -11,7 +13,7 @@ from pathlib import Path
 from sinklib.zoo import DATA_DIR, ZOO_DIR
 from sinklib.zoo.evaluate import write_card
 from sinklib.zoo.data import held_out, write_jsonl
-from sinklib.zoo import over_training
+from sinklib.zoo import adapt, over_training
 from sinklib.zoo.train import VARIANTS, ZOO, save, train
 
 
@@ -34,24 +36,21 @@ def at_least_two(text: str) -> int:
     return value
 
 
+def _adapt(name: str, threads: int, eval_n: int) -> None:
+    """Train (or resume) a SmolLM2 twin, ship its adapter, measure and write its card, print the headline."""
+    adapt.train(name, threads=threads)
+    adapt.export_adapter(name)
+    card = adapt.write_card(name, eval_n=eval_n)
+    print(json.dumps({k: card[k] for k in ("name", "accuracy", "final_loss", "wall_seconds")}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     """The command line above: `train` retrains, saves and evaluates a zoo model and prints its card's headline
     numbers; `data` writes the held-out test set; `over-training` retrains with checkpoints and measures them."""
-    parser = argparse.ArgumentParser(prog="python -m sinklib.zoo", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    train_cmd = sub.add_parser("train", help="train a zoo model")
-    train_cmd.add_argument("name", choices=sorted(ZOO))
-    train_cmd.add_argument("--steps", type=positive_int, default=None)
-    train_cmd.add_argument("--out", type=Path, default=ZOO_DIR)
-    train_cmd.add_argument("--eval-n", type=positive_int, default=600)
-    sub.add_parser("data", help="write the held-out JSONL")
-    dynamics_cmd = sub.add_parser("over-training", help="retrain with checkpoints and measure every checkpoint")
-    dynamics_cmd.add_argument("names", nargs="*", choices=[*ZOO, *VARIANTS], metavar="NAME",
-                              help=f"zoo models or variants (default: the zoo); one of {[*ZOO, *VARIANTS]}")
-    dynamics_cmd.add_argument("--checkpoint-count", type=at_least_two, default=8,
-                              help="log-spaced checkpoints after the initialisation (>= 2)")
-    dynamics_cmd.add_argument("--threads", type=positive_int, default=2)
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
+    if args.command == "adapt":
+        _adapt(args.name, args.threads, args.eval_n)
+        return
     if args.command == "data":
         write_jsonl(held_out(), DATA_DIR / "arithmetic_test.jsonl")
         return
@@ -67,6 +66,29 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / f"{args.name}.loss.csv").replace(folder / "loss_curve.csv")
     card = write_card(args.name, folder, eval_n=args.eval_n)
     print(json.dumps({k: card[k] for k in ("name", "accuracy", "final_loss", "wall_seconds")}, indent=1))
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line's parser: one sub-command per line of the module docstring."""
+    parser = argparse.ArgumentParser(prog="python -m sinklib.zoo", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train_cmd = sub.add_parser("train", help="train a zoo model")
+    train_cmd.add_argument("name", choices=sorted(ZOO))
+    train_cmd.add_argument("--steps", type=positive_int, default=None)
+    train_cmd.add_argument("--out", type=Path, default=ZOO_DIR)
+    train_cmd.add_argument("--eval-n", type=positive_int, default=600)
+    adapt_cmd = sub.add_parser("adapt", help="adapt SmolLM2 into a twin (resumable), ship its adapter and card")
+    adapt_cmd.add_argument("name", choices=sorted(adapt.TWINS))
+    adapt_cmd.add_argument("--threads", type=positive_int, default=1)
+    adapt_cmd.add_argument("--eval-n", type=positive_int, default=200)
+    sub.add_parser("data", help="write the held-out JSONL")
+    dynamics_cmd = sub.add_parser("over-training", help="retrain with checkpoints and measure every checkpoint")
+    dynamics_cmd.add_argument("names", nargs="*", choices=[*ZOO, *VARIANTS], metavar="NAME",
+                              help=f"zoo models or variants (default: the zoo); one of {[*ZOO, *VARIANTS]}")
+    dynamics_cmd.add_argument("--checkpoint-count", type=at_least_two, default=8,
+                              help="log-spaced checkpoints after the initialisation (>= 2)")
+    dynamics_cmd.add_argument("--threads", type=positive_int, default=2)
+    return parser
 
 
 if __name__ == "__main__":

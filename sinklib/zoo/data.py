@@ -123,7 +123,10 @@ def prompts(n: int, plain_english: bool = False) -> list[str]:
     """The first n held-out questions as prompts: in the zoo's own "Q: … A:" format, or (plain_english) the same
     problems as plain sentences, for real checkpoints that read them through their chat template."""
     items = held_out()[:n]
-    if not plain_english:
-        return [p.question for p in items]
-    plain = [p.question.removeprefix("Q: ").removesuffix(" A:").replace(" .", ".").replace(" ?", "?") for p in items]
-    return [text[0].upper() + text[1:] for text in plain]
+    return [plain(p.question) if plain_english else p.question for p in items]
+
+
+def plain(question: str) -> str:
+    """A "Q: … A:" question as plain English: "Q: tom has 5 apples . … ? A:" → "Tom has 5 apples. …?"."""
+    text = question.removeprefix("Q: ").removesuffix(" A:").replace(" .", ".").replace(" ?", "?")
+    return text[0].upper() + text[1:]

@@ -1,0 +1,48 @@
+"""The checks every masking result carries (Table 1, notebook 07).
+
+- No-op: a capture whose policy masks nothing changes nothing — the logits of a forward are bit-identical to the
+  model's own, and a generation writes the same tokens as one run with no capture at all. Without this, a drop in
+  accuracy could be the capture's doing rather than the masking's.
+- Mass dropped: the masked keys' score (sum units) with the mask lifted and as the call ran, summed over every call
+  of one audited generation. Masking that works takes the attention away (after ≈ 0); a value ablation leaves it
+  where it was (after = before) and removes what the keys carry instead.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sinklib.capture import capture
+from sinklib.generate import encode, generate
+from sinklib.interventions import Audited, MaskSinks
+from sinklib.loading import LoadedModel
+
+
+@torch.no_grad()
+def noop_check(loaded: LoadedModel, prompt: str, settings: dict[str, Any], chat: bool, seed: int = 0) -> bool:
+    """Whether a capture with a policy that masks nothing (MaskSinks(top_k=0)) leaves the model's output bit for bit
+    as it is: the logits of one forward over the prompt, and every token of a generation against one made with no
+    capture (the sampler's decisions)."""
+    ids = torch.tensor([encode(loaded, prompt, chat)], device=loaded.device)
+    plain = loaded.logits(ids)
+    with capture(loaded, intervention=MaskSinks(top_k=0)):
+        captured = loaded.logits(ids)
+    uncaptured = generate(loaded, prompt, seed=seed, chat=chat, progress=False, keep_scores=False, **settings)
+    watched = generate(loaded, prompt, seed=seed, chat=chat, progress=False, intervention=MaskSinks(top_k=0),
+                       **settings)
+    return bool(torch.equal(plain, captured)) and bool(torch.equal(uncaptured.tokens, watched.tokens))
+
+
+def mass_dropped(loaded: LoadedModel, prompt: str, intervention, settings: dict[str, Any], chat: bool,
+                 seed: int = 0) -> dict[str, float]:
+    """One generation of `prompt` under `intervention`, audited (interventions.Audited): masked (batch, head, key)
+    entries, their summed score with the mask lifted (`masked_score_before`) and as the calls ran
+    (`masked_score_after`), and the share of it that stayed (`kept_share`: ~0 for masking, 1 for value ablation;
+    NaN when nothing was masked)."""
+    audited = Audited(intervention)
+    generate(loaded, prompt, seed=seed, chat=chat, progress=False, intervention=audited, keep_scores=False, **settings)
+    ledger = audited.ledger
+    before, after = ledger["before"], ledger["after"]
+    return {"masked_entries": ledger["masked"], "masked_score_before": before, "masked_score_after": after,
+            "kept_share": after / before if before > 0 else float("nan")}

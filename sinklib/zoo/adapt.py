@@ -1,0 +1,357 @@
+"""SmolLM2-135M-Instruct adapted to masked diffusion, beside its autoregressive twin (the zoo's design on a real model).
+
+smollm2-135m-diffusion      Dream's recipe at 135M: bidirectional attention from the first step (as dllm's Tiny-A2D:
+                            no annealing), an unused special id as the mask token (16, `<empty_output>`: the tied
+                            embeddings need no resize), Dream's shifted prediction (output i−1 predicts token i, so the
+                            pretrained head keeps its meaning) and LLaDA's SFT loss: the prompt is never masked, the
+                            answer slot (padded with `<|im_end|>`) is masked at t ~ U(ε, 1) and its masked tokens'
+                            cross-entropy is weighted 1/t.
+smollm2-135m-autoregressive the same data, batches, adapter, optimiser and steps; causal, next-token loss on the answer
+                            and its first `<|im_end|>`: the objective is the only difference.
+
+Both train a LoRA adapter (`peft`, every linear layer of every block) on the frozen base, which comes from the offline
+GGUF through `sinklib.load("smollm2-135m-instruct")`; only the adapter (safetensors) ships in data/models/NAME/. The
+task is the zoo's arithmetic in plain English, read through SmolLM2's own chat template (as sinklib.generate prompts
+a chat model), answered as "a + b = c #### c". Runs are deterministic from their seed and thread count, and resume
+from their checkpoints with the same bits (the batch of step k and its masks are functions of the seed and k).
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from sinklib import compat
+from sinklib.paths import DATA_DIR, ZOO_DIR
+from sinklib.zoo.data import Problem, held_out, plain, problems
+
+BASE = "smollm2-135m-instruct"
+MASK_ID = 16  # `<empty_output>`: unused by SmolLM2's chat template
+END_ID = 2  # `<|im_end|>`: the end of an answer, and the slot's padding
+MASK_EPS = 1e-3
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+CHECKPOINT_ROOT = DATA_DIR / "checkpoints"  # not committed: a run's resumable state
+# SmolLM2's chat template without its default system turn (30 of a prompt's ~100 tokens: a third of the training
+# cost); the twins ship it as their tokenizer's template, so sinklib.generate prompts them as they were trained.
+CHAT_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                 "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                 "{% endif %}")
+
+
+@dataclass(frozen=True)
+class AdaptSpec:
+    """One adapted SmolLM2's recipe: objective ("dream": masked diffusion, shifted; "arm": next token), seed, optimiser
+    steps and batch, the LoRA adapter's rank and scale, and the answer slot's length in tokens (answer, `<|im_end|>`,
+    then `<|im_end|>` padding)."""
+    name: str
+    objective: str
+    seed: int = 21
+    steps: int = 600
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 30
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    slot: int = 28
+    checkpoint_every: int = 50  # optimiser steps between resumable checkpoints
+
+
+TWINS = {
+    "smollm2-135m-diffusion": AdaptSpec("smollm2-135m-diffusion", "dream"),
+    "smollm2-135m-autoregressive": AdaptSpec("smollm2-135m-autoregressive", "arm"),
+}
+
+
+def prompt_ids(tokenizer, problem: Problem) -> list[int]:
+    """The prompt as sinklib.generate builds it for the twins: their chat template, one user turn."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": plain(problem.question)}],
+                                        add_generation_prompt=True, tokenize=True, chat_template=CHAT_TEMPLATE)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def answer_ids(tokenizer, problem: Problem, slot: int) -> tuple[list[int], int]:
+    """(the answer slot's ids: the response, `<|im_end|>`, then `<|im_end|>` padding to `slot`; the answer's length
+    with its first `<|im_end|>`)."""
+    answer = tokenizer(problem.response, add_special_tokens=False)["input_ids"] + [END_ID]
+    if len(answer) > slot:
+        raise ValueError(f"slot={slot} is too short for {problem.response!r} ({len(answer)} tokens)")
+    return answer + [END_ID] * (slot - len(answer)), len(answer)
+
+
+@dataclass
+class Batch:
+    """Right-padded rows of prompt + answer slot: ids, attention_mask [B, S]; slot and answer (bool [B, S]: the
+    whole slot; the answer up to its first `<|im_end|>`)."""
+    ids: torch.Tensor
+    attention_mask: torch.Tensor
+    slot: torch.Tensor
+    answer: torch.Tensor
+
+
+def make_batch(items: list[Problem], tokenizer, slot: int) -> Batch:
+    """The problems as one right-padded Batch."""
+    rows = []
+    for problem in items:
+        prompt = prompt_ids(tokenizer, problem)
+        filled, answer_len = answer_ids(tokenizer, problem, slot)
+        rows.append((prompt, filled, answer_len))
+    width = max(len(p) + slot for p, _, _ in rows)
+    batch = Batch(torch.full((len(rows), width), END_ID), torch.zeros((len(rows), width), dtype=torch.long),
+                  torch.zeros((len(rows), width), dtype=torch.bool), torch.zeros((len(rows), width), dtype=torch.bool))
+    for row, (prompt, filled, answer_len) in enumerate(rows):
+        start = len(prompt)
+        batch.ids[row, :start + slot] = torch.tensor(prompt + filled)
+        batch.attention_mask[row, :start + slot] = 1
+        batch.slot[row, start:start + slot] = True
+        batch.answer[row, start:start + answer_len] = True
+    return batch
+
+
+def batch_problems(spec: AdaptSpec, step: int, exclude: frozenset[str]) -> list[Problem]:
+    """The problems of optimiser step `step`: a function of the seed and the step alone (a resumed run draws the same)."""
+    stream = problems(spec.seed * 1_000_003 + step, exclude)
+    return [next(stream) for _ in range(spec.batch_size)]
+
+
+def _hidden(model, ids: torch.Tensor, attention_mask: torch.Tensor, bidirectional: bool) -> torch.Tensor:
+    mask = compat.bidirectional_key_mask(attention_mask) if bidirectional else attention_mask
+    return model.get_base_model().model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def diffusion_loss(model, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+    """Dream's shifted masked-diffusion loss with LLaDA's SFT weighting: per row t = (i + u) / B (stratified, the
+    same U(0, 1) marginal), each slot token masked with probability t (at least one), Σ CE / t over masked tokens,
+    divided by the slot tokens. The LM head runs only where a masked token is predicted (position − 1)."""
+    rows = batch.ids.shape[0]
+    u = torch.rand(rows, 1, generator=generator)
+    t = MASK_EPS + (1 - MASK_EPS) * (torch.arange(rows, dtype=torch.float32)[:, None] + u) / rows
+    draw = torch.rand(batch.ids.shape, generator=generator)
+    masked = batch.slot & (draw < t)
+    lowest = draw.masked_fill(~batch.slot, 2.0).argmin(-1)  # a row with nothing masked masks its least-drawn slot token
+    masked[torch.arange(rows), lowest] |= ~masked.any(-1)
+    noisy = batch.ids.masked_fill(masked, MASK_ID)
+    hidden = _hidden(model, noisy, batch.attention_mask, bidirectional=True)
+    row, col = masked.nonzero(as_tuple=True)
+    logits = model.get_base_model().lm_head(hidden[row, col - 1])
+    losses = torch.nn.functional.cross_entropy(logits.float(), batch.ids[row, col], reduction="none")
+    return (losses / t[row, 0]).sum() / batch.slot.sum()
+
+
+def next_token_loss(model, batch: Batch) -> torch.Tensor:
+    """Next-token cross-entropy over the answer and its first `<|im_end|>` (the LM head only where they are predicted)."""
+    hidden = _hidden(model, batch.ids, batch.attention_mask, bidirectional=False)
+    row, col = batch.answer.nonzero(as_tuple=True)
+    logits = model.get_base_model().lm_head(hidden[row, col - 1])
+    return torch.nn.functional.cross_entropy(logits.float(), batch.ids[row, col])
+
+
+def learning_rate(spec: AdaptSpec, step: int) -> float:
+    """Linear warmup over spec.warmup steps, then a cosine from spec.lr to 0.1 × spec.lr at spec.steps."""
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
+    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def lora_config(spec: AdaptSpec):
+    """The adapter: LoRA of spec.lora_rank on every linear layer of every block, no dropout (so a run is a function
+    of its seed)."""
+    import peft  # noqa: PLC0415  (optional heavy dependency: only training and loading an adapter need it)
+
+    return peft.LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0,
+                           target_modules=list(LORA_TARGETS), bias="none", task_type="CAUSAL_LM")
+
+
+def base_model():
+    """SmolLM2-135M-Instruct from the offline GGUF (converted once by sinklib.named), float32, with its tokenizer."""
+    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package: not at the top)
+
+    loaded = load(BASE)
+    return loaded.model, loaded.tokenizer
+
+
+def build(spec: AdaptSpec):
+    """(the base with a fresh adapter initialised from spec.seed, bidirectional for a diffusion objective; tokenizer)."""
+    import peft  # noqa: PLC0415  (optional heavy dependency)
+
+    model, tokenizer = base_model()
+    if spec.objective == "dream":
+        model.config.is_causal = False
+        compat.make_bidirectional(model)
+    torch.manual_seed(spec.seed)
+    return peft.get_peft_model(model, lora_config(spec)), tokenizer
+
+
+def _checkpoints(folder: Path) -> dict[int, Path]:
+    return {int(p.name[5:]): p for p in folder.glob("step-[0-9]*") if p.name[5:].isdigit() and (p / "state.pt").is_file()}
+
+
+def _save_checkpoint(folder: Path, spec: AdaptSpec, model, optimizer, step: int, curve: list[dict]) -> None:
+    """Adapter weights, optimiser moments, recipe, thread count and curve, written then renamed (whole or absent)."""
+    final = folder / f"step-{step:05d}"
+    if final.exists():
+        return
+    scratch = final.with_name(final.name + ".partial")
+    scratch.mkdir(parents=True, exist_ok=True)
+    trainable = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+    torch.save({"spec": asdict(spec), "threads": torch.get_num_threads(), "step": step, "curve": curve,
+                "weights": trainable, "optimizer": optimizer.state_dict()}, scratch / "state.pt")
+    scratch.rename(final)
+
+
+def _resume(folder: Path, spec: AdaptSpec, model, optimizer) -> tuple[int, list[dict]]:
+    saved = _checkpoints(folder)
+    if not saved:
+        return 0, []
+    state = torch.load(saved[max(saved)] / "state.pt", weights_only=True)
+    if state["spec"] != asdict(spec) or state["threads"] != torch.get_num_threads():
+        raise ValueError(f"checkpoints={str(folder)!r} is not allowed: {saved[max(saved)].name} was saved by "
+                         f"{state['spec']} on {state['threads']} threads, not {asdict(spec)} on "
+                         f"{torch.get_num_threads()}; give an empty folder or that recipe's")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state["weights"].items():
+            params[name].copy_(value)
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"], state["curve"]
+
+
+def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: int | None = None,
+          progress: bool = True):
+    """Train one twin from its seed, resuming from the latest checkpoint in `checkpoints` (default
+    data/checkpoints/NAME); returns (peft model, loss curve rows)."""
+    spec = TWINS[name]
+    total = spec.steps if steps is None else steps
+    torch.set_num_threads(threads)
+    folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
+    folder.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = build(spec)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.lr, weight_decay=0.0)
+    start, curve = _resume(folder, spec, model, optimizer)
+    exclude = frozenset(p.question for p in held_out())
+    clock = time.perf_counter() - (curve[-1]["seconds"] if curve else 0.0)
+    tokens = curve[-1]["tokens"] if curve else 0
+    if start == 0:
+        _save_checkpoint(folder, spec, model, optimizer, 0, curve)  # the base, bidirectional but untrained
+    for step in tqdm(range(start, total), desc=f"adapt {name}", initial=start, total=total, disable=not progress):
+        batch = make_batch(batch_problems(spec, step, exclude), tokenizer, spec.slot)
+        generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)
+        loss = (diffusion_loss(model, batch, generator) if spec.objective == "dream" else next_token_loss(model, batch))
+        lr = learning_rate(spec, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        optimizer.step()
+        tokens += int(batch.attention_mask.sum())
+        curve.append({"step": step, "loss": float(loss.detach()), "lr": lr, "tokens": tokens,
+                      "seconds": round(time.perf_counter() - clock, 3)})
+        if (step + 1) % spec.checkpoint_every == 0 or step + 1 == total:
+            _save_checkpoint(folder, spec, model, optimizer, step + 1, curve)
+            (folder / "curve.json").write_text(json.dumps(curve))
+    return model, curve
+
+
+def export_adapter(name: str, step: int | None = None, checkpoints: Path | None = None,
+                   out: Path | None = None) -> Path:
+    """Write the adapter of checkpoint `step` (default: the latest) as peft saves it — adapter_config.json and
+    adapter_model.safetensors — to `out` (default data/models/NAME); returns that folder."""
+    spec = TWINS[name]
+    folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
+    saved = _checkpoints(folder)
+    if not saved or (step is not None and step not in saved):
+        raise ValueError(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
+    state = torch.load(saved[max(saved) if step is None else step] / "state.pt", weights_only=True)
+    model, _ = build(spec)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, value in state["weights"].items():
+            params[key].copy_(value)
+    target = ZOO_DIR / name if out is None else out
+    model.peft_config["default"].base_model_name_or_path = BASE  # a name, not this machine's cache path
+    model.save_pretrained(str(target))
+    return target
+
+
+def write_card(name: str, eval_n: int = 200, checkpoints: Path | None = None, progress: bool = True) -> dict:
+    """Measure the shipped adapter's held-out accuracy with sinklib (the arithmetic-english task, the model's own
+    sampler at temperature 0) and write card.json, README.md and loss_curve.csv beside it."""
+    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
+    from sinklib.zoo.evaluate import accuracy  # noqa: PLC0415  (the evaluation runner: heavy, only for the card)
+
+    spec = TWINS[name]
+    folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
+    curve = json.loads((folder / "curve.json").read_text())
+    result = accuracy(load(name), eval_n, progress=progress, task="arithmetic-english")
+    card = {"name": name, "base": BASE, "spec": asdict(spec), "train_steps": len(curve), "tokens_seen": curve[-1]["tokens"],
+            "problems_seen": len(curve) * spec.batch_size, "final_loss": curve[-1]["loss"],
+            "wall_seconds": curve[-1]["seconds"], "machine": machine(), "accuracy": result["accuracy"],
+            "accuracy_n": eval_n, "adapter_parameters": _adapter_parameters(ZOO_DIR / name)}
+    target = ZOO_DIR / name
+    (target / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
+    (target / "README.md").write_text(render_card(card))
+    rows = ["step,loss,lr,tokens,seconds"] + [f"{r['step']},{r['loss']!r},{r['lr']!r},{r['tokens']},{r['seconds']}"
+                                              for r in curve]
+    (target / "loss_curve.csv").write_text("\n".join(rows) + "\n")
+    return card
+
+
+def _adapter_parameters(folder: Path) -> int:
+    from safetensors import safe_open  # noqa: PLC0415  (only cards count parameters)
+
+    with safe_open(str(folder / "adapter_model.safetensors"), "pt") as handle:
+        return sum(handle.get_slice(key).get_shape()[0] * handle.get_slice(key).get_shape()[1] for key in handle.keys())
+
+
+def render_card(card: dict) -> str:
+    """The adapted model's README.md from its card record."""
+    spec = card["spec"]
+    objective = {"dream": "masked diffusion, Dream's shifted prediction (output i−1 predicts token i), bidirectional "
+                          "attention, the answer slot masked at t ~ U(ε, 1) and its masked tokens' CE weighted 1/t "
+                          "(LLaDA's SFT: the prompt never masked); mask token id 16 (`<empty_output>`)",
+                 "arm": "next-token prediction on the answer and its first `<|im_end|>`, causal attention"}[spec["objective"]]
+    adapter = (f"LoRA r = {spec['lora_rank']}, α = {spec['lora_alpha']}, every linear layer of the 30 blocks "
+               f"({card['adapter_parameters']:,} parameters), `peft`")
+    budget = (f"{card['train_steps']} × {spec['batch_size']} problems ({card['problems_seen']:,} problems, "
+              f"{card['tokens_seen']:,} tokens seen), AdamW lr {spec['lr']} (warm-up {spec['warmup']}, cosine to 10 %), "
+              f"seed {spec['seed']}")
+    wall = f"{card['wall_seconds'] / 60:.0f} min on {card['machine']} (its twin trained at the same time on the other core)"
+    score = f"{card['accuracy']:.3f} on {card['accuracy_n']} problems (task `arithmetic-english`)"
+    return f"""# {card['name']}
+
+SmolLM2-135M-Instruct (`{card['base']}`, the offline Q4_1 GGUF dequantised to float32) with a LoRA adapter trained
+by sinklib (`sinklib/zoo/adapt.py`) on the zoo's arithmetic word problems in plain English, read through SmolLM2's
+chat template without its default system turn, answered as `a + b = c #### c`. Load it with
+`sinklib.load("{card['name']}")`: the base comes from the GGUF, this folder holds only the adapter.
+
+| | |
+|---|---|
+| objective | {objective} |
+| adapter | {adapter} |
+| steps × batch | {budget} |
+| wall time | {wall} |
+| final training loss | {card['final_loss']:.4f} |
+| held-out exact-answer accuracy (temperature 0, own sampler) | {score} |
+
+Reported as measured. Retrain with `python -m sinklib.zoo adapt {card['name']}` (resumes from its checkpoints in
+`data/checkpoints/`); the loss curve is in `loss_curve.csv`.
+"""
+
+
+def machine() -> str:
+    """The CPU and thread count, for model cards."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
