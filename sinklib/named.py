@@ -10,10 +10,12 @@ changed — attention made bidirectional, the sampler family, the mask token, th
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -67,18 +69,20 @@ class AdaptedModel:
     sampling: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _twin(name: str, family: str, bidirectional: bool, mask_id: int | None, sampling: dict) -> AdaptedModel:
-    from sinklib.zoo.adapt import BASE, CHAT_TEMPLATE  # noqa: PLC0415  (the recipe's constants, one home)
+# SmolLM2's chat template without its default system turn (30 of a prompt's ~100 tokens: a third of the twins'
+# training cost); the twins carry it as their tokenizer's template, so sinklib.generate prompts them as they trained.
+TWIN_CHAT_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                      "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                      "{% endif %}")
 
-    return AdaptedModel(name, BASE, family, bidirectional, CHAT_TEMPLATE, mask_id, sampling)
-
-
-# SmolLM2 adapted to masked diffusion (Dream's recipe) and its autoregressive twin (sinklib/zoo/adapt.py): one token
-# per step over the 28-token answer slot, the order Dream's Table 1 runs use (entropy).
+# SmolLM2 adapted to masked diffusion (Dream's recipe: shifted logits, mask token id 16 `<empty_output>`) and its
+# autoregressive twin (sinklib/zoo/adapt.py): one token per step over the 28-token answer slot, in the order Dream's
+# Table 1 runs use (entropy).
 ADAPTED_MODELS: dict[str, AdaptedModel] = {
-    "smollm2-135m-diffusion": _twin("smollm2-135m-diffusion", "dream", True, 16,
-                                    {"steps": 28, "gen_length": 28, "alg": "entropy"}),
-    "smollm2-135m-autoregressive": _twin("smollm2-135m-autoregressive", "arm", False, None, {"gen_length": 28}),
+    "smollm2-135m-diffusion": AdaptedModel("smollm2-135m-diffusion", "smollm2-135m-instruct", "dream", True,
+                                           TWIN_CHAT_TEMPLATE, 16, {"steps": 28, "gen_length": 28, "alg": "entropy"}),
+    "smollm2-135m-autoregressive": AdaptedModel("smollm2-135m-autoregressive", "smollm2-135m-instruct", "arm", False,
+                                                TWIN_CHAT_TEMPLATE, None, {"gen_length": 28}),
 }
 
 
@@ -98,6 +102,15 @@ def adapter_folder(name: str) -> Path:
     return ZOO_DIR / name
 
 
+@contextlib.contextmanager
+def quiet_peft():
+    """peft reads transformers' deprecated `is_gradient_checkpointing` (a FutureWarning on transformers 5.24 at every
+    adapter load): a notebook's stderr would change with it, so that one warning is silenced while peft runs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def apply_adapter(spec: AdaptedModel, model: torch.nn.Module, tokenizer) -> torch.nn.Module:
     """The base with spec's adapter merged into its weights (peft), made bidirectional when spec says so, its
     config carrying the mask id, and the tokenizer given the chat template the adapter was trained with."""
@@ -107,7 +120,8 @@ def apply_adapter(spec: AdaptedModel, model: torch.nn.Module, tokenizer) -> torc
     if not (folder / "adapter_model.safetensors").is_file():
         raise FileNotFoundError(f"name_or_model={spec.name!r}: {folder} holds no adapter_model.safetensors; retrain it "
                                 f"with python -m sinklib.zoo adapt {spec.name}")
-    merged = peft.PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    with quiet_peft():
+        merged = peft.PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
     if spec.bidirectional:
         merged.config.is_causal = False
         make_bidirectional(merged)

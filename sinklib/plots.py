@@ -208,12 +208,17 @@ def masking_plot(frame: pd.DataFrame, task: str) -> plt.Figure:
     """Table 1 as a figure: accuracy against k (keys masked per layer and head), one line per model and condition
     (solid: the top-k sinks, dotted: k random keys), with standard errors. `frame`: MaskingTable.frame."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
+    colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(dict.fromkeys(frame["model"]))}
+    unmasked = frame[frame["k"] == 0]
     for (name, condition), group in frame.groupby(["model", "condition"], sort=False):
-        ax.errorbar(group["k"], group["accuracy"], yerr=group["stderr"], marker="o", capsize=3,
-                    linestyle="-" if condition == "sinks" else ":", label=f"{name}, {condition}")
+        if condition != "sinks":  # each control's line starts from the model's unmasked accuracy
+            group = pd.concat([unmasked[unmasked["model"] == name], group])
+        style = "-" if condition == "sinks" else ":" if condition == "random keys" else "--"
+        ax.errorbar(group["k"], group["accuracy"], yerr=group["stderr"], marker="o", capsize=3, color=colours[name],
+                    linestyle=style, label=f"{name}, {condition}")
     ax.set_xlabel("keys masked per layer and head (k)")
     ax.set_ylabel(f"accuracy ({task})")
-    ax.set_title("Masking the top-k sinks vs k random keys")
+    ax.set_title("Top-k sinks masked (solid), k random keys (dotted), sink values ablated (dashed)", fontsize=8)
     ax.legend(fontsize=7)
     return fig
 
@@ -265,3 +270,51 @@ def _training_accuracy(ax: plt.Axes, x: np.ndarray, rows: pd.DataFrame) -> None:
     ax.plot(x, rows["accuracy_random1_masked"], marker="^", color=PALETTE[0], linestyle=":", label="1 random key masked")
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel("accuracy")
+
+
+def carry_plot(frame: pd.DataFrame) -> plt.Figure:
+    """What sinks carry, per model: left, each sink head's value norm over its median key's (log scale; below 1 a
+    near no-op sink); right, the sink's share of the head's output against its share of the attention.
+    `frame`: carry.sink_carry rows (only those whose greatest key is a sink are drawn)."""
+    sinks = frame[frame["is_sink"]]
+    names = list(dict.fromkeys(frame["model"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    left.boxplot([sinks.loc[sinks["model"] == name, "value_ratio"].dropna() for name in names], showfliers=False)
+    left.set_xticks(range(1, len(names) + 1), names, rotation=20, fontsize=7, ha="right")
+    left.set_yscale("log")
+    left.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    left.set_ylabel("sink value norm / median key's")
+    left.set_title("Does the sink carry a value?", fontsize=9)
+    for index, name in enumerate(names):
+        rows = sinks[sinks["model"] == name]
+        right.scatter(rows["score_share"], rows["output_share"], s=4, alpha=0.3, color=PALETTE[index % len(PALETTE)],
+                      label=name)
+    right.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
+    right.set_xlabel("sink's share of the head's attention")
+    right.set_ylabel("sink's share of the head's output")
+    right.set_title("Attention that reaches the output (norm-based)", fontsize=9)
+    right.legend(fontsize=7, markerscale=3)
+    fig.tight_layout()
+    return fig
+
+
+def stability_plot(frame: pd.DataFrame) -> plt.Figure:
+    """Step-to-step stability per layer and model: the Jaccard overlap of each head's top-k keys between
+    consecutive steps (mean ± sd) and the greatest sink's move rate (mean ± sd over heads).
+    `frame`: dynamics.stability_by_layer rows."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for index, (name, rows) in enumerate(frame.groupby("model", sort=False)):
+        colour = PALETTE[index % len(PALETTE)]
+        depth = rows["layer"] / max(1, rows["layer"].max())  # relative depth: models of 3 and 30 layers side by side
+        left.errorbar(depth, rows["jaccard_mean"], yerr=rows["jaccard_std"], color=colour, marker="o", markersize=3,
+                      capsize=2, label=name)
+        right.errorbar(depth, rows["move_rate"], yerr=rows["move_rate_std"], color=colour, marker="o", markersize=3,
+                       capsize=2, label=name)
+    left.set_ylabel("top-k overlap (Jaccard), step t−1 → t")
+    right.set_ylabel("greatest sink's move rate")
+    for ax in (left, right):
+        ax.set_xlabel("layer (relative depth)")
+        ax.set_ylim(-0.05, 1.05)
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

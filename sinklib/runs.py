@@ -9,7 +9,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import pandas as pd
 
@@ -17,6 +17,7 @@ import papermill
 from annotated_types import Ge
 
 from sinklib._checks import did_you_mean
+from sinklib.evaluation.table1 import by_task, masking_table
 from sinklib.explorer import export_pages
 from sinklib.generate import collect_traces, demo_trace
 from sinklib.loading import load, load_models
@@ -293,9 +294,40 @@ class TrainingDynamicsRun(RunConfig):
                                     self.checkpoint_count)
 
 
+@validated
+@dataclass(frozen=True)
+@parameters_from_notebook
+class CarryRun(TracesRun):
+    """Notebook 07: what sinks carry (value and output norms), dose–response of masking the top-k sinks against k
+    random keys and against ablating the sinks' values, and step-to-step stability of the top keys."""
+    NOTEBOOK = "07_what_sinks_carry"
+    task: str
+    tasks: dict[str, str]
+    n_problems: Count
+    ks: list[Index]
+    value_ablation: Literal["zero", "mean"]
+    top_k: Count
+    eps: NonNegative
+    batch_size: Count
+
+    def check(self) -> None:
+        """TracesRun's rules; ks distinct, with 0 (the unmasked baseline) among them."""
+        super().check()
+        if 0 not in self.ks or len(set(self.ks)) != len(self.ks):
+            raise ValueError(f"ks={self.ks!r} is not allowed: ks must be distinct integers >= 0 and include 0 (unmasked)")
+
+    def dose_response(self, loaded: dict) -> dict:
+        """Table 1 per task over this run's ks: the top-k sinks masked, k random keys, the sinks' values ablated;
+        every (model, condition) resumable under results_dir/table1-<task>/, each row with its checks."""
+        return {task: masking_table(group, task, self.ks, True, self.eps, limit=self.n_problems,
+                                    out_dir=Path(self.results_dir) / f"table1-{task}", batch_size=self.batch_size,
+                                    seed=self.seed, progress=self.progress, value_ablation=self.value_ablation)
+                for task, group in by_task(loaded, self.task, self.tasks).items()}
+
+
 RUNS: Registry[type] = Registry("notebook", {cls.NOTEBOOK: cls for cls in
                                              (TracesRun, MovingSinksRun, ThresholdSweepRun, MaskingRun, ExplorerRun,
-                                              TrainingDynamicsRun)})
+                                              TrainingDynamicsRun, CarryRun)})
 
 
 def run_for(notebook: str | Path) -> type:

@@ -51,6 +51,13 @@ class MaskingTable:
         """The wide table (models × conditions) as a LaTeX tabular."""
         return self.wide().to_latex()
 
+    def checks(self) -> pd.DataFrame:
+        """Per model and condition, the checks its row carries (evaluation.checks): whether a capture that masks
+        nothing is bit-identical to none, and the masked keys' summed score with the mask lifted and as run."""
+        columns = ["model", "condition", "k", "noop_identical", "masked_entries", "masked_score_before",
+                   "masked_score_after", "kept_share"]
+        return self.frame[[c for c in columns if c in self.frame]].reset_index(drop=True)
+
     def figure(self):
         """Accuracy against k, one line per model (solid: sinks, dotted: random keys), with standard errors."""
         return _plots().masking_plot(self.frame, self.task)

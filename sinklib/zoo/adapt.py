@@ -17,6 +17,7 @@ from their checkpoints with the same bits (the batch of step k and its masks are
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import platform
@@ -24,24 +25,22 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from sinklib import compat
+from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.zoo.data import Problem, held_out, plain, problems
 
-BASE = "smollm2-135m-instruct"
-MASK_ID = 16  # `<empty_output>`: unused by SmolLM2's chat template
+BASE = ADAPTED_MODELS["smollm2-135m-diffusion"].base
+MASK_ID = ADAPTED_MODELS["smollm2-135m-diffusion"].mask_id  # 16, `<empty_output>`: unused by SmolLM2's chat template
+CHAT_TEMPLATE = TWIN_CHAT_TEMPLATE
 END_ID = 2  # `<|im_end|>`: the end of an answer, and the slot's padding
 MASK_EPS = 1e-3
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CHECKPOINT_ROOT = DATA_DIR / "checkpoints"  # not committed: a run's resumable state
-# SmolLM2's chat template without its default system turn (30 of a prompt's ~100 tokens: a third of the training
-# cost); the twins ship it as their tokenizer's template, so sinklib.generate prompts them as they were trained.
-CHAT_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-                 "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-                 "{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -185,7 +184,8 @@ def build(spec: AdaptSpec):
         model.config.is_causal = False
         compat.make_bidirectional(model)
     torch.manual_seed(spec.seed)
-    return peft.get_peft_model(model, lora_config(spec)), tokenizer
+    with quiet_peft():
+        return peft.get_peft_model(model, lora_config(spec)), tokenizer
 
 
 def _checkpoints(folder: Path) -> dict[int, Path]:
@@ -344,6 +344,63 @@ chat template without its default system turn, answered as `a + b = c #### c`. L
 Reported as measured. Retrain with `python -m sinklib.zoo adapt {card['name']}` (resumes from its checkpoints in
 `data/checkpoints/`); the loss curve is in `loss_curve.csv`.
 """
+
+
+ADAPTATION_PATH = DATA_DIR / "over_training" / "adaptation_dynamics.parquet"
+MEASURED_STEPS = (0, 50, 100, 200, 400, 600)  # the base (bidirectional for the diffusion twin) and five checkpoints
+
+
+def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
+    """The twin as it was after `step` optimiser steps (a sinklib LoadedModel named NAME@step-NNNNN): the base with
+    that checkpoint's adapter merged, and everything else — family, mask id, chat template — as the shipped twin."""
+    import dataclasses  # noqa: PLC0415  (only measurements rebuild a loaded model)
+
+    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package)
+
+    folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
+    saved = _checkpoints(folder)
+    if step not in saved:
+        raise ValueError(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
+    model, _ = build(TWINS[name])
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, value in torch.load(saved[step] / "state.pt", weights_only=True)["weights"].items():
+            params[key].copy_(value)
+    return dataclasses.replace(load(name), model=model.merge_and_unload().eval(), name=f"{name}@step-{step:05d}")
+
+
+def measure_adaptation(names: list[str], steps: tuple[int, ...] = MEASURED_STEPS, how=None,
+                       results: Path = ADAPTATION_PATH, checkpoints: Path | None = None, progress: bool = True):
+    """Measure the twins' checkpoints as notebook 06 measures the zoo's (over_training.measure: accuracy unmasked,
+    top-1 sink masked and one random key masked; where the sinks sit; the top key's score; the move rate) into
+    `results`, one row per checkpoint written as it finishes; a checkpoint already measured on the same weights and
+    settings is not measured again. Returns every row."""
+    from sinklib.provenance import describe  # noqa: PLC0415  (measurement only)
+    from sinklib.zoo import over_training  # noqa: PLC0415  (measurement only: the evaluation stack)
+
+    how = how or over_training.Measurement(n_problems=20, n_traces=4)
+    for name in names:
+        folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints / name
+        for step in tqdm(steps, desc=f"measure {name}", disable=not progress):
+            state = folder / f"step-{step:05d}" / "state.pt"
+            key = {"model": name, "checkpoint": state.parent.name, "weights": _file_hash(state),
+                   "n_problems": how.n_problems, "n_traces": how.n_traces, "eps": how.eps, "seed": how.seed}
+            rows = over_training.read_rows(results)
+            if len(rows) and ((rows[list(key)] == pd.Series(key)).all(axis=1)).any():
+                continue
+            curve = torch.load(state, weights_only=True)["curve"]
+            window = [r["loss"] for r in curve if step - 50 <= r["step"] < step]
+            row = {**key, "step": step, "train_steps": TWINS[name].steps,
+                   "loss": sum(window) / len(window) if window else float("nan"),
+                   **over_training.measure(checkpoint_model(name, step, folder), how, progress=False)}
+            over_training._add_row(row, Path(results), describe({"n_problems": how.n_problems, "n_traces": how.n_traces,
+                                                                 "eps": how.eps, "seed": how.seed},
+                                                                what="SmolLM2's adaptation"))
+    return over_training.read_rows(results)
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def machine() -> str:

@@ -88,13 +88,16 @@ def measure(loaded: LoadedModel, how: Measurement, scratch: Path | None = None, 
     """One row of measurements of a zoo model (the module docstring lists them). `scratch` keeps Table 1's
     per-problem answers so that an interrupted measurement resumes. A model without any sink gets NaN token
     shares and an empty top token."""
-    table = masking_table([loaded], ks=(0, 1), random_control=True, eps=how.eps, limit=how.n_problems,
-                          out_dir=scratch, batch_size=50, seed=how.seed, progress=progress).frame
+    task = "arithmetic" if loaded.is_zoo else "arithmetic-english"  # a chat model reads the problems in plain English
+    table = masking_table([loaded], task, ks=(0, 1), random_control=True, eps=how.eps, limit=how.n_problems,
+                          out_dir=scratch, batch_size=50, seed=how.seed, progress=progress, checks=False).frame
     accuracy = {(condition, k): (a, s) for condition, k, a, s in
                 zip(table["condition"], table["k"], table["accuracy"], table["stderr"])}
-    traces = collect_traces(loaded, prompts(how.n_traces), seed=how.seed, progress=progress, **loaded.settings_for())
+    traces = collect_traces(loaded, prompts(how.n_traces, plain_english=not loaded.is_zoo), seed=how.seed,
+                            progress=progress, **loaded.settings_for())
     frequency = dynamics.sink_token_frequency(traces, how.eps, top=None)
-    groups = dynamics.sink_token_groups(frequency, mask_token=loaded.tokenizer.mask_token,
+    mask_token = loaded.tokenizer.convert_ids_to_tokens(loaded.mask_id) if loaded.mask_id is not None else None
+    groups = dynamics.sink_token_groups(frequency, mask_token=mask_token,
                                         special_tokens=set(loaded.tokenizer.all_special_tokens), markers=FORMAT_MARKERS)
     top_keys = pd.concat([dynamics.main_sink_by_layer_head(trace) for trace in traces])
     motion = dynamics.dynamics_summary(traces, how.eps)
@@ -231,17 +234,17 @@ def select(rows: pd.DataFrame, how: Measurement, names: Sequence[str], count: in
     return _ordered(chosen, names)
 
 
-def result(rows: pd.DataFrame) -> Result:
+def result(rows: pd.DataFrame, name: str = "training_dynamics") -> Result:
     """The figure, a Markdown table of every row, and a summary: per model its first and last checkpoints and the
-    shipped model, with findings computed from the rows."""
+    shipped model, with findings computed from the rows. `name`: the figure's and the table's file stem."""
     from sinklib import plots  # noqa: PLC0415  (matplotlib: the notebooks extra)
 
     shown_columns = ["step", "accuracy", "accuracy_top1_masked", "accuracy_random1_masked", "share_mask",
                      "share_special", "share_punctuation", "share_content", "top_sink_token", "top_key_score_mean",
                      "move_rate"]
     table = rows.set_index(["model", "checkpoint"])[shown_columns]
-    return Result(figures={"training_dynamics": plots.training_dynamics_plot(rows)},
-                  texts={"training_dynamics.md": table.to_markdown(floatfmt=".3f") + "\n"},
+    return Result(figures={name: plots.training_dynamics_plot(rows)},
+                  texts={f"{name}.md": table.to_markdown(floatfmt=".3f") + "\n"},
                   shown=Summary(table, [finding for name in dict.fromkeys(rows["model"])
                                         for finding in findings(rows[rows["model"] == name])]))
 

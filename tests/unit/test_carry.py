@@ -26,8 +26,9 @@ def test_value_norms_are_the_heads_outputs_when_one_key_is_left():
     assert raw.shape == written.shape == (2, 4, len(IDS))
     o_proj = model.model.layers[0].self_attn.o_proj
     head_dim = o_proj.in_features // 4
+    seen = []
     for key in (0, 3, 7):
-        seen = []
+        seen.clear()
         hook = o_proj.register_forward_hook(lambda module, args, out: seen.append(args[0][0]))
         others = [p for p in range(len(IDS)) if p != key]
         try:
