@@ -18,6 +18,7 @@ from annotated_types import Ge
 
 from sinklib._checks import did_you_mean
 from sinklib.evaluation.table1 import by_task, masking_table
+from sinklib.evaluation.tasks import task_names
 from sinklib.explorer import export_pages
 from sinklib.generate import collect_traces, demo_trace
 from sinklib.loading import load, load_models
@@ -97,6 +98,14 @@ class RunConfig:
             written.append(figures / name)
         record_artifacts(written, record)
         return result
+
+
+def _check_task_limits(config) -> None:
+    """n_problems_by_task names registered tasks only (a misspelt one would silently change nothing)."""
+    unknown = sorted(set(config.n_problems_by_task) - set(task_names()))
+    if unknown:
+        raise ValueError(f"n_problems_by_task={config.n_problems_by_task!r} is not allowed: {unknown} are not tasks; "
+                         f"tasks are {task_names()}")
 
 
 def _check_layout(config) -> None:
@@ -182,6 +191,7 @@ class MaskingRun(RunConfig):
     tasks: dict[str, str]
     task_path: str | None
     n_problems: Count | None
+    n_problems_by_task: dict[str, Count]
     steps: Count | None
     gen_length: Count | None
     block_length: Count | None
@@ -206,6 +216,7 @@ class MaskingRun(RunConfig):
         if not self.ks:
             raise ValueError("ks=[] is not allowed: ks must be a non-empty list of integers >= 0")
         _check_layout(self)
+        _check_task_limits(self)
 
 
 @validated
@@ -304,6 +315,7 @@ class CarryRun(TracesRun):
     task: str
     tasks: dict[str, str]
     n_problems: Count
+    n_problems_by_task: dict[str, Count]
     ks: list[Index]
     value_ablation: Literal["zero", "mean"]
     top_k: Count
@@ -313,13 +325,15 @@ class CarryRun(TracesRun):
     def check(self) -> None:
         """TracesRun's rules; ks distinct, with 0 (the unmasked baseline) among them."""
         super().check()
+        _check_task_limits(self)
         if 0 not in self.ks or len(set(self.ks)) != len(self.ks):
             raise ValueError(f"ks={self.ks!r} is not allowed: ks must be distinct integers >= 0 and include 0 (unmasked)")
 
     def dose_response(self, loaded: dict) -> dict:
         """Table 1 per task over this run's ks: the top-k sinks masked, k random keys, the sinks' values ablated;
         every (model, condition) resumable under results_dir/table1-<task>/, each row with its checks."""
-        return {task: masking_table(group, task, self.ks, True, self.eps, limit=self.n_problems,
+        return {task: masking_table(group, task, self.ks, True, self.eps,
+                                    limit=self.n_problems_by_task.get(task, self.n_problems),
                                     out_dir=Path(self.results_dir) / f"table1-{task}", batch_size=self.batch_size,
                                     seed=self.seed, progress=self.progress, value_ablation=self.value_ablation)
                 for task, group in by_task(loaded, self.task, self.tasks).items()}

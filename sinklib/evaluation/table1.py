@@ -123,7 +123,7 @@ def _in_words(column: str) -> str:
         return "unmasked"
     kind, k = column.split("-")
     if kind == "values":
-        return f"with its top-{k} sink{'' if k == '1' else 's'}' values ablated"
+        return "with its top-1 sink's value ablated" if k == "1" else f"with its top-{k} sinks' values ablated"
     plural = "" if k == "1" else "s"
     return f"with its top-{k} sink{plural} masked" if kind == "top" else f"with {k} random key{plural} masked"
 
@@ -246,7 +246,8 @@ def masking_tables(run) -> dict[str, MaskingTable]:
     (model, condition) resumable under results_dir/table1-<task>/."""
     tables = {}
     for task, group in by_task(run.load(), run.task, run.tasks).items():
-        tables[task] = masking_table(group, task, run.ks, run.random_control, run.eps, limit=run.n_problems,
+        tables[task] = masking_table(group, task, run.ks, run.random_control, run.eps,
+                                     limit=run.n_problems_by_task.get(task, run.n_problems),
                                      batch_size=run.batch_size, seed=run.seed,
                                      out_dir=Path(run.results_dir) / f"table1-{task}",
                                      allow_code_execution=run.allow_code_execution, progress=run.progress,

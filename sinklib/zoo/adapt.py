@@ -351,7 +351,7 @@ MEASURED_STEPS = (0, 50, 100, 200, 400, 600)  # the base (bidirectional for the 
 
 
 def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
-    """The twin as it was after `step` optimiser steps (a sinklib LoadedModel named NAME@step-NNNNN): the base with
+    """The twin as it was after `step` optimiser steps (a sinklib LoadedModel): the base with
     that checkpoint's adapter merged, and everything else — family, mask id, chat template — as the shipped twin."""
     import dataclasses  # noqa: PLC0415  (only measurements rebuild a loaded model)
 
@@ -366,7 +366,8 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
     with torch.no_grad():
         for key, value in torch.load(saved[step] / "state.pt", weights_only=True)["weights"].items():
             params[key].copy_(value)
-    return dataclasses.replace(load(name), model=model.merge_and_unload().eval(), name=f"{name}@step-{step:05d}")
+    # the name stays the twin's: its sampler settings are looked up by it (named.sampling)
+    return dataclasses.replace(load(name), model=model.merge_and_unload().eval())
 
 
 def measure_adaptation(names: list[str], steps: tuple[int, ...] = MEASURED_STEPS, how=None,

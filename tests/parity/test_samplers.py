@@ -59,9 +59,10 @@ def reference_llada(model, prompt, steps, gen_length, block_length, margins=None
     return x
 
 
-def reference_dream(model, prompt, steps, gen_length, alg, eps=1e-3, margins=None):
+def reference_dream(model, prompt, steps, gen_length, alg, eps=1e-3, margins=None, mask_id=MASK_ID):
     """Dream at temperature 0: shifted logits, float32 schedule, top confidences anywhere; each step's
     decision margin is appended to `margins` when given."""
+    MASK_ID = mask_id  # noqa: N806  (the loop below reads the mask id by the module constant's name)
     x = list(prompt) + [MASK_ID] * gen_length
     timesteps = np.linspace(1, eps, steps + 1).astype(np.float32)
     for i in range(steps):
