@@ -122,7 +122,7 @@ def generate(model, prompt, sampler=None, *, seed: int = 0, maps: Sequence[tuple
     no capture at all; the tokens are the same either way.
     """
     loaded = model if isinstance(model, LoadedModel) else load(model)
-    check_int(seed, "seed", 0)
+    seed = check_int(seed, "seed", 0)  # numpy integers become Python ints (torch.Generator takes only those)
     check_intervention(intervention)
     settings = resolve_settings(loaded, sampler, **options)
     prompts, single = _prompt_list(prompt)

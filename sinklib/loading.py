@@ -141,7 +141,8 @@ def is_default_model(name: str) -> bool:
 def load_models(names: list[str], device: str | None = None, dtype: str | None = None,
                 trust_remote_code: bool = False) -> dict[str, LoadedModel]:
     """{name: load(name, ...)} for each name, in order."""
-    return {name: load(name, device=device, dtype=dtype, trust_remote_code=trust_remote_code) for name in names}
+    # a name given twice is loaded once (a dict keeps one entry per name anyway)
+    return {name: load(name, device=device, dtype=dtype, trust_remote_code=trust_remote_code) for name in dict.fromkeys(names)}
 
 
 def zoo_names() -> list[str]:

@@ -28,7 +28,7 @@ from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
 from sinklib.summary import Result
-from sinklib.validation import Consent, Count, Index, NonNegative, Text, validated
+from sinklib.validation import Consent, Count, Flag, Index, NonNegative, Text, validated
 from sinklib.zoo import over_training
 from sinklib.zoo.data import prompts
 
@@ -130,9 +130,9 @@ class TracesRun(RunConfig):
     gen_length: Count | None
     block_length: Count | None
     seed: Index
-    figures_dir: str
-    results_dir: str
-    progress: bool
+    figures_dir: Text
+    results_dir: Text
+    progress: Flag
 
     def check(self) -> None:
         """Cross-field rules, run when the config is made: at least one model, and gen_length a multiple of block_length."""
@@ -196,7 +196,7 @@ class MaskingRun(RunConfig):
     gen_length: Count | None
     block_length: Count | None
     ks: list[Index]
-    random_control: bool
+    random_control: Flag
     seed: Index
     eps: NonNegative
     batch_size: Count
@@ -204,9 +204,9 @@ class MaskingRun(RunConfig):
     trust_remote_code: Consent
     device: str
     dtype: str | None
-    figures_dir: str
-    results_dir: str
-    progress: bool
+    figures_dir: Text
+    results_dir: Text
+    progress: Flag
 
     def check(self) -> None:
         """Cross-field rules, run when the config is made: at least one model, at least one k, and gen_length a
@@ -235,7 +235,7 @@ class ExplorerRun(RunConfig):
     block_length: Count | None
     seed: Index
     eps: NonNegative
-    figures_dir: str
+    figures_dir: Text
 
     def check(self) -> None:
         """Cross-field rules, run when the config is made: at least one model, and gen_length a multiple of block_length."""
@@ -275,10 +275,10 @@ class TrainingDynamicsRun(RunConfig):
     n_traces: Count
     eps: NonNegative
     seed: Index
-    measurements: str | None
-    checkpoints_dir: str | None
-    figures_dir: str
-    progress: bool
+    measurements: Text | None
+    checkpoints_dir: Text | None
+    figures_dir: Text
+    progress: Flag
 
     def check(self) -> None:
         """At least one recipe, each once."""

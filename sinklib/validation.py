@@ -53,6 +53,12 @@ def _consent(value: Any) -> bool:
     return value
 
 
+def _flag(value: Any) -> bool:
+    if type(value) is not bool:  # noqa: E721 — "no" is truthy, 0 and numpy's bool_ are not switches either
+        raise ValueError(Allowed("True or False (a bool)"))
+    return value
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(Allowed("a non-empty str"))
@@ -66,6 +72,7 @@ Number = Annotated[float, BeforeValidator(_number)]  # finite
 NonNegative = Annotated[Number, Ge(0.0)]
 Positive = Annotated[Number, Gt(0.0)]
 Consent = Annotated[bool, BeforeValidator(_consent)]
+Flag = Annotated[bool, BeforeValidator(_flag)]  # an on/off setting: a real bool, never text or a number
 Text = Annotated[str, BeforeValidator(_text)]
 
 _CONFIG = ConfigDict(arbitrary_types_allowed=True)

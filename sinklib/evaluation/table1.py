@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from sinklib.validation import Consent, Count, Index, NonNegative, checked
+from sinklib.validation import Consent, Count, Flag, Index, NonNegative, checked
 from sinklib._checks import bad_value, check_choice, check_eps, check_int
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
@@ -156,12 +156,12 @@ def conditions(family_kind: str, ks: Sequence[int], random_control: bool, eps: f
 
 @checked
 def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic", ks: Sequence[int] = (0, 1, 5, 10),
-                  random_control: bool = True, eps: NonNegative = 3.0, source: str = "previous_step",
+                  random_control: Flag = True, eps: NonNegative = 3.0, source: str = "previous_step",
                   limit: Count | None = None, out_dir: str | Path | None = None, batch_size: Count = 8, seed: Index = 0,
                   allow_code_execution: Consent = False, progress: bool = True, task_path: str | None = None,
                   settings: dict[str, Any] | None = None, steps: Count | None = None, gen_length: Count | None = None,
                   block_length: Count | None = None, value_ablation: str | None = None,
-                  checks: bool = True) -> MaskingTable:
+                  checks: Flag = True) -> MaskingTable:
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
     masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
     (default: LoadedModel.settings_for(task)); steps / gen_length / block_length refit each model's layout
@@ -235,6 +235,8 @@ def _check_conditions(ks, eps: float, source: str, limit: int | None) -> None:
         raise bad_value("ks", ks, "a non-empty list of integers >= 0")
     for k in ks:
         check_int(k, "ks", 0)
+    if len(set(ks)) != len(list(ks)):
+        raise bad_value("ks", list(ks), "distinct integers >= 0 (each k is one column of the table)")
     check_eps(eps)
     check_choice(source, "source", ["previous_step", "previous_step_clean", "same_step"])
     if limit is not None:

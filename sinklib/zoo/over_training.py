@@ -62,7 +62,7 @@ class Measurement:
 
 @checked
 def retrain(name: RecipeName, folder: Path = CHECKPOINTS_DIR, count: Annotated[int, Ge(2)] = 8,
-            threads: Annotated[int, Ge(1)] = 2, progress: bool = True, donors: Path = ZOO_DIR) -> list[Path]:
+            threads: Count = 2, progress: bool = True, donors: Path = ZOO_DIR) -> list[Path]:
     """Train zoo model (or studied variant, train.VARIANTS) `name` from its seed, saving its weights at step 0
     and `count` log-spaced steps up to the last (train.checkpoint_steps) in folder/name/step-NNNNN. A rerun goes
     on from the latest checkpoint before the first missing one, with the same thread count, and trains nothing
@@ -73,9 +73,10 @@ def retrain(name: RecipeName, folder: Path = CHECKPOINTS_DIR, count: Annotated[i
     spec = recipe(name)
     steps = checkpoint_steps(spec.steps, count)
     run_folder = Path(folder) / name
-    if any((run_folder / own).exists() for own in ("config.json", "model.safetensors", "card.json")):
-        raise ValueError(f"folder={str(folder)!r} is not allowed: {run_folder} holds a model of its own; give a folder "
-                         "for checkpoints (data/checkpoints/)")
+    if Path(folder).resolve().is_relative_to(ZOO_DIR.resolve()) or \
+            any((run_folder / own).exists() for own in ("config.json", "model.safetensors", "card.json")):
+        raise ValueError(f"folder={str(folder)!r} is not allowed: it is (or is inside) a shipped model's folder; give "
+                         "a folder for checkpoints (data/checkpoints/)")
     for path in saved_checkpoints(run_folder).values():
         training_state(path, spec)  # refuses another recipe's checkpoints before any work
     if not all(checkpoint_folder(run_folder, step).is_dir() for step in steps):

@@ -210,7 +210,7 @@ def _update(model, optimizer: torch.optim.Optimizer, loss: torch.Tensor, lr: flo
 def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
     """Step 0 (the initialisation) and `count` distinct steps log-spaced from `first` to `total` (the last is
     `total`): the steps after which a run followed over training saves its weights."""
-    if count < 2 or not 1 <= first < total:
+    if count < 2 or not 1 <= first < total or count > total - first + 2:  # before building any step list
         raise ValueError(f"count={count} is not allowed with total={total}, first={first}: need count >= 2 and "
                          "1 <= first < total")
     ratio = (total / first) ** (1 / (count - 1))

@@ -520,3 +520,50 @@ def test_the_notebooks_run_configs_take_numpy_numbers_as_python_numbers():
 
     config = runs.MaskingRun(ks=[np.int64(0), np.int64(1)], n_problems=np.int32(5), eps=np.float64(2.5))
     assert config.ks == [0, 1] and type(config.n_problems) is int and type(config.eps) is float
+
+
+# -- refusals added for the surfaces of issue 40 -----------------------------------------------------------------
+@pytest.mark.parametrize("given, message", [
+    (dict(random_control="no"), "random_control='no' is not allowed: random_control must be True or False"),
+    (dict(progress=1), "progress=1 is not allowed: progress must be True or False"),
+    (dict(results_dir=""), "results_dir='' is not allowed: results_dir must be a non-empty str"),
+    (dict(n_problems_by_task={"arith": 3}), "\\['arith'\\] are not tasks"),
+])
+def test_masking_run_settings_are_refused_where_the_config_is_made(given, message):
+    from sinklib import runs
+
+    with pytest.raises(ValueError, match=message):
+        runs.MaskingRun(**given)
+
+
+def test_table1_refuses_a_k_twice_before_any_model_loads():
+    from sinklib.evaluation.table1 import masking_table
+
+    with pytest.raises(ValueError, match=r"ks=\[1, 1\] is not allowed: ks must be distinct"):
+        masking_table(["no-such-model"], ks=[1, 1])
+
+
+def test_a_huge_checkpoint_count_is_refused_at_once():
+    from sinklib.zoo.train import checkpoint_steps
+
+    with pytest.raises(ValueError, match="count=1099511627776 is not allowed"):
+        checkpoint_steps(5000, 2**40)
+
+
+def test_retraining_into_a_shipped_models_folder_is_refused():
+    from sinklib.paths import ZOO_DIR
+    from sinklib.zoo import over_training
+
+    with pytest.raises(ValueError, match="shipped model's folder"):
+        over_training.retrain("tiny-arm", folder=ZOO_DIR / "tiny-arm")
+    with pytest.raises(ValueError, match="threads=True is not allowed"):
+        over_training.retrain("tiny-arm", threads=True)
+
+
+def test_a_numpy_seed_is_taken_as_its_integer():
+    import numpy as np
+
+    import sinklib
+
+    model = sinklib.load("tiny-arm")
+    assert sinklib.generate(model, "Q: a A:", seed=np.int64(3), gen_length=3, progress=False).tokens.shape[0] >= 2
