@@ -101,11 +101,12 @@ class RunConfig:
 
 
 def _check_task_limits(config) -> None:
-    """n_problems_by_task names registered tasks only (a misspelt one would silently change nothing)."""
-    unknown = sorted(set(config.n_problems_by_task) - set(task_names()))
-    if unknown:
-        raise ValueError(f"n_problems_by_task={config.n_problems_by_task!r} is not allowed: {unknown} are not tasks; "
-                         f"tasks are {task_names()}")
+    """n_problems_by_task (and ks_by_task) name registered tasks only (a misspelt one would silently change nothing)."""
+    for name in ("n_problems_by_task", "ks_by_task"):
+        given = getattr(config, name, {})
+        unknown = sorted(set(given) - set(task_names()))
+        if unknown:
+            raise ValueError(f"{name}={given!r} is not allowed: {unknown} are not tasks; tasks are {task_names()}")
 
 
 def _check_layout(config) -> None:
@@ -317,6 +318,7 @@ class CarryRun(TracesRun):
     n_problems: Count
     n_problems_by_task: dict[str, Count]
     ks: list[Index]
+    ks_by_task: dict[str, list[Index]]
     value_ablation: Literal["zero", "mean"]
     top_k: Count
     eps: NonNegative
@@ -326,13 +328,15 @@ class CarryRun(TracesRun):
         """TracesRun's rules; ks distinct, with 0 (the unmasked baseline) among them."""
         super().check()
         _check_task_limits(self)
-        if 0 not in self.ks or len(set(self.ks)) != len(self.ks):
-            raise ValueError(f"ks={self.ks!r} is not allowed: ks must be distinct integers >= 0 and include 0 (unmasked)")
+        for name, ks in {"ks": self.ks, **{f"ks_by_task[{t!r}]": k for t, k in self.ks_by_task.items()}}.items():
+            if 0 not in ks or len(set(ks)) != len(ks):
+                raise ValueError(f"{name}={ks!r} is not allowed: {name} must be distinct integers >= 0 and include 0 "
+                                 "(unmasked)")
 
     def dose_response(self, loaded: dict) -> dict:
         """Table 1 per task over this run's ks: the top-k sinks masked, k random keys, the sinks' values ablated;
         every (model, condition) resumable under results_dir/table1-<task>/, each row with its checks."""
-        return {task: masking_table(group, task, self.ks, True, self.eps,
+        return {task: masking_table(group, task, self.ks_by_task.get(task, self.ks), True, self.eps,
                                     limit=self.n_problems_by_task.get(task, self.n_problems),
                                     out_dir=Path(self.results_dir) / f"table1-{task}", batch_size=self.batch_size,
                                     seed=self.seed, progress=self.progress, value_ablation=self.value_ablation)

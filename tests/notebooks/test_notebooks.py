@@ -40,6 +40,7 @@ def nbval_run(tmp_path_factory):
     notebooks.mkdir()
     for path in COMMITTED:
         shutil.copy2(path, notebooks / path.name)
+    reproduce.seed_committed_runs(root / "data" / "results")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "-p", "tests.notebooks.nbval_plugin",
                            "--nbval-sanitize-with", str(HERE / "nbval_sanitize.cfg"), "-p", "no:cacheprovider",
