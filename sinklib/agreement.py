@@ -64,8 +64,10 @@ LAYOUTS: dict[str, Layout] = {
     "sink_dynamics": Layout(("model", "trace"), "trace"),
     "table2_sink_tokens": Layout(("model", "token")),
     "transient_sinks": Layout(("model", "trace", "step", "layer", "head", "position"), "trace"),
+    "sink_carry_by_layer": Layout(("model", "layer")),
+    "step_stability": Layout(("model", "layer")),
 }
-EVALUATION = Layout(("model", "condition", "k"), "run")  # table1_masking_<task>: rows of one evaluation run
+EVALUATION = Layout(("model", "condition", "k"), "run")  # table1_masking_ / table1_dose_<task>: one evaluation run
 ITEMS = "_items"  # table1_masking_<task>_items: one row per evaluated sample, with its closest decision margin
 _BASELINE = re.compile(r"^uniform causal attention \((.+)'s lengths\)$")  # fig10's reference rows, per model
 
@@ -238,7 +240,7 @@ def compare_file(committed: Path, rerun: Path, explained: set[tuple] = frozenset
     if settled:
         return settled
     rows = f"{len(a)} / {len(b)}"
-    layout = LAYOUTS.get(name, EVALUATION if name.startswith("table1_masking_") else None)
+    layout = LAYOUTS.get(name, EVALUATION if name.startswith(("table1_masking_", "table1_dose_")) else None)
     if layout is None:
         return Row(name, rows, DIFFERS, detail="no layout for this file: only an identical frame agrees")
     if layout.index:

@@ -6,6 +6,7 @@ Every (model, condition) is one resumable run of the evaluation runner, written 
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from sinklib.summary import Result, Summary, is_near_tie, label
 
 
 ITEM_COLUMNS = ["model", "condition", "k", "id", "correct", "output", "margin"]
+CHECK_COLUMNS = ["noop_identical", "masked_entries", "masked_score_before", "masked_score_after", "kept_share"]
 
 
 @dataclass
@@ -54,8 +56,7 @@ class MaskingTable:
     def checks(self) -> pd.DataFrame:
         """Per model and condition, the checks its row carries (evaluation.checks): whether a capture that masks
         nothing is bit-identical to none, and the masked keys' summed score with the mask lifted and as run."""
-        columns = ["model", "condition", "k", "noop_identical", "masked_entries", "masked_score_before",
-                   "masked_score_after", "kept_share"]
+        columns = ["model", "condition", "k", *CHECK_COLUMNS]
         return self.frame[[c for c in columns if c in self.frame]].reset_index(drop=True)
 
     def figure(self):
@@ -194,7 +195,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                                allow_code_execution=allow_code_execution, **run_settings)
             rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": summary.accuracy,
                          "stderr": summary.stderr, "n": summary.n, "accuracy_flexible": summary.accuracy_flexible,
-                         **(audit.of(intervention) if audit else {})})
+                         **(audit.of(intervention, out) if audit else {})})
             items += [{"model": loaded.name, "condition": condition, "k": k, "id": str(r["id"]),
                        "correct": bool(r["correct"]), "output": r["output"], "margin": r.get("margin")}
                       for r in summary.records]
@@ -204,20 +205,33 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
 
 class _Audit:
     """The checks of one model's rows: the no-op check once, the mass each condition's policy drops on the task's
-    first sample."""
+    first sample. A run written to a file keeps its checks beside it (<run>.checks.json), so a finished table is
+    read back without running the model."""
 
     def __init__(self, loaded: LoadedModel, task: str, task_path: str | None, settings: dict, seed: int):
         spec = get_task(task)
         self.loaded, self.settings, self.seed, self.chat = loaded, settings, seed, spec.chat
         self.prompt = spec.samples(task_path)[0].prompt
-        self.noop = noop_check(loaded, self.prompt, settings, spec.chat, seed)
+        self._noop: bool | None = None
 
-    def of(self, intervention) -> dict:
-        """The row's check columns for this condition's policy (None: the unmasked condition, nothing dropped)."""
+    def of(self, intervention, run_file: Path | None) -> dict:
+        """The row's check columns for this condition's policy (None: the unmasked condition, nothing dropped),
+        read from beside `run_file` when an earlier run wrote them."""
+        stored = None if run_file is None else run_file.with_name(run_file.name + ".checks.json")
+        if stored is not None and stored.is_file():
+            saved = json.loads(stored.read_text())
+            return {column: saved[column] for column in CHECK_COLUMNS}
+        if self._noop is None:
+            self._noop = noop_check(self.loaded, self.prompt, self.settings, self.chat, self.seed)
         dropped = {"masked_entries": 0, "masked_score_before": 0.0, "masked_score_after": 0.0,
                    "kept_share": float("nan")} if intervention is None else \
             mass_dropped(self.loaded, self.prompt, intervention, self.settings, self.chat, self.seed)
-        return {"noop_identical": self.noop, **dropped}
+        checks = {"noop_identical": self._noop, **dropped}
+        if stored is not None:
+            scratch = stored.with_name(stored.name + ".partial")
+            scratch.write_text(json.dumps(checks, sort_keys=True) + "\n")
+            scratch.replace(stored)
+        return checks
 
 
 def _checked_models(models) -> list:

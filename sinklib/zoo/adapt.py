@@ -290,10 +290,12 @@ def write_card(name: str, eval_n: int = 200, checkpoints: Path | None = None, pr
     spec = TWINS[name]
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     curve = json.loads((folder / "curve.json").read_text())
+    saved = _checkpoints(folder)
+    threads = torch.load(saved[max(saved)] / "state.pt", weights_only=True)["threads"]
     result = accuracy(load(name), eval_n, progress=progress, task="arithmetic-english")
     card = {"name": name, "base": BASE, "spec": asdict(spec), "train_steps": len(curve), "tokens_seen": curve[-1]["tokens"],
             "problems_seen": len(curve) * spec.batch_size, "final_loss": curve[-1]["loss"],
-            "wall_seconds": curve[-1]["seconds"], "machine": machine(), "accuracy": result["accuracy"],
+            "wall_seconds": curve[-1]["seconds"], "machine": machine(threads), "accuracy": result["accuracy"],
             "accuracy_n": eval_n, "adapter_parameters": _adapter_parameters(ZOO_DIR / name)}
     target = ZOO_DIR / name
     (target / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
@@ -404,12 +406,12 @@ def _file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def machine() -> str:
-    """The CPU and thread count, for model cards."""
+def machine(threads: int) -> str:
+    """The CPU, torch's version and the thread count a run used, for model cards."""
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{cpu}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    return f"{cpu} ({torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}, {threads} thread(s)"
