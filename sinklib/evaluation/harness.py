@@ -19,7 +19,7 @@ import inspect
 import logging
 import os
 from collections import defaultdict
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lm_eval import utils
@@ -32,7 +32,7 @@ from sinklib._checks import bad_value, check_choice, did_you_mean
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import paper_masking
 from sinklib.generate import generate
-from sinklib.interventions import MaskRandomKeys
+from sinklib.interventions import AblateValues, MaskRandomKeys
 from sinklib.loading import load
 from sinklib.validation import Consent, Count, Index, NonNegative, Text, check_value, checked
 
@@ -43,14 +43,16 @@ logger = logging.getLogger(__name__)
 class SinklibLM(LM):
     """model_args: pretrained (hub id, local path or zoo name), family, steps, gen_length, block_length,
     temperature, alg (dream), remasking (llada), mask_top_k / mask_eps / mask_source (the paper's masking:
-    Eq. 3 on the previous step), mask_random_k (the random-key control), seed, dtype, device, batch_size, trust_remote_code."""
+    Eq. 3 on the previous step), mask_random_k (the random-key control), mask_values ("zero" or "mean": the chosen
+    keys keep their attention and their values are ablated instead), seed, dtype, device, batch_size, trust_remote_code."""
 
     @checked
     def __init__(self, pretrained: Text, family: str | None = None, steps: Count | None = None,
                  gen_length: Count | None = None, block_length: Count | None = None, temperature: NonNegative = 0.0,
                  alg: str | None = None, remasking: str | None = None, mask_top_k: Index = 0,
                  mask_eps: NonNegative = 3.0, mask_source: str = "previous_step", mask_random_k: Index = 0,
-                 seed: Index = 0, dtype: str | None = None, device: str | None = None,
+                 mask_values: Literal["zero", "mean"] | None = None, seed: Index = 0, dtype: str | None = None,
+                 device: str | None = None,
                  batch_size: int | str | None = 1, max_batch_size: Count | None = None,
                  trust_remote_code: Consent = False) -> None:
         super().__init__()
@@ -75,6 +77,10 @@ class SinklibLM(LM):
         self.settings.update({key: value for key, value in (("alg", alg), ("remasking", remasking)) if value is not None})
         self.intervention = (paper_masking(self.loaded.family.kind, mask_top_k, mask_eps, mask_source) if mask_top_k
                              else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else None)
+        if mask_values is not None:
+            if self.intervention is None:
+                raise bad_value("mask_values", mask_values, "None unless mask_top_k or mask_random_k chooses keys")
+            self.intervention = AblateValues(self.intervention, mask_values)
         self.seed = seed
         self._overridden: set[int] = set()
 

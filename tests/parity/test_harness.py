@@ -110,3 +110,15 @@ def test_batch_size_in_model_args_wins_over_lm_evals_own():
 def test_outputs_are_cut_at_the_first_stop_string():
     assert cut_at_stops("5 + 3 = 8 #### 8 Q: next", ["Q:", "\n\n"]) == "5 + 3 = 8 #### 8 "
     assert cut_at_stops("no stop", ["Q:"]) == "no stop" and cut_at_stops("a\n\nb", ["", "\n\n"]) == "a"
+
+
+def test_value_ablation_is_reachable_from_model_args_and_refused_without_a_key_policy():
+    from sinklib.interventions import AblateValues, MaskSinks
+
+    model = SinklibLM.create_from_arg_string("pretrained=tiny-llada,mask_top_k=1,mask_values=zero",
+                                             {"batch_size": 1, "device": "cpu"})
+    assert model.intervention == AblateValues(MaskSinks(top_k=1), "zero")
+    with pytest.raises(ValueError, match=r"mask_values='half' is not allowed"):
+        SinklibLM(pretrained="tiny-llada", mask_top_k=1, mask_values="half")
+    with pytest.raises(ValueError, match=r"mask_values='zero' is not allowed: mask_values must be None unless"):
+        SinklibLM(pretrained="tiny-llada", mask_values="zero")
