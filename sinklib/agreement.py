@@ -111,8 +111,9 @@ class Report:
 
     @property
     def agrees(self) -> bool:
-        """Whether no artifact differs (identical, within tolerance or near-tie all agree)."""
-        return all(row.status != DIFFERS for row in self.rows)
+        """Whether at least one artifact was compared and none differs (identical, within tolerance or near-tie all
+        agree): a rerun that wrote nothing comparable confirms nothing."""
+        return bool(self.rows) and all(row.status != DIFFERS for row in self.rows)
 
     @property
     def failing(self) -> list[str]:
@@ -125,6 +126,9 @@ class Report:
 
     def to_text(self) -> str:
         """The report as plain text: the rows' table, one line per divergence, and the tolerances used."""
+        if not self.rows:
+            return ("no artifact was compared: the rerun wrote no results file or explorer page that the committed "
+                    "results hold (a notebook that only reads committed measurements, such as 06, writes none)")
         frame = self.frame()
         frame["largest_difference"] = [f"{v:.2g}" if v else "0" for v in frame["largest_difference"]]
         lines = [frame.to_string(index=False, justify="left")]

@@ -136,3 +136,12 @@ def test_a_table1_answer_that_flipped_is_explained_only_by_a_near_tie(tmp_path, 
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
     assert {row.artifact: row.status for row in report.rows} == {"table1_masking_arithmetic_items": status,
                                                                   "table1_masking_arithmetic": status}
+
+
+def test_a_rerun_that_compared_nothing_does_not_agree_and_says_so(tmp_path):
+    from sinklib import agreement
+
+    (tmp_path / "committed").mkdir()
+    (tmp_path / "rerun").mkdir()
+    report = agreement.compare_folders(tmp_path / "committed", tmp_path / "rerun", rerun_only=True)
+    assert not report.agrees and "no artifact was compared" in report.to_text()
