@@ -10,6 +10,7 @@ import pandas as pd
 
 from sinklib import carry, dynamics, plots
 from sinklib.capture.replay import full_pass_scores, replay_map
+from sinklib.evaluation.table1 import MaskingTable
 from sinklib.loading import LoadedModel
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
 from sinklib.summary import Result, Summary, is_near_tie, label, near_tie_models, significant
@@ -308,3 +309,10 @@ def carry_against_masking(carried: pd.DataFrame, frames: Sequence[pd.DataFrame])
                      f"excess masking cost is {rho:+.2f}: this run {verdict} the explanation that masking hurts in "
                      "proportion to what the sink carries.")
     return lines
+
+
+def masking_checks(tables: Mapping[str, MaskingTable]) -> Summary:
+    """Every row's checks (MaskingTable.checks) of every task's table, one line per model, condition and k, shown to
+    three significant digits like every other table."""
+    frame = pd.concat([table.checks() for table in tables.values()], ignore_index=True)
+    return Summary(frame.set_index(["model", "condition", "k"]))

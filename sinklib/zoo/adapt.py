@@ -349,7 +349,7 @@ Reported as measured. Retrain with `python -m sinklib.zoo adapt {card['name']}` 
 
 
 ADAPTATION_PATH = DATA_DIR / "over_training" / "adaptation_dynamics.parquet"
-MEASURED_STEPS = (0, 50, 100, 200, 400, 600)  # the base (bidirectional for the diffusion twin) and five checkpoints
+MEASURED_STEPS = (0, 300, 600)  # the base (bidirectional for the diffusion twin), halfway, the end
 
 
 def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
