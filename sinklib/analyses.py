@@ -251,6 +251,9 @@ def what_sinks_carry(models: Models, traces: Traces, eps: float) -> tuple[Result
     findings = []
     for name, row in summary.iterrows():
         ratio = row["value / median key"]
+        if pd.isna(ratio):
+            findings.append(f"{label(name, flagged)}: no head's greatest key passes Eq. 3 in these generations.")
+            continue
         kind = "a near no-op sink (small value)" if ratio < 0.5 else \
             "a sink that carries a value as large as other keys' or larger" if ratio >= 1 else "a sink with a smaller value"
         findings.append(f"{label(name, flagged)}: its sinks' value vectors are {significant(ratio)}× the median key's — "
@@ -291,10 +294,11 @@ def carry_against_masking(carried: pd.DataFrame, frames: Sequence[pd.DataFrame])
     for name in carried.index:
         if name not in accuracy.index:
             continue
-        row = accuracy.loc[name]
-        base = row.get(("sinks", 0))
-        excess = row.get(("random keys", 1)) - row.get(("sinks", 1))
-        value_cost = next((base - row[key] for key in row.index if key[0].startswith("sink values") and key[1] == 1),
+        full = accuracy.loc[name]
+        row = full.reindex([("sinks", 0), ("sinks", 1), ("random keys", 1)])  # a condition this run did not make: NaN
+        base = row[("sinks", 0)]
+        excess = row[("random keys", 1)] - row[("sinks", 1)]
+        value_cost = next((base - full[key] for key in full.index if key[0].startswith("sink values") and key[1] == 1),
                           float("nan"))
         ratio = carried.loc[name, "value / median key"]
         pairs.append((ratio, excess))

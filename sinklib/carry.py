@@ -5,7 +5,8 @@ vector is small adds little to any output — the "no-op" sink of real pretraine
 value is a key the head really reads. The norm-based view (Kobayashi et al., 2020) measures what each key adds:
 its *output share* in a head is s_j · ‖W_O^h v_j‖ / Σ_k s_k · ‖W_O^h v_k‖, with s_j the key's score (Σ_i A_ij, the
 capture's sum units) and W_O^h the columns of the output projection that head h writes through. It needs the
-scores the capture keeps and one forward that reads the value vectors: nothing is recomputed from attention maps.
+scores the capture keeps and a forward that reads the value vectors (one per step of a diffusion trace, one for an
+autoregressive trace): nothing is recomputed from attention maps.
 
 Value vectors are read with forward hooks on each block's value projection (`v_proj`; LLaDA / MMaDA `v_proj` in
 the block) and its output projection's weight (`o_proj`; LLaDA / MMaDA `attn_out`). Grouped-query heads read the
@@ -38,13 +39,16 @@ def _projection(layer_module: nn.Module, block: nn.Module, names: Sequence[str])
                      "sinklib.carry reads Llama-style attention (v_proj with o_proj, or LLaDA's v_proj with attn_out)")
 
 
-def _blocks(model: nn.Module, layer_names: Sequence[str] | None) -> list[tuple[nn.Module, nn.Module]]:
-    """(attention module, its block) per layer: the block is the attention module's parent."""
+def _blocks(model: nn.Module, layer_names: Sequence[str] | None) -> list[tuple[nn.Module, nn.Module, int]]:
+    """(attention module, its block, its query heads) per layer: the block is the attention module's parent."""
     modules = dict(model.named_modules())
     pairs = []
     for layer in attention_layers(model, layer_names):
         parent = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
-        pairs.append((layer.module, modules.get(parent, layer.module)))
+        if layer.n_heads is None:
+            raise ValueError(f"{layer.name} states no head count (config num_attention_heads or n_heads): "
+                             "sinklib.carry cannot split its values by head")
+        pairs.append((layer.module, modules.get(parent, layer.module), layer.n_heads))
     return pairs
 
 
@@ -54,17 +58,16 @@ def value_norms(loaded, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     would add to head h's output per unit of attention, before and after the output projection."""
     model = loaded.model
     pairs = _blocks(model, getattr(loaded, "layer_names", None))
-    heads = model.config.num_attention_heads
     seen: list[torch.Tensor] = []
     hooks = [_projection(attn, block, VALUE_PROJECTIONS).register_forward_hook(
-        lambda module, args, out: seen.append(out[0].detach().float())) for attn, block in pairs]
+        lambda module, args, out: seen.append(out[0].detach().float())) for attn, block, _ in pairs]
     try:
         loaded.logits(tokens[None].to(loaded.device))
     finally:
         for hook in hooks:
             hook.remove()
     raw, written = [], []
-    for (attn, block), values in zip(pairs, seen):
+    for (attn, block, heads), values in zip(pairs, seen):
         out_weight = _projection(attn, block, OUTPUT_PROJECTIONS).weight.detach().float()  # [d_model, heads × dim]
         head_dim = out_weight.shape[1] // heads
         per_value_head = values.view(values.shape[0], -1, head_dim)  # [seq, value heads, dim]
@@ -99,7 +102,14 @@ def sink_carry(loaded, trace: Trace, eps: float = 3.0, steps: Sequence[int] | No
     its score share (s_j / Σ s), its value norm and output norm against the median key's, and its output share
     (the norm-based view). `steps`: the steps to read (default every step; each costs one forward)."""
     scores = comparable_scores(trace)
-    chosen = list(range(trace.n_steps)) if steps is None else list(steps)
+    chosen = list(range(trace.n_steps)) if steps is None else list(dict.fromkeys(steps))
+    outside = [step for step in chosen if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < trace.n_steps]
+    if not chosen or outside:
+        raise ValueError(f"steps={steps!r} is not allowed: steps must be None or a non-empty list of step indices in "
+                         f"0..{trace.n_steps - 1} (this trace's forwards)")
+    if len(trace.layer_names) != len(_blocks(loaded.model, getattr(loaded, "layer_names", None))):
+        raise ValueError(f"trace={trace.meta.get('model')!r} is not allowed with model={getattr(loaded, 'name', '')!r}: "
+                         f"its {len(trace.layer_names)} attention layers are not this model's")
     sinks = sink_mask(trace, eps)
     rows = []
     for step, (raw, written) in _step_values(loaded, trace, chosen).items():
@@ -139,15 +149,15 @@ def _masked_median(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def carry_summary(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """Per model, over the (step, layer, head)s whose greatest key is a sink: how many, the sinks' mean score share,
-    the median of their value norm over the median key's (< 1: a no-op sink) and their mean output share."""
+    the median of their value (and output) norm over the median key's (well below 1: a near no-op sink) and their
+    mean output share."""
     frame = pd.concat(frames, ignore_index=True)
-    sinks = frame[frame["is_sink"]]
-    grouped = sinks.groupby("model", sort=False)
-    return pd.DataFrame({
-        "sink heads": grouped.size(),
-        "score share": grouped["score_share"].mean(),
-        "value / median key": grouped["value_ratio"].median(),
-        "output norm / median key": grouped.apply(lambda g: float((g["output_norm"] / g["median_output_norm"]).median()),
-                                                  include_groups=False),
-        "output share": grouped["output_share"].mean(),
-    })
+    frame = frame.assign(output_ratio=frame["output_norm"] / frame["median_output_norm"])
+    models = list(dict.fromkeys(frame["model"]))
+    summary = frame[frame["is_sink"]].groupby("model", sort=False).agg(
+        **{"sink heads": ("value_ratio", "size"), "score share": ("score_share", "mean"),
+           "value / median key": ("value_ratio", "median"), "output norm / median key": ("output_ratio", "median"),
+           "output share": ("output_share", "mean")})
+    summary = summary.reindex(models)  # a model without any sink keeps its row: 0 sink heads, the rest NaN
+    summary["sink heads"] = summary["sink heads"].fillna(0).astype(int)
+    return summary

@@ -280,7 +280,9 @@ class AblateValues(Intervention):
     """Value-path ablation: the keys `select` would mask (any policy: MaskSinks for the sinks, MaskRandomKeys for the
     equal-budget control) keep their attention, and their value vectors are zeroed (mode="zero") or replaced by the
     mean value of the head's valid keys (mode="mean"). Sinks are chosen from the attention as it ran, which this
-    ablation leaves as it was."""
+    ablation leaves as it was at the ablated call (later layers and steps see its effect). "mean" averages over every
+    valid key of the call: in a causal call with several queries (a prefill) that includes keys later than some
+    queries; the paper's previous-step policies ablate from step 1 on, where a KV-cache step has one query."""
 
     MODES = ("zero", "mean")
 
@@ -288,8 +290,8 @@ class AblateValues(Intervention):
     mode: str = "zero"
 
     def __post_init__(self) -> None:
-        check_intervention(self.select)
-        if self.select is None or isinstance(self.select, AblateValues):
+        if self.select is None or isinstance(self.select, AblateValues) or \
+                not all(callable(getattr(self.select, name, None)) for name in ("reset", "keys_to_mask", "observe")):
             raise bad_value("select", self.select, "a masking policy (MaskSinks, MaskRandomKeys, MaskKeys) whose keys "
                             "have their values ablated")
         _settle(self, mode=check_choice(self.mode, "mode", self.MODES))
@@ -319,6 +321,8 @@ class Audited(Intervention):
     value ablation the attention is left in place: `before` and `after` are then both the kept score."""
 
     def __init__(self, policy: Intervention):
+        if policy is None:
+            raise bad_value("policy", policy, "a policy to audit (MaskSinks, MaskRandomKeys, MaskKeys, AblateValues)")
         check_intervention(policy)
         self.policy = policy
         self._ledger = {"masked": 0, "before": 0.0, "after": 0.0, "calls": 0}

@@ -180,8 +180,8 @@ def resolve_name(name: str) -> str:
 def _resolve_named(name: str) -> str:
     """A named model's folder: its converted GGUF (or, without the package, the same model on the hub where it can
     be reached); an adapted model's base's (its adapter is merged once the base is loaded)."""
-    if name in named.ADAPTED_MODELS:
-        return _resolve_named(named.ADAPTED_MODELS[name].base)
+    if name in named.ADAPTED_MODELS:  # the GGUF conversion it was trained on, never the hub's unquantised weights
+        return named.resolve_named(named.ADAPTED_MODELS[name].base)
     spec = named.NAMED_MODELS[name]
     try:
         return named.resolve_named(name)

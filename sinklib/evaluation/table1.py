@@ -170,8 +170,9 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
     a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one.
     value_ablation: "zero" or "mean" adds the top-k sinks' value ablation (AblateValues) beside the masking.
-    checks: every row carries the no-op check (noop_identical: a capture masking nothing is bit-identical to no
-    capture) and the mass its policy dropped in one audited generation of the first sample (evaluation.checks)."""
+    checks: every row carries the no-op check (noop_identical: on the task's first sample, unbatched, a capture masking
+    nothing is bit-identical to no capture) and the attention its policy moved in one audited generation of that
+    sample (evaluation.checks)."""
     require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
     models = _checked_models(models)
     _check_conditions(ks, eps, source, limit)

@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sinklib import compat
+from sinklib._checks import check_choice, check_int
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.zoo.data import Problem, held_out, plain, problems
@@ -226,8 +227,9 @@ def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: i
           progress: bool = True):
     """Train one twin from its seed, resuming from the latest checkpoint in `checkpoints` (default
     data/checkpoints/NAME); returns (peft model, loss curve rows)."""
-    spec = TWINS[name]
-    total = spec.steps if steps is None else steps
+    spec = TWINS[check_choice(name, "name", TWINS)]
+    total = spec.steps if steps is None else check_int(steps, "steps", 1, spec.steps)  # past it the cosine turns back
+    check_int(threads, "threads", 1)
     torch.set_num_threads(threads)
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     folder.mkdir(parents=True, exist_ok=True)
@@ -264,10 +266,13 @@ def export_adapter(name: str, step: int | None = None, checkpoints: Path | None 
                    out: Path | None = None) -> Path:
     """Write the adapter of checkpoint `step` (default: the latest) as peft saves it — adapter_config.json and
     adapter_model.safetensors — to `out` (default data/models/NAME); returns that folder."""
-    spec = TWINS[name]
+    spec = TWINS[check_choice(name, "name", TWINS)]
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     saved = _checkpoints(folder)
-    if not saved or (step is not None and step not in saved):
+    if not saved:
+        raise FileNotFoundError(f"checkpoints={str(folder)!r} holds no checkpoint of {name}: train it first "
+                                f"(python -m sinklib.zoo adapt {name})")
+    if step is not None and step not in saved:
         raise ValueError(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
     state = torch.load(saved[max(saved) if step is None else step] / "state.pt", weights_only=True)
     model, _ = build(spec)
@@ -368,22 +373,25 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
     with torch.no_grad():
         for key, value in torch.load(saved[step] / "state.pt", weights_only=True)["weights"].items():
             params[key].copy_(value)
+    merged = model.merge_and_unload().eval()
+    merged.config._name_or_path = f"{name}@step-{step:05d}"  # what runner.model_fingerprint records: this checkpoint
     # the name stays the twin's: its sampler settings are looked up by it (named.sampling)
-    return dataclasses.replace(load(name), model=model.merge_and_unload().eval())
+    return dataclasses.replace(load(name), model=merged)
 
 
 def measure_adaptation(names: list[str], steps: tuple[int, ...] = MEASURED_STEPS, how=None,
-                       results: Path = ADAPTATION_PATH, checkpoints: Path | None = None, progress: bool = True):
+                       results: Path = ADAPTATION_PATH, checkpoint_root: Path | None = None, progress: bool = True):
     """Measure the twins' checkpoints as notebook 06 measures the zoo's (over_training.measure: accuracy unmasked,
     top-1 sink masked and one random key masked; where the sinks sit; the top key's score; the move rate) into
     `results`, one row per checkpoint written as it finishes; a checkpoint already measured on the same weights and
-    settings is not measured again. Returns every row."""
+    settings is not measured again. `checkpoint_root` holds one folder per twin (default data/checkpoints/).
+    Returns every row."""
     from sinklib.provenance import describe  # noqa: PLC0415  (measurement only)
     from sinklib.zoo import over_training  # noqa: PLC0415  (measurement only: the evaluation stack)
 
     how = how or over_training.Measurement(n_problems=20, n_traces=4)
     for name in names:
-        folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints / name
+        folder = (CHECKPOINT_ROOT if checkpoint_root is None else Path(checkpoint_root)) / check_choice(name, "names", TWINS)
         for step in tqdm(steps, desc=f"measure {name}", disable=not progress):
             state = folder / f"step-{step:05d}" / "state.pt"
             key = {"model": name, "checkpoint": state.parent.name, "weights": _file_hash(state),
