@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import sinklib
+from sinklib import compat
 from sinklib.interventions import AblateValues, Audited, Intervention, MaskKeys, MaskSinks, make_policy
 from tests.models import llama, qwen2_gqa
 from tests.parity.test_interventions import reference_top
@@ -100,6 +101,7 @@ def test_layer_and_step_restricted_masking_masks_only_there():
 
 def test_the_audit_shows_the_attention_left_masked_keys_and_stayed_on_ablated_ones():
     model = llama(causal=False)
+    compat.make_bidirectional(model)  # transformers 4.x keeps each module causal unless told (a causal query 0 keeps key 0)
     steps = [IDS, IDS.roll(1, -1), IDS.roll(2, -1)]
     masked = Audited(MaskSinks(top_k=1, eps=0.0, threshold=False))
     ablated = Audited(AblateValues(MaskSinks(top_k=1, eps=0.0, threshold=False), "zero"))
