@@ -530,6 +530,7 @@ def test_the_notebooks_run_configs_take_numpy_numbers_as_python_numbers():
     (dict(n_problems_by_task={"arith": 3}), "\\['arith'\\] are not tasks"),
 ])
 def test_masking_run_settings_are_refused_where_the_config_is_made(given, message):
+    pytest.importorskip("papermill")  # run configs read their notebooks' parameters with it (the notebooks extra)
     from sinklib import runs
 
     with pytest.raises(ValueError, match=message):
