@@ -286,9 +286,12 @@ def export_adapter(name: str, step: int | None = None, checkpoints: Path | None 
     return target
 
 
-def write_card(name: str, eval_n: int = 200, checkpoints: Path | None = None, progress: bool = True) -> dict:
+def write_card(name: str, eval_n: int = 200, checkpoints: Path | None = None, progress: bool = True,
+               results: Path | None = None) -> dict:
     """Measure the shipped adapter's held-out accuracy with sinklib (the arithmetic-english task, the model's own
-    sampler at temperature 0) and write card.json, README.md and loss_curve.csv beside it."""
+    sampler at temperature 0, batches of 50) and write card.json, README.md and loss_curve.csv beside it. `results`:
+    the evaluation's per-problem file, resumed where an earlier run of the same configuration wrote it (Table 1's
+    unmasked run of eval_n problems is one)."""
     from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
     from sinklib.zoo.evaluate import accuracy  # noqa: PLC0415  (the evaluation runner: heavy, only for the card)
 
@@ -297,7 +300,7 @@ def write_card(name: str, eval_n: int = 200, checkpoints: Path | None = None, pr
     curve = json.loads((folder / "curve.json").read_text())
     saved = _checkpoints(folder)
     threads = torch.load(saved[max(saved)] / "state.pt", weights_only=True)["threads"]
-    result = accuracy(load(name), eval_n, progress=progress, task="arithmetic-english")
+    result = accuracy(load(name), eval_n, progress=progress, task="arithmetic-english", out=results)
     card = {"name": name, "base": BASE, "spec": asdict(spec), "train_steps": len(curve), "tokens_seen": curve[-1]["tokens"],
             "problems_seen": len(curve) * spec.batch_size, "final_loss": curve[-1]["loss"],
             "wall_seconds": curve[-1]["seconds"], "machine": machine(threads), "accuracy": result["accuracy"],

@@ -18,11 +18,11 @@ from sinklib.zoo.data import Problem, held_out
 
 
 def accuracy(loaded: LoadedModel, n: int = 600, batch_size: int = 50, progress: bool = True,
-             intervention=None, task: str = "arithmetic") -> dict[str, Any]:
+             intervention=None, task: str = "arithmetic", out=None) -> dict[str, Any]:
     """Exact final-answer accuracy on the first n held-out problems (the arithmetic task, or its plain-English
     form "arithmetic-english"), at temperature 0 with the model's own sampler: the evaluation runner and its strict
-    "#### N" extractor, as Table 1 scores them."""
-    summary = evaluate(loaded, task, intervention=intervention, limit=n, batch_size=batch_size,
+    "#### N" extractor, as Table 1 scores them; `out`: the runner's resumable per-problem file."""
+    summary = evaluate(loaded, task, intervention=intervention, limit=n, batch_size=batch_size, out=out,
                        progress=progress, **loaded.settings_for())
     return {"accuracy": summary.accuracy, "n": summary.n, "outputs": [record["output"] for record in summary.records]}
 
