@@ -315,7 +315,7 @@ class CarryRun(TracesRun):
     NOTEBOOK = "07_what_sinks_carry"
     task: str
     tasks: dict[str, str]
-    masking_models: list[Text]
+    masking_skip: list[Text]
     n_problems: Count
     n_problems_by_task: dict[str, Count]
     ks: list[Index]
@@ -329,19 +329,19 @@ class CarryRun(TracesRun):
         """TracesRun's rules; ks distinct, with 0 (the unmasked baseline) among them."""
         super().check()
         _check_task_limits(self)
-        outside = [name for name in self.masking_models if name not in self.models]
-        if outside:
-            raise ValueError(f"masking_models={self.masking_models!r} is not allowed: {outside} are not in models "
-                             f"{self.models}")
         for name, ks in {"ks": self.ks, **{f"ks_by_task[{t!r}]": k for t, k in self.ks_by_task.items()}}.items():
             if 0 not in ks or len(set(ks)) != len(ks):
                 raise ValueError(f"{name}={ks!r} is not allowed: {name} must be distinct integers >= 0 and include 0 "
                                  "(unmasked)")
 
     def dose_response(self, loaded: dict) -> dict:
-        """Table 1 per task over this run's ks for masking_models: the top-k sinks masked, k random keys, the sinks'
-        values ablated; every (model, condition) resumable under results_dir/table1-<task>/, each row with its checks."""
-        loaded = {name: model for name, model in loaded.items() if name in self.masking_models}
+        """Table 1 per task over this run's ks for every model not in masking_skip: the top-k sinks masked, k random
+        keys, the sinks' values ablated; every (model, condition) resumable under results_dir/table1-<task>/, each row
+        with its checks."""
+        loaded = {name: model for name, model in loaded.items() if name not in self.masking_skip}
+        if not loaded:
+            raise ValueError(f"masking_skip={self.masking_skip!r} is not allowed: it leaves no model of {self.models} "
+                             "for the dose-response")
         return {task: masking_table(group, task, self.ks_by_task.get(task, self.ks), True, self.eps,
                                     limit=self.n_problems_by_task.get(task, self.n_problems),
                                     out_dir=Path(self.results_dir) / f"table1-{task}", batch_size=self.batch_size,
