@@ -36,6 +36,22 @@ import pandas as pd
 
 NEAR_TIE = 1e-3
 FLOAT_TOLERANCE = 1e-4
+
+
+def is_near_tie(margin: float | None) -> bool:
+    """A decision another CPU could decide the other way: a margin above 0 and at most NEAR_TIE. An exact tie (0:
+    two confidences equal in float32, typically both saturated at 1.0) is not one: a fixed order (the lower index)
+    breaks it, the same on every CPU. NaN (a sampled decision) and None (no margin recorded) are not either."""
+    return margin is not None and math.isfinite(margin) and 0.0 < margin <= NEAR_TIE
+
+
+def closest_margin(margins) -> float:
+    """The smallest margin another CPU could act on: the smallest finite margin above 0 (exact ties are broken the
+    same everywhere), +inf when every decision was an exact tie or unopposed, NaN when there is none."""
+    finite = [float(m) for m in margins if m is not None and math.isfinite(float(m))]
+    if not finite:
+        return float("nan")
+    return min((m for m in finite if m > 0.0), default=float("inf"))
 GENERATIONS = "generations"
 
 IDENTICAL, WITHIN, NEAR, DIFFERS = "identical", "within tolerance", "near-tie", "differs"
@@ -83,8 +99,10 @@ class Divergence:
 
     @property
     def near_tie(self) -> bool:
-        """Both runs decided that step by less than NEAR_TIE: float rounding can explain the other choice."""
-        return all(math.isfinite(m) and m <= NEAR_TIE for m in (self.margin_committed, self.margin_rerun))
+        """Both runs decided that step by at most NEAR_TIE and not both by an exact tie (0 in both: a fixed order
+        decides the same everywhere; 0 in one run only: rounding moved the values off the tie — a near-tie)."""
+        margins = (self.margin_committed, self.margin_rerun)
+        return all(math.isfinite(m) and 0.0 <= m <= NEAR_TIE for m in margins) and max(margins) > 0.0
 
     def describe(self) -> str:
         """One line for the report: the model, generation, step, both margins, and whether it is a near-tie."""
@@ -108,6 +126,7 @@ class Report:
     """The comparison of a rerun with the committed results: one Row per artifact and where generations parted."""
     rows: list[Row] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
+    compared_with: list[str] = field(default_factory=list)  # what the committed side was (reproduce.check fills it)
 
     @property
     def agrees(self) -> bool:
@@ -189,7 +208,31 @@ def compare_folders(committed: Path, rerun: Path, rerun_only: bool = False, page
         if name == GENERATIONS or name.endswith(ITEMS):
             continue
         report.rows.append(compare_file(committed / f"{name}.parquet", rerun / f"{name}.parquet", explained))
+    folders = [(committed, rerun)] + ([(Path(pages[0]), Path(pages[1]))] if pages is not None else [])
+    _compare_parameters(report, folders)
     return report
+
+
+def _compare_parameters(report: Report, folders: list[tuple[Path, Path]]) -> None:
+    """Mark every compared artifact whose run parameters (the `config` its PROVENANCE.json records) differ between
+    the committed folder and the rerun's as differing: a rerun with another eps or other models confirms nothing,
+    however close its numbers."""
+    from sinklib.provenance import read_manifest  # noqa: PLC0415  (provenance imports torch: only a check needs it)
+
+    configs: dict[str, tuple] = {}
+    for committed, rerun in folders:
+        old, new = read_manifest(committed), read_manifest(rerun)
+        for file_name in set(old) & set(new):
+            configs[Path(file_name).stem if file_name.endswith(".parquet") else file_name] = (
+                old[file_name].get("config"), new[file_name].get("config"))
+    for row in report.rows:
+        before, after = configs.get(row.artifact, (None, None))
+        if before is None or after is None or before == after:
+            continue
+        changed = sorted(key for key in set(before) | set(after) if before.get(key) != after.get(key))
+        described = ", ".join(f"{key} {before.get(key)!r} → {after.get(key)!r}" for key in changed)
+        row.status = DIFFERS
+        row.detail = "; ".join(filter(None, [f"run parameters differ: {described}", row.detail]))
 
 
 def compare_items(committed: Path, rerun: Path, explained: set[tuple]) -> Row:
@@ -203,7 +246,7 @@ def compare_items(committed: Path, rerun: Path, explained: set[tuple]) -> Row:
     rows = f"{len(a)} / {len(b)}"
     merged, unmatched = _matched(a, b, ["model", "condition", "k", "id"])
     changed = merged[(merged["correct"] != merged["correct__rerun"]) | (merged["output"] != merged["output__rerun"])]
-    near = (changed["margin"] <= NEAR_TIE) & (changed["margin__rerun"] <= NEAR_TIE)  # NaN: sampled, never near
+    near = changed["margin"].map(is_near_tie) & changed["margin__rerun"].map(is_near_tie)
     problems = [f"{unmatched} samples on one side only"] if unmatched else []
     if (~near).any():
         first = changed[~near].iloc[0]
@@ -227,6 +270,7 @@ def _compare_generations(committed: Path, rerun: Path, report: Report, explained
     a, b = pd.read_parquet(committed / f"{GENERATIONS}.parquet"), pd.read_parquet(rerun / f"{GENERATIONS}.parquet")
     report.divergences = divergences(a, b)
     explained.update(("trace", d.model, d.trace) for d in report.divergences if d.near_tie)
+    explained.update(("generations", str(m), int(n)) for m, n in a.groupby("model")["trace"].nunique().items())
     rows = f"{len(a)} / {len(b)}"
     if not report.divergences:
         same_margins = _float_difference(a["margin"], b["margin"])
@@ -249,6 +293,8 @@ def compare_file(committed: Path, rerun: Path, explained: set[tuple] = frozenset
         return Row(name, rows, DIFFERS, detail="no layout for this file: only an identical frame agrees")
     if layout.index:
         a, b = a.reset_index(), b.reset_index()
+    if layout.scope == "model":
+        return _compare_pooled(name, rows, a, b, layout, _parted_shares(explained))
     a, b = _downstream(a, layout, explained), _downstream(b, layout, explained)
     skipped = int(a["_explained"].sum())  # committed rows set aside (the rerun's may number more or fewer)
     a, b = a[~a["_explained"]], b[~b["_explained"]]
@@ -325,14 +371,11 @@ def _missing(committed: Path, rerun: Path) -> Row | None:
 
 def _downstream(frame: pd.DataFrame, layout: Layout, explained: set[tuple]) -> pd.DataFrame:
     """frame with an _explained column: whether the row comes from a generation that parted at a near-tie."""
-    models = {entry[1] for entry in explained if entry[0] == "trace"}
     owners = frame["model"].astype(str).map(lambda m: _BASELINE.sub(r"\1", m))
     if layout.scope == "trace":
         flag = [("trace", m, int(t)) in explained for m, t in zip(owners, frame["trace"])]
     elif layout.scope == "first":
         flag = [("trace", m, 0) in explained for m in owners]
-    elif layout.scope == "model":
-        flag = [m in models for m in owners]
     elif layout.scope == "run":
         flag = [("run", m, c, int(k)) in explained for m, c, k in zip(owners, frame["condition"], frame["k"])]
     else:
@@ -360,6 +403,51 @@ def _compare_rows(name: str, rows: str, a: pd.DataFrame, b: pd.DataFrame, layout
     if problems:
         return Row(name, rows, DIFFERS, largest, "; ".join(problems + ([note] if note else [])))
     return Row(name, rows, NEAR if skipped else WITHIN, largest, note)
+
+
+def _parted_shares(explained: set[tuple]) -> dict[str, float]:
+    """model → the share of its generations that parted from the committed ones at a near-tie."""
+    totals = {entry[1]: entry[2] for entry in explained if entry[0] == "generations"}
+    parted: dict[str, int] = {}
+    for entry in explained:
+        if entry[0] == "trace":
+            parted[entry[1]] = parted.get(entry[1], 0) + 1
+    return {model: count / max(1, totals.get(model, count)) for model, count in parted.items()}
+
+
+def _compare_pooled(name: str, rows: str, a: pd.DataFrame, b: pd.DataFrame, layout: Layout,
+                    shares: dict[str, float]) -> Row:
+    """A table pooled over each model's generations: where a share s of a model's generations parted at a near-tie,
+    each of its values may move by at most 2 · s · (the largest |value| of that column for the model) beyond float
+    tolerance, and a row only one side has counts as zeros on the other; every other model must agree within
+    tolerance. So one parted generation of six excuses a sixth of the scale, never a tripled or deleted row."""
+    merged = a.merge(b, on=list(layout.keys), how="outer", suffixes=("", "__rerun"), indicator=True)
+    owners = merged["model"].astype(str).map(lambda m: _BASELINE.sub(r"\1", m))
+    share = owners.map(lambda m: shares.get(m, 0.0)).to_numpy(dtype=np.float64)
+    one_sided = (merged["_merge"] != "both").to_numpy()
+    problems, largest = [], 0.0
+    if (one_sided & (share == 0)).any():
+        problems.append(f"{int((one_sided & (share == 0)).sum())} rows on one side only")
+    for column in (c for c in a.columns if c not in layout.keys):
+        x = merged[column].to_numpy(dtype=np.float64, na_value=np.nan)
+        y = merged[f"{column}__rerun"].to_numpy(dtype=np.float64, na_value=np.nan)
+        x, y = np.where(one_sided & np.isnan(x), 0.0, x), np.where(one_sided & np.isnan(y), 0.0, y)
+        scale = pd.Series(np.abs(x)).groupby(owners.to_numpy()).transform("max").to_numpy()
+        allowed = FLOAT_TOLERANCE * (1 + np.abs(x)) + 2 * share * np.nan_to_num(scale)
+        with np.errstate(invalid="ignore"):
+            gap = np.where(np.isnan(x) & np.isnan(y), 0.0, np.abs(x - y))
+        gap = np.where(np.isnan(gap), np.inf, gap)
+        largest = max(largest, float((gap / (1 + np.abs(np.nan_to_num(x)))).max(initial=0.0)))
+        if (gap > allowed).any():
+            worst = merged.iloc[int(np.argmax(gap - allowed))]
+            problems.append(f"{column} differs beyond its bound in {int((gap > allowed).sum())} rows (e.g. "
+                            f"{worst['model']}: {worst[column]!r} / {worst[f'{column}__rerun']!r})")
+    parted = {m: s for m, s in shares.items() if (owners == m).any()}
+    note = ("; ".join(f"{m}: {s:.0%} of its generations parted at a near-tie" for m, s in sorted(parted.items()))
+            if parted else "")
+    if problems:
+        return Row(name, rows, DIFFERS, largest, "; ".join(problems + ([note] if note else [])))
+    return Row(name, rows, NEAR if parted else WITHIN, largest, note)
 
 
 def _float_difference(left: pd.Series, right: pd.Series) -> float:

@@ -2,7 +2,10 @@
 
 `sinklib.load("smollm2-135m-instruct")` finds the package's GGUF file, converts it once (dequantised to float32)
 into a transformers folder in the user's cache — `$SINKLIB_CACHE`, else `$XDG_CACHE_HOME/sinklib`, else
-`~/.cache/sinklib`, never the repository — and loads that folder from then on (under a second).
+`~/.cache/sinklib`, never the repository — and loads that folder from then on (under a second). The conversion
+writes a manifest (sinklib/cache_manifest.py) of every file's SHA-256, the GGUF's identity and the converter's
+version; every load checks the folder against it first and refuses a damaged, edited or foreign folder, naming it,
+the file and the command that converts it afresh (nothing is deleted for the user).
 
 An adapted model (`AdaptedModel`) is a named base plus a LoRA adapter this project trained and ships in data/models/
 (sinklib/zoo/adapt.py): its base loads as above, the adapter is merged into it with `peft`, and what the adaptation
@@ -11,8 +14,10 @@ changed — attention made bidirectional, the sampler family, the mask token, th
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
+import shlex
 import shutil
 import tempfile
 import warnings
@@ -24,6 +29,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from sinklib._version import __version__
+from sinklib.cache_manifest import MANIFEST, folder_problems, read_manifest, sha256_of, write_manifest
 from sinklib.compat import make_bidirectional, transformers_major
 from sinklib.paths import ZOO_DIR
 
@@ -164,14 +171,32 @@ def converted_folder(name: str) -> Path:
     return cache_root() / f"{name}-transformers{transformers_major()}"
 
 
+# bump whenever convert's output changes: a folder whose manifest records another version is refused (1: before
+# manifests — when transformers 4 and 5 shared one folder and RoPE's base could be read as 10000)
+CONVERTER_VERSION = 2
+
+
+class CacheCheckError(ValueError):
+    """A converted named model's folder that fails its check against its manifest: the `folder` and the names of
+    the offending `files` (the message says what to run)."""
+
+    def __init__(self, message: str, folder: Path, files: list[str]):
+        super().__init__(message)
+        self.folder = folder
+        self.files = files
+
+
 def resolve_named(name: str, progress: bool = True) -> str:
-    """The converted folder of a named model, converting it on first use."""
+    """The converted folder of a named model: converted on first use, checked against its manifest at every load
+    (a folder converted before manifests existed is checked once against a fresh conversion, then given its manifest)."""
     spec = NAMED_MODELS[name]
     target = converted_folder(name)
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if (target / MANIFEST).is_file():
         _check_conversion(spec, target)
-        return str(target)
-    convert(spec, package_folder(spec), target, progress)
+    elif (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        _adopt_unchecked(spec, target, progress)
+    else:
+        convert(spec, package_folder(spec), target, progress)
     return str(target)
 
 
@@ -184,19 +209,75 @@ def _source_stamp(spec: NamedModel) -> str:
     return f"{spec.gguf_file} {gguf.stat().st_size}\n"
 
 
+def _package_version(spec: NamedModel) -> str | None:
+    try:
+        return importlib.metadata.version(spec.package)
+    except importlib.metadata.PackageNotFoundError:  # found on sys.path without its metadata
+        return None
+
+
+def _manifest_header(spec: NamedModel, source: Path) -> dict[str, Any]:
+    """What a conversion of spec from the package folder `source` records beside its files' hashes: the model, the
+    converter's version, the GGUF's identity (package version, file, size, SHA-256) and, for the reader, the versions
+    of sinklib and transformers that wrote it (not checked: a minor upgrade reads the same files)."""
+    gguf = source / spec.gguf_file
+    return {"model": spec.name, "converter": CONVERTER_VERSION, "sinklib": __version__, "transformers": transformers.__version__,
+            "source": {"package": spec.package, "version": _package_version(spec), "file": spec.gguf_file,
+                       "size": gguf.stat().st_size, "sha256": sha256_of(gguf)}}
+
+
+def _refusal(spec: NamedModel, target: Path, problems: list[str], why: str = "fails its check against its manifest"):
+    """The error for a cached folder that cannot be trusted: the folder, each offending file, and the command that
+    converts it afresh (the folder is never deleted for the user)."""
+    listed = "\n  ".join(problems)
+    return CacheCheckError(
+        f"name_or_model={spec.name!r}: the cached conversion {str(target)!r} {why}:\n  {listed}\nNothing was loaded "
+        f"and nothing deleted. Delete that folder and load again to convert it afresh from {spec.gguf_file} (about half a "
+        f"minute): rm -r {shlex.quote(str(target))}", target, [problem.split(":", 1)[0] for problem in problems])
+
+
 def _check_conversion(spec: NamedModel, target: Path) -> None:
-    """The cached folder must be this model's conversion (another model copied there would load under this
-    name): its stamp names the GGUF file it was made from."""
-    stamp = target / _STAMP
-    made_from = stamp.read_text() if stamp.is_file() else None
-    if made_from != _source_stamp(spec):
-        raise ValueError(f"name_or_model={spec.name!r}: the cached folder {str(target)!r} was not converted from "
-                         f"{spec.gguf_file} by this sinklib (found {made_from!r}); remove it to convert again")
+    """The cached folder must be this model's conversion by this converter, from the installed GGUF, every file as
+    the conversion wrote it (another model copied there, a damaged or edited file, an extra or a missing one is
+    refused, naming the folder and the files)."""
+    try:
+        manifest = read_manifest(target)
+    except ValueError as error:
+        raise _refusal(spec, target, [str(error)]) from error
+    if manifest is None:  # removed since resolve_named saw it
+        raise _refusal(spec, target, [f"{MANIFEST}: missing"])
+    expected = _manifest_header(spec, package_folder(spec))
+    problems = [f"{MANIFEST}: {key} {manifest.get(key)!r} where this sinklib's is {expected[key]!r}"
+                for key in ("model", "converter") if manifest.get(key) != expected[key]]
+    recorded = manifest.get("source") if isinstance(manifest.get("source"), dict) else {}
+    problems += [f"{MANIFEST}: converted from a GGUF with {key} {recorded.get(key)!r}, but the installed {spec.gguf_file} has "
+                 f"{expected['source'][key]!r} (the package was reinstalled at another version?)"
+                 for key in ("file", "size", "sha256") if recorded.get(key) != expected["source"][key]]
+    problems = problems or folder_problems(target, manifest)
+    if problems:
+        raise _refusal(spec, target, problems)
 
 
-def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True) -> None:
-    """GGUF → float32 safetensors + tokenizer + chat template, written beside the target and renamed into place
-    (an interrupted conversion leaves nothing that looks finished)."""
+def _adopt_unchecked(spec: NamedModel, target: Path, progress: bool) -> None:
+    """A folder without a manifest (converted before manifests existed, or put there by hand) is trusted only when
+    it equals a fresh conversion: the GGUF is converted again into a temporary sibling (removed afterwards), and the
+    folder gets that conversion's manifest when every file matches it — checked once, never again — or is refused
+    naming the files that differ. Nothing in the folder is replaced or deleted."""
+    source = package_folder(spec)
+    with tempfile.TemporaryDirectory(prefix=f".{spec.name}-check-", dir=target.parent) as scratch:
+        fresh = Path(scratch) / target.name
+        convert(spec, source, fresh, progress, desc=f"checking {spec.name}'s cache against a fresh conversion (once)")
+        problems = folder_problems(target, read_manifest(fresh))
+        if problems:
+            raise _refusal(spec, target, problems, "has no manifest and differs from a fresh conversion of the package's GGUF")
+        partial = target / (MANIFEST + ".partial")
+        shutil.copyfile(fresh / MANIFEST, partial)
+        os.replace(partial, target / MANIFEST)
+
+
+def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True, desc: str | None = None) -> None:
+    """GGUF → float32 safetensors + tokenizer + chat template, written beside the target with a manifest of every
+    file's SHA-256 (written last) and renamed into place (an interrupted conversion leaves nothing that looks finished)."""
     if importlib.util.find_spec("gguf") is None:  # transformers reads GGUF files with it
         raise ModuleNotFoundError(f"name_or_model={spec.name!r} needs the gguf package to convert its weights: "
                                   f"{spec.install}")
@@ -206,7 +287,7 @@ def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True)
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
     try:
-        with tqdm(total=3, desc=f"converting {spec.name} (once)", disable=not progress) as bar:
+        with tqdm(total=3, desc=desc or f"converting {spec.name} (once)", disable=not progress) as bar:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(source), gguf_file=spec.gguf_file)
             bar.update(1)
             quantised = transformers.AutoModelForCausalLM.from_pretrained(str(source), gguf_file=spec.gguf_file,
@@ -222,6 +303,7 @@ def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True)
             model.save_pretrained(str(work))
             tokenizer.save_pretrained(str(work))
             (work / _STAMP).write_text(_source_stamp(spec))
+            write_manifest(work, _manifest_header(spec, source))
             bar.update(1)
         if target.is_dir():
             target.rmdir()  # empty (checked above)

@@ -14,10 +14,15 @@ file is compared with the committed one (sinklib.agreement); the exit status say
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
+import json
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -91,13 +96,23 @@ def check_model_names(given: dict[str, Any]) -> None:
         resolve_name(name)
 
 
+UNCHANGING = ("progress", "figures_dir", "results_dir")  # parameters that change where or how visibly, not what
+
+
 def output_folders(given: dict[str, Any]) -> dict[str, str]:
-    """Runs on models outside the zoo write into figures/<models>/ and data/results/<models>/ unless told
-    otherwise, never over the committed zoo outputs."""
+    """Where a run writes unless told otherwise, never over the committed outputs: runs on models outside the zoo
+    into figures/<models>/ and data/results/<models>/; runs of the default models with any other parameter value
+    (eps 2.0, 50 prompts) into figures/custom-<hash of those values>/ and data/results/custom-<hash>/; the default
+    run ({}) into figures/ and data/results/."""
     names = list(given.get("models") or []) + ([given["model"]] if given.get("model") else [])
-    if not names or all(is_default_model(n) for n in names):
-        return {}
-    slug = "+".join(dict.fromkeys(Path(str(n).rstrip("/")).name for n in names))
+    if names and not all(is_default_model(n) for n in names):
+        slug = "+".join(dict.fromkeys(Path(str(n).rstrip("/")).name for n in names))
+    else:
+        declared = declared_parameters(notebook_paths())
+        changed = {k: v for k, v in given.items() if k not in UNCHANGING and (k not in declared or declared[k] != v)}
+        if not changed:
+            return {}
+        slug = "custom-" + hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return {"figures_dir": str(ROOT / "figures" / slug), "results_dir": str(ROOT / "data" / "results" / slug)}
 
 
@@ -224,18 +239,45 @@ def seed_committed_runs(results_dir: Path, committed: Path = ROOT / "data" / "re
             shutil.copytree(committed / name, Path(results_dir) / name, dirs_exist_ok=True)
 
 
+def committed_version(folder: Path, into: Path, root: Path = ROOT) -> tuple[Path, str]:
+    """(where the committed version of `folder` is, what it is): in a git checkout that tracks files under it,
+    those files as git HEAD holds them, exported into `into` — not the working tree, which a `make figures` on
+    this machine may have rewritten; anywhere else (an installed package, a tarball) the folder as shipped."""
+    folder = Path(folder).resolve()
+    try:
+        relative = folder.relative_to(root.resolve())
+        tracked = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--", str(relative)], capture_output=True,
+                                 check=True).stdout
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (ValueError, OSError, subprocess.CalledProcessError):
+        return folder, f"{folder} as shipped (not a git checkout)"
+    if not tracked:
+        return folder, f"{folder} as it is (git tracks nothing under it)"
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", "HEAD", "--", str(relative)],
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / relative, f"{relative} at git HEAD {head}"
+
+
 def check(params: dict[str, Any] | None = None, only: list[str] | None = None, progress: bool = True):
-    """Run the notebooks into a temporary folder and compare each results file with the committed one: an
-    agreement.Report (print report.to_text(); report.agrees). The checkout is never written."""
+    """Run the notebooks into a temporary folder and compare each results file and explorer page with the
+    committed one (git HEAD's, in a checkout: committed_version): an agreement.Report (print report.to_text();
+    report.agrees; report.compared_with says against what). The checkout is never written."""
     params = dict(params or {})
     results, figures = committed_folders(params)
     with tempfile.TemporaryDirectory(prefix="sinklib-check-") as scratch:
         scratch = Path(scratch)
-        seed_committed_runs(scratch / "results")
+        results, results_source = committed_version(results, scratch / "committed")
+        figures, figures_source = committed_version(figures, scratch / "committed")
+        seed_committed_runs(scratch / "results", results)
         run(params, out=scratch / "executed", only=only, figures_dir=scratch / "figures",
             results_dir=scratch / "results", progress=progress)
-        return agreement.compare_folders(results, scratch / "results", rerun_only=bool(only),
-                                         pages=(figures, scratch / "figures"))
+        report = agreement.compare_folders(results, scratch / "results", rerun_only=bool(only),
+                                           pages=(figures, scratch / "figures"))
+        report.compared_with = [results_source, figures_source]
+        return report
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -295,7 +337,10 @@ def main(argv: list[str] | None = None) -> None:
         run_tutorial()  # the default run (`make figures`) also refreshes the tutorial's committed outputs
         executed.append(TUTORIAL)
     if args.check:
+        print("compared with " + " and ".join(report.compared_with))
         print(report.to_text())
+        if not report.rows:
+            sys.exit("the check compared nothing, so it confirms nothing (see above)")
         if not report.agrees:
             sys.exit(f"the rerun does not agree with the committed results: {', '.join(report.failing)}")
         print("the rerun agrees with the committed results")

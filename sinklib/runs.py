@@ -28,7 +28,7 @@ from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
 from sinklib.summary import Result
-from sinklib.validation import Consent, Count, Flag, Index, NonNegative, Text, validated
+from sinklib.validation import Consent, Count, Device, DType, Flag, Folder, Index, NonNegative, Text, validated
 from sinklib.zoo import over_training
 from sinklib.zoo.data import prompts
 
@@ -101,7 +101,15 @@ class RunConfig:
 
 
 def _check_task_limits(config) -> None:
-    """n_problems_by_task (and ks_by_task) name registered tasks only (a misspelt one would silently change nothing)."""
+    """task, the tasks given per model, and the keys of n_problems_by_task (and ks_by_task) name registered tasks
+    only (a misspelt one would fail after the first model's traces, or silently change nothing)."""
+    known = task_names()
+    if config.task not in known:
+        raise ValueError(f"task={config.task!r} is not allowed: task must be one of {known}"
+                         f"{did_you_mean(config.task, known)}")
+    wrong = {model: task for model, task in config.tasks.items() if task not in known}
+    if wrong:
+        raise ValueError(f"tasks={config.tasks!r} is not allowed: {wrong} name no task; tasks are {known}")
     for name in ("n_problems_by_task", "ks_by_task"):
         given = getattr(config, name, {})
         unknown = sorted(set(given) - set(task_names()))
@@ -124,15 +132,15 @@ class TracesRun(RunConfig):
     NOTEBOOK = "01_attention_distributions"
     models: list[Text]
     trust_remote_code: Consent
-    device: str
-    dtype: str | None
+    device: Device
+    dtype: DType | None
     n_prompts: Count
     steps: Count | None
     gen_length: Count | None
     block_length: Count | None
     seed: Index
-    figures_dir: Text
-    results_dir: Text
+    figures_dir: Folder
+    results_dir: Folder
     progress: Flag
 
     def check(self) -> None:
@@ -203,10 +211,10 @@ class MaskingRun(RunConfig):
     batch_size: Count
     allow_code_execution: Consent
     trust_remote_code: Consent
-    device: str
-    dtype: str | None
-    figures_dir: Text
-    results_dir: Text
+    device: Device
+    dtype: DType | None
+    figures_dir: Folder
+    results_dir: Folder
     progress: Flag
 
     def check(self) -> None:
@@ -228,15 +236,15 @@ class ExplorerRun(RunConfig):
     NOTEBOOK = "05_explorer"
     models: list[Text]
     trust_remote_code: Consent
-    device: str
-    dtype: str | None
+    device: Device
+    dtype: DType | None
     prompt: Text
     steps: Count | None
     gen_length: Count | None
     block_length: Count | None
     seed: Index
     eps: NonNegative
-    figures_dir: Text
+    figures_dir: Folder
 
     def check(self) -> None:
         """Cross-field rules, run when the config is made: at least one model, and gen_length a multiple of block_length."""
@@ -278,7 +286,7 @@ class TrainingDynamicsRun(RunConfig):
     seed: Index
     measurements: Text | None
     checkpoints_dir: Text | None
-    figures_dir: Text
+    figures_dir: Folder
     progress: Flag
 
     def check(self) -> None:

@@ -12,28 +12,17 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from sinklib.agreement import NEAR_TIE
+from sinklib.agreement import NEAR_TIE, closest_margin, is_near_tie
 
 NEAR_TIE_MARK = "≈"
 FOOTNOTE = (f"{NEAR_TIE_MARK}: in this run, this model decided some step by a relative margin of at most {NEAR_TIE:g}, "
             "small enough that another CPU's float differences (measured below 7e-5) could decide it the other way, "
             "and these numbers with it.")
-
-
-def closest_margin(margins: Iterable[float]) -> float:
-    """The smallest finite decision margin (NaN when every decision was sampled or there is none)."""
-    finite = [float(m) for m in margins if m is not None and math.isfinite(float(m))]
-    return min(finite) if finite else float("nan")
-
-
-def is_near_tie(margin: float) -> bool:
-    """A decision decided by less than float rounding can explain (agreement.NEAR_TIE)."""
-    return math.isfinite(margin) and margin <= NEAR_TIE
 
 
 def near_tie_models(traces: Mapping[str, Sequence]) -> set[str]:

@@ -65,6 +65,35 @@ def _text(value: Any) -> str:
     return value
 
 
+def _device(value: Any) -> str:
+    """A device this machine has: "cpu", "cuda" / "cuda:N" with N below torch's device count, or "mps"."""
+    import torch  # noqa: PLC0415  (validation stays light until a device is checked)
+
+    allowed = f"'cpu' or a device this machine has (CUDA devices: {torch.cuda.device_count()})"
+    try:
+        device = torch.device(value) if isinstance(value, str) else None
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(Allowed(allowed))
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(Allowed(allowed))
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(Allowed(allowed))
+    return value
+
+
+def _folder(value: Any) -> str:
+    """An output folder: a non-empty path that is not an existing file (relative paths are read from notebooks/,
+    where the notebooks run)."""
+    from sinklib.paths import NOTEBOOKS  # noqa: PLC0415  (paths is light, but validation imports nothing of sinklib's)
+
+    text = _text(value)
+    if (NOTEBOOKS / text).exists() and not (NOTEBOOKS / text).is_dir():
+        raise ValueError(Allowed(f"a folder (this is a file: {(NOTEBOOKS / text).resolve()})"))
+    return text
+
+
 Integer = Annotated[int, BeforeValidator(_integer)]
 Count = Annotated[Integer, Ge(1)]  # an integer >= 1
 Index = Annotated[Integer, Ge(0)]  # an integer >= 0
@@ -74,6 +103,9 @@ Positive = Annotated[Number, Gt(0.0)]
 Consent = Annotated[bool, BeforeValidator(_consent)]
 Flag = Annotated[bool, BeforeValidator(_flag)]  # an on/off setting: a real bool, never text or a number
 Text = Annotated[str, BeforeValidator(_text)]
+Device = Annotated[str, BeforeValidator(_device)]  # "cpu", "cuda:0", … : one this machine has
+Folder = Annotated[str, BeforeValidator(_folder)]  # an output folder, never an existing file
+DType = typing.Literal["float32", "float16", "bfloat16", "auto"]  # as sinklib.load reads dtype
 
 _CONFIG = ConfigDict(arbitrary_types_allowed=True)
 _KINDS = {"list_type": "a list", "tuple_type": "a tuple", "string_type": "a str", "dict_type": "a mapping",

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from tqdm.auto import tqdm
 
+from sinklib.agreement import closest_margin
 from sinklib.capture import check_intervention
 from sinklib.generate import generate, resolve_settings
 from sinklib.validation import Consent, Count, Index, checked
@@ -302,11 +303,12 @@ class _Run:
 
 
 def smallest_margin(trace) -> float | None:
-    """The closest decision of the generation (Trace.margins): above float rounding, another CPU writes the same
-    output; None where no margin was recorded or a decision was sampled."""
+    """The closest decision of the generation another CPU could act on (agreement.closest_margin over
+    Trace.margins: exact ties, broken by a fixed order everywhere, do not count): above float rounding, another CPU
+    writes the same output; None where no margin was recorded or a decision was sampled."""
     if trace.margins is None or not len(trace.margins) or bool(trace.margins.isnan().any()):
         return None
-    return float(trace.margins.min())
+    return closest_margin(trace.margins.flatten().tolist())
 
 
 def _summary(task: str, records: list[dict], limit) -> EvalSummary:

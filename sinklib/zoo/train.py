@@ -211,8 +211,8 @@ def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
     """Step 0 (the initialisation) and `count` distinct steps log-spaced from `first` to `total` (the last is
     `total`): the steps after which a run followed over training saves its weights."""
     if count < 2 or not 1 <= first < total or count > total - first + 2:  # before building any step list
-        raise ValueError(f"count={count} is not allowed with total={total}, first={first}: need count >= 2 and "
-                         "1 <= first < total")
+        raise ValueError(f"count={count} is not allowed with total={total}, first={first}: need count >= 2, "
+                         "1 <= first < total and count <= total - first + 2 (one step per distinct checkpoint)")
     ratio = (total / first) ** (1 / (count - 1))
     steps = sorted({0, *(round(first * ratio ** i) for i in range(count - 1)), total})
     if len(steps) != count + 1:

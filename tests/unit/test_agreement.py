@@ -37,9 +37,10 @@ def test_the_first_differing_step_and_its_margins_are_found():
     assert (found[0].margin_committed, found[0].margin_rerun) == (0.0, 2e-4) and found[0].near_tie
 
 
-@pytest.mark.parametrize("margins, near_tie", [((0.0, 0.0), True), ((NEAR_TIE, 1e-9), True), ((0.0, 0.3), False),
-                                               ((float("nan"), 0.0), False), ((0.2, 0.2), False)])
+@pytest.mark.parametrize("margins, near_tie", [((0.0, 2e-4), True), ((NEAR_TIE, 1e-9), True), ((0.0, 0.3), False),
+                                               ((float("nan"), 0.0), False), ((0.2, 0.2), False), ((0.0, 0.0), False)])
 def test_a_near_tie_needs_both_runs_to_have_decided_within_the_bound(margins, near_tie):
+    """(0, 0): an exact tie in both runs, which a fixed order breaks the same way on every CPU, explains nothing."""
     assert agreement.Divergence("a", 0, 2, *margins).near_tie is near_tie
 
 
@@ -108,13 +109,16 @@ def _page(path, canvas, scores, margins, around="<p>page</p>"):
 
 @pytest.mark.parametrize("rerun, status", [
     (dict(canvas=[[1, 9], [1, 2]], scores=[1.0, 2.00001, 1.5, 0.5], margins=[0.2]), WITHIN),
-    (dict(canvas=[[1, 9], [1, 3]], scores=[1.0, 2.0, 1.9, 0.1], margins=[0.0]), NEAR),
+    (dict(canvas=[[1, 9], [1, 3]], scores=[1.0, 2.0, 1.9, 0.1], margins=[2e-5]), NEAR),
+    (dict(canvas=[[1, 9], [1, 3]], scores=[1.0, 2.0, 1.9, 0.1], margins=[1e-5], committed_margin=0.0), NEAR),
+    (dict(canvas=[[1, 9], [1, 3]], scores=[1.0, 2.0, 1.9, 0.1], margins=[0.0], committed_margin=0.0), DIFFERS),
     (dict(canvas=[[1, 9], [1, 3]], scores=[1.0, 2.0, 1.9, 0.1], margins=[0.2]), DIFFERS),
     (dict(canvas=[[1, 9], [1, 2]], scores=[1.0, 2.1, 1.5, 0.5], margins=[0.2]), DIFFERS),
     (dict(canvas=[[1, 9], [1, 2]], scores=[1.0, 2.0, 1.5, 0.5], margins=[0.2], around="<p>new front end</p>"), DIFFERS),
 ])
 def test_explorer_pages_compare_their_data_not_their_bytes(tmp_path, rerun, status):
-    committed = _page(tmp_path / "c.html", [[1, 9], [1, 2]], [1.0, 2.0, 1.5, 0.5], [0.0])
+    committed_margin = rerun.pop("committed_margin", 1e-5)
+    committed = _page(tmp_path / "c.html", [[1, 9], [1, 2]], [1.0, 2.0, 1.5, 0.5], [committed_margin])
     assert agreement.compare_page(committed, _page(tmp_path / "r.html", **rerun)).status == status
 
 
@@ -129,7 +133,8 @@ def _table1(tmp_path, side: str, correct: bool, margin: float):
     _write(tmp_path / side, "table1_masking_arithmetic_items", items)
 
 
-@pytest.mark.parametrize("margins, status", [((0.0, 1e-5), NEAR), ((0.0, 0.2), DIFFERS), ((np.nan, np.nan), DIFFERS)])
+@pytest.mark.parametrize("margins, status", [((2e-4, 1e-5), NEAR), ((1e-5, 0.2), DIFFERS), ((np.nan, np.nan), DIFFERS),
+                                             ((np.inf, np.inf), DIFFERS), ((0.0, 0.0), DIFFERS)])
 def test_a_table1_answer_that_flipped_is_explained_only_by_a_near_tie(tmp_path, margins, status):
     _table1(tmp_path, "c", True, margins[0])
     _table1(tmp_path, "r", False, margins[1])
@@ -145,3 +150,91 @@ def test_a_rerun_that_compared_nothing_does_not_agree_and_says_so(tmp_path):
     (tmp_path / "rerun").mkdir()
     report = agreement.compare_folders(tmp_path / "committed", tmp_path / "rerun", rerun_only=True)
     assert not report.agrees and "no artifact was compared" in report.to_text()
+
+
+def _pooled(scores):
+    return pd.DataFrame({"model": ["a"] * 3 + ["b"], "layer": [0, 0, 1, 0], "head": [0, 1, 0, 0], "score": scores})
+
+
+@pytest.mark.parametrize("rerun_scores, status", [
+    ([2.0, 1.1, 0.5, 4.0], NEAR),           # model a moves by less than 2 · 1/6 · its largest score (2.0)
+    ([6.0, 3.0, 1.5, 4.0], DIFFERS),        # a's scores tripled: one parted generation of six cannot do that
+    ([2.0, 1.0, 0.5, 4.1], DIFFERS),        # b parted nowhere: its rows must agree within float tolerance
+])
+def test_a_pooled_table_moves_only_as_far_as_its_parted_generations_allow(tmp_path, rerun_scores, status):
+    canvases = {("a", t): [[1, 2]] for t in range(6)} | {("b", 0): [[1, 2]]}
+    committed = _generations(canvases, {key: [0.5] for key in canvases})
+    rerun = _generations(canvases | {("a", 0): [[1, 3]]}, {key: [0.5] for key in canvases} | {("a", 0): [2e-5]})
+    committed.loc[(committed["model"] == "a") & (committed["trace"] == 0), "margin"] = 1e-5
+    _write(tmp_path / "c", "generations", committed)
+    _write(tmp_path / "r", "generations", rerun)
+    _write(tmp_path / "c", "fig05_layer_head", _pooled([2.0, 1.0, 0.5, 4.0]))
+    _write(tmp_path / "r", "fig05_layer_head", _pooled(rerun_scores))
+    rows = {row.artifact: row for row in agreement.compare_folders(tmp_path / "c", tmp_path / "r").rows}
+    assert rows["generations"].status == NEAR
+    assert rows["fig05_layer_head"].status == status, rows["fig05_layer_head"].detail
+
+
+def test_a_deleted_row_of_a_parted_model_counts_as_zero_and_fails_when_large(tmp_path):
+    canvases = {("a", t): [[1, 2]] for t in range(6)}
+    margins = {key: [1e-5] for key in canvases}
+    _write(tmp_path / "c", "generations", _generations(canvases, margins))
+    _write(tmp_path / "r", "generations", _generations(canvases | {("a", 0): [[1, 3]]}, margins))
+    _write(tmp_path / "c", "fig05_layer_head", _pooled([2.0, 1.0, 0.5, 4.0]).iloc[:3])
+    _write(tmp_path / "r", "fig05_layer_head", _pooled([2.0, 1.0, 0.5, 4.0]).iloc[:2])
+    row = agreement.compare_file(tmp_path / "c" / "fig05_layer_head.parquet", tmp_path / "r" / "fig05_layer_head.parquet",
+                                 {("trace", "a", 0), ("generations", "a", 6)})
+    assert row.status == NEAR  # the deleted 0.5 is within 2 · 1/6 · 2.0
+    _write(tmp_path / "r", "fig05_layer_head", _pooled([2.0, 1.0, 0.5, 4.0]).iloc[1:3])
+    row = agreement.compare_file(tmp_path / "c" / "fig05_layer_head.parquet", tmp_path / "r" / "fig05_layer_head.parquet",
+                                 {("trace", "a", 0), ("generations", "a", 6)})
+    assert row.status == DIFFERS and "score differs beyond its bound" in row.detail
+
+
+def test_other_run_parameters_make_every_artifact_of_that_run_differ(tmp_path):
+    frame = _events()
+    for side, eps in (("c", 3.0), ("r", 2.0)):
+        _write(tmp_path / side, "moving_sink_events", frame)
+        (tmp_path / side / "PROVENANCE.json").write_text(json.dumps(
+            {"moving_sink_events.parquet": {"config": {"eps": eps, "models": ["a", "b"]}}}))
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    assert not report.agrees and report.failing == ["moving_sink_events"]
+    assert "run parameters differ: eps 3.0 → 2.0" in report.rows[0].detail
+
+
+def _scaled(column, factor, model="tiny-llada"):
+    return lambda f: f.assign(**{column: np.where(f["model"] == model, f[column] * factor, f[column])})
+
+
+DOCTORED = {  # artifact → how an attacker changes it (the committed side); the rerun is the honest committed copy
+    "table1_masking_arithmetic": lambda f: f.assign(accuracy=np.where(f["model"] == "tiny-llada", 0.0, f["accuracy"])),
+    "fig05_layer_head": _scaled("score", 3.0),
+    "fig10_threshold_sweep": _scaled("share", 0.1),
+    "table2_sink_tokens": lambda f: f[f["model"] != "tiny-llada"],
+    "step_stability": _scaled("move_rate", 2.0, "smollm2-135m-diffusion"),
+}
+
+
+@pytest.mark.parametrize("artifact", sorted(DOCTORED))
+def test_a_doctored_committed_result_fails_the_check_naming_it(tmp_path, artifact):
+    """The committed results, one artifact doctored, against an honest rerun in which one tiny-llada generation
+    parted at a near-tie (the attack's setting: that used to set every tiny-llada row of the pooled tables aside)."""
+    import shutil
+
+    from sinklib.paths import DATA_DIR
+
+    for side in ("c", "r"):
+        shutil.copytree(DATA_DIR / "results", tmp_path / side, ignore=shutil.ignore_patterns("table1-*", "PROVENANCE.json"))
+    for side in ("c", "r"):  # the last step of tiny-llada's first generation decided by 1e-5, and so parted
+        generations = pd.read_parquet(tmp_path / side / "generations.parquet")
+        last = generations.index[(generations["model"] == "tiny-llada") & (generations["trace"] == 0)][-1]
+        generations.at[last, "margin"] = 1e-5
+        if side == "r":
+            generations.at[last, "canvas"] = [*generations.at[last, "canvas"][:-1], -1]
+        generations.to_parquet(tmp_path / side / "generations.parquet")
+    honest = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    assert honest.agrees, honest.to_text()
+    path = tmp_path / "c" / f"{artifact}.parquet"
+    pd.read_parquet(path).pipe(DOCTORED[artifact]).to_parquet(path)
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    assert not report.agrees and report.failing == [artifact], report.to_text()

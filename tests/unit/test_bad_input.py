@@ -486,6 +486,14 @@ CLI_CASES_26 = [
     ("reproduce trust 'no'", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "trust_remote_code: 'no'\n")],
      "trust_remote_code"),
     ("reproduce check with out", lambda t: ["sinklib.reproduce", "--check", "--out", str(t)], "--out"),
+    # issue 40: values that used to fail only inside a notebook, after its traces were generated
+    ("reproduce device gpu", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "device: gpu\n")], "device='gpu'"),
+    ("reproduce device cuda:9", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "device: cuda:9\n")], "device='cuda:9'"),
+    ("reproduce dtype", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "dtype: float13\n")], "dtype='float13'"),
+    ("reproduce task", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "task: gsm9k\n")], "task='gsm9k'"),
+    ("reproduce task per model", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "tasks: {tiny-arm: nope}\n")], "tasks="),
+    ("reproduce results_dir a file", lambda t: ["sinklib.reproduce", "--params", _yaml(t, f"results_dir: {t / 'params.yaml'}\n")],
+     "results_dir="),
 ]
 
 

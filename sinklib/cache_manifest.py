@@ -1,0 +1,88 @@
+"""A folder that verifies itself: a manifest of the SHA-256 and size of every file a step wrote into it.
+
+A converted named model (sinklib/named.py) is written once and read at every load; its manifest, written last by the
+conversion, lets a load refuse a folder whose weights were damaged, whose config.json was edited, or which holds
+another model's files, naming the file. Hashing the ~540 MB of weights costs about a third of a second; a file's
+digest is kept for the rest of the process, keyed by its path and (inode, size, mtime_ns, ctime_ns) — any write
+changes ctime, which no `touch` can set back — so a second load in the same process checks sizes and stat only.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "sinklib-manifest.json"
+FORMAT = "sinklib-manifest 1"
+_CHUNK = 1 << 20
+_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}  # (path, inode, size, mtime_ns, ctime_ns) → SHA-256
+
+
+def sha256_of(path: Path) -> str:
+    """The file's SHA-256 (hex), read once per process while its stat is unchanged."""
+    resolved = Path(path).resolve()
+    stat = resolved.stat()
+    key = (str(resolved), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        with open(resolved, "rb") as handle:
+            for chunk in iter(lambda: handle.read(_CHUNK), b""):
+                digest.update(chunk)
+        _DIGESTS[key] = digest.hexdigest()
+    return _DIGESTS[key]
+
+
+def write_manifest(folder: Path, header: dict[str, Any]) -> dict[str, Any]:
+    """Hash every file in `folder` (a flat folder: a subfolder is refused) and write the manifest there, beside them:
+    `header` (what made the files) plus {"files": {name: {"size", "sha256"}}}. Returns the manifest written."""
+    files = {}
+    for entry in sorted(Path(folder).iterdir()):
+        if entry.name == MANIFEST:
+            continue
+        if not entry.is_file():
+            raise ValueError(f"{str(entry)!r} is not a file: a manifest covers a flat folder of files")
+        files[entry.name] = {"size": entry.stat().st_size, "sha256": sha256_of(entry)}
+    manifest = {"format": FORMAT, **header, "files": files}
+    partial = Path(folder) / (MANIFEST + ".partial")
+    partial.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, Path(folder) / MANIFEST)
+    return manifest
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The folder's manifest (None when it has none); ValueError when it cannot be read as one."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{MANIFEST}: unreadable ({error})") from error
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    well_formed = isinstance(files, dict) and all(isinstance(v, dict) and {"size", "sha256"} <= v.keys() for v in files.values())
+    if not well_formed or manifest.get("format") != FORMAT:
+        raise ValueError(f"{MANIFEST}: not a {FORMAT!r} manifest with a size and SHA-256 per file")
+    return manifest
+
+
+def folder_problems(folder: Path, manifest: dict[str, Any]) -> list[str]:
+    """What in `folder` disagrees with `manifest`, one line per file (empty: every file is as written): a file
+    missing, a file the manifest does not list, a size or a SHA-256 that differs. Sizes are compared first, so a
+    truncated file costs no hashing."""
+    folder = Path(folder)
+    files: dict[str, dict[str, Any]] = manifest["files"]
+    present = {entry.name for entry in folder.iterdir() if entry.name != MANIFEST}
+    problems = [f"{name}: not written by the conversion (the manifest does not list it)"
+                for name in sorted(present - files.keys())]
+    for name, recorded in sorted(files.items()):
+        path = folder / name
+        if name not in present or not path.is_file():
+            problems.append(f"{name}: missing")
+        elif path.stat().st_size != recorded["size"]:
+            problems.append(f"{name}: {path.stat().st_size} bytes where the manifest records {recorded['size']}")
+        elif sha256_of(path) != recorded["sha256"]:
+            problems.append(f"{name}: SHA-256 {sha256_of(path)[:16]}… where the manifest records {recorded['sha256'][:16]}… "
+                            "(damaged or edited)")
+    return problems

@@ -1,0 +1,34 @@
+"""`--check` compares a rerun with what was committed — git HEAD in a checkout — not with a working tree that a
+`make figures` on this machine may have rewritten."""
+import subprocess
+
+import pytest
+
+pytest.importorskip("papermill")
+
+from sinklib import reproduce  # noqa: E402  (after the importorskip: reproduce needs the notebooks extra)
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+
+def test_the_committed_side_is_git_head_not_the_working_tree(tmp_path):
+    root = tmp_path / "checkout"
+    (root / "data" / "results").mkdir(parents=True)
+    (root / "data" / "results" / "a.parquet").write_bytes(b"committed")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results")
+    (root / "data" / "results" / "a.parquet").write_bytes(b"rewritten by make figures")
+    (root / "data" / "results" / "b.parquet").write_bytes(b"never committed")
+    folder, what = reproduce.committed_version(root / "data" / "results", tmp_path / "head", root=root)
+    assert (folder / "a.parquet").read_bytes() == b"committed" and not (folder / "b.parquet").exists()
+    assert what.startswith("data/results at git HEAD ")
+
+
+def test_outside_a_checkout_the_folder_as_shipped_is_the_committed_side(tmp_path):
+    shipped = tmp_path / "site-packages" / "results"
+    shipped.mkdir(parents=True)
+    folder, what = reproduce.committed_version(shipped, tmp_path / "head", root=tmp_path / "site-packages")
+    assert folder == shipped.resolve() and "not a git checkout" in what
