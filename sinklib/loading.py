@@ -127,7 +127,8 @@ def _calling_for(model: nn.Module, family: Family) -> str:
 def _offline_hint(name: str) -> str:
     return (f"could not load {name!r}: it is not a local folder and the model hub could not be reached "
             f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). On a machine with internet run "
-            f"`huggingface-cli download {name} --local-dir /path/to/{name.split('/')[-1]}` and pass that folder.")
+            f"`huggingface-cli download {name} --local-dir /path/to/{name.split('/')[-1]}` and pass that folder. "
+            f"Available offline here: the zoo {zoo_names()} and the named models {sorted(named.named_names())}.")
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")

@@ -41,7 +41,7 @@ except ModuleNotFoundError as missing:
 from sinklib import agreement
 from sinklib._checks import did_you_mean
 from sinklib.loading import is_default_model, resolve_name
-from sinklib.paths import NOTEBOOKS
+from sinklib.paths import DATA_DIR, INSTALLED, NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,6 +135,13 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     paths = notebook_paths(only)
     check_parameters(given, paths)
     check_model_names(given)
+    if INSTALLED:  # the wheel's notebooks and results are read, never written: everything goes under `out`
+        if out is None:
+            raise ValueError("out=None is not allowed: an installed sinklib runs its notebooks into a folder of "
+                             "yours (python -m sinklib.reproduce --out DIR)")
+        figures_dir = figures_dir or Path(out) / "figures"
+        results_dir = results_dir or Path(out) / "data" / "results"
+        seed_committed_runs(Path(results_dir))
     in_place = out is None and not given and figures_dir is None and results_dir is None
     given = {**output_folders(given), **given}
     if figures_dir is not None:
@@ -232,7 +239,7 @@ def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:
 COMMITTED_RUNS = ("table1-arithmetic-english",)
 
 
-def seed_committed_runs(results_dir: Path, committed: Path = ROOT / "data" / "results") -> None:
+def seed_committed_runs(results_dir: Path, committed: Path = DATA_DIR / "results") -> None:
     """Copy the committed long runs (COMMITTED_RUNS) into a fresh results folder, where the notebooks resume them."""
     for name in COMMITTED_RUNS:
         if (committed / name).is_dir():

@@ -1,13 +1,14 @@
 """Test tiers: tests/unit (pure logic, seconds), tests/parity (numbers against independent references and the
-upstream stand-ins), tests/zoo (the shipped tiny models), tests/notebooks (papermill, nbval, the browser).
+upstream stand-ins), tests/zoo (the shipped tiny models), tests/notebooks (papermill, nbval, the browser),
+tests/install (the wheel, installed into a fresh environment).
 Each test gets its tier as a marker (`pytest -m parity`); the zoo and notebook tiers are also `slow`
 (`pytest -m "not slow"` is the quick loop). `make test` runs every tier."""
 from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "parity", "zoo", "notebooks")
-SLOW_TIERS = ("zoo", "notebooks")
+TIERS = ("unit", "parity", "zoo", "notebooks", "install")
+SLOW_TIERS = ("zoo", "notebooks", "install")
 
 
 def pytest_collection_modifyitems(config, items):
