@@ -1,19 +1,25 @@
 """SmolLM2-135M-Instruct adapted to masked diffusion, beside its autoregressive twin (the zoo's design on a real model).
 
-smollm2-135m-diffusion      Dream's recipe at 135M: bidirectional attention from the first step (as dllm's Tiny-A2D:
-                            no annealing), an unused special id as the mask token (16, `<empty_output>`: the tied
-                            embeddings need no resize), Dream's shifted prediction (output i−1 predicts token i, so the
-                            pretrained head keeps its meaning) and LLaDA's SFT loss: the prompt is never masked, the
+smollm2-135m-autoregressive SmolLM2 fine-tuned on the task: causal, next-token loss on the answer and its first
+                            `<|im_end|>` (600 steps × 16 problems).
+smollm2-135m-diffusion      Dream's route at 135M: Dream-7B is Qwen2.5-7B, a trained autoregressive model, adapted to
+                            masked diffusion; here the autoregressive twin is adapted the same way (its shipped adapter
+                            is where this one starts, `init_from`). DiffuLLaMA's attention annealing (causal ∪ a
+                            Bernoulli(r) share of the other keys, r rising to 1 over the first 150 steps, then full
+                            bidirectional attention), an unused special id as the mask token (16, `<empty_output>`: the
+                            tied embeddings need no resize), Dream's shifted prediction (output i−1 predicts token i, so
+                            the pretrained head keeps its meaning) and LLaDA's SFT loss: the prompt is never masked, the
                             answer slot (padded with `<|im_end|>`) is masked at t ~ U(ε, 1) and its masked tokens'
-                            cross-entropy is weighted 1/t.
-smollm2-135m-autoregressive the same data, batches, adapter, optimiser and steps; causal, next-token loss on the answer
-                            and its first `<|im_end|>`: the objective is the only difference.
+                            cross-entropy is weighted 1/t (400 more steps × 16 problems).
 
-Both train a LoRA adapter (`peft`, every linear layer of every block) on the frozen base, which comes from the offline
-GGUF through `sinklib.load("smollm2-135m-instruct")`; only the adapter (safetensors) ships in data/models/NAME/. The
-task is the zoo's arithmetic in plain English, read through SmolLM2's own chat template (as sinklib.generate prompts
-a chat model), answered as "a + b = c #### c". Runs are deterministic from their seed and thread count, and resume
-from their checkpoints with the same bits (the batch of step k and its masks are functions of the seed and k).
+Measured choices (the session notes give the numbers): started from the base with bidirectional attention at once
+(dllm's Tiny-A2D), 600 steps gave 0.05 held out; from the autoregressive twin without annealing, 0 of 20 at step
+100 against 0.25 with it, so that run was stopped. Both train a LoRA adapter (`peft`, every linear layer of every
+block) on the frozen base, which comes from the offline GGUF through `sinklib.load("smollm2-135m-instruct")`; only
+the adapter (safetensors) ships in data/models/NAME/. The task is the zoo's arithmetic in plain English, read
+through SmolLM2's own chat template (as sinklib.generate prompts a chat model), answered as "a + b = c #### c".
+Runs are deterministic from their seed and thread count, and resume from their checkpoints with the same bits (the
+batch of step k, its masks and its annealed attention are functions of the seed and k).
 """
 from __future__ import annotations
 
@@ -65,8 +71,9 @@ class AdaptSpec:
 
 
 TWINS = {
-    "smollm2-135m-diffusion": AdaptSpec("smollm2-135m-diffusion", "dream"),
     "smollm2-135m-autoregressive": AdaptSpec("smollm2-135m-autoregressive", "arm"),
+    "smollm2-135m-diffusion": AdaptSpec("smollm2-135m-diffusion", "dream", steps=400, lr=5e-4, warmup=20,
+                                        init_from="smollm2-135m-autoregressive", anneal_steps=150),
 }
 
 
@@ -361,16 +368,19 @@ def _adapter_parameters(folder: Path) -> int:
 def render_card(card: dict) -> str:
     """The adapted model's README.md from its card record."""
     spec = card["spec"]
-    objective = {"dream": "masked diffusion, Dream's shifted prediction (output i−1 predicts token i), bidirectional "
-                          "attention, the answer slot masked at t ~ U(ε, 1) and its masked tokens' CE weighted 1/t "
-                          "(LLaDA's SFT: the prompt never masked); mask token id 16 (`<empty_output>`)",
+    objective = {"dream": "masked diffusion, Dream's shifted prediction (output i−1 predicts token i), the answer slot "
+                          "masked at t ~ U(ε, 1) and its masked tokens' CE weighted 1/t (LLaDA's SFT: the prompt never "
+                          "masked); mask token id 16 (`<empty_output>`); attention annealed from causal to "
+                          f"bidirectional over the first {spec.get('anneal_steps', 0)} steps (DiffuLLaMA)",
                  "arm": "next-token prediction on the answer and its first `<|im_end|>`, causal attention"}[spec["objective"]]
     adapter = (f"LoRA r = {spec['lora_rank']}, α = {spec['lora_alpha']}, every linear layer of the 30 blocks "
-               f"({card['adapter_parameters']:,} parameters), `peft`")
+               f"({card['adapter_parameters']:,} parameters), `peft`"
+               + (f"; started from `{spec['init_from']}`'s adapter (Dream's route: a trained autoregressive model "
+                  "adapted to diffusion)" if spec.get("init_from") else ""))
     budget = (f"{card['train_steps']} × {spec['batch_size']} problems ({card['problems_seen']:,} problems, "
               f"{card['tokens_seen']:,} tokens seen), AdamW lr {spec['lr']} (warm-up {spec['warmup']}, cosine to 10 %), "
               f"seed {spec['seed']}")
-    wall = f"{card['wall_seconds'] / 60:.0f} min on {card['machine']} (its twin trained at the same time on the other core)"
+    wall = f"{card['wall_seconds'] / 60:.0f} min on {card['machine']} (another training ran on the other core)"
     score = f"{card['accuracy']:.3f} on {card['accuracy_n']} problems (task `arithmetic-english`)"
     return f"""# {card['name']}
 
@@ -394,7 +404,12 @@ Reported as measured. Retrain with `python -m sinklib.zoo adapt {card['name']}` 
 
 
 ADAPTATION_PATH = DATA_DIR / "over_training" / "adaptation_dynamics.parquet"
-MEASURED_STEPS = (0, 300, 600)  # the base (bidirectional for the diffusion twin), halfway, the end
+
+
+def measured_steps(name: str) -> tuple[int, ...]:
+    """The checkpoints measure_adaptation measures by default: the start (step 0), halfway, the end."""
+    spec = TWINS[check_choice(name, "name", TWINS)]
+    return (0, spec.steps // 2, spec.steps)
 
 
 def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
@@ -419,12 +434,13 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
     return dataclasses.replace(load(name), model=merged)
 
 
-def measure_adaptation(names: list[str], steps: tuple[int, ...] = MEASURED_STEPS, how=None,
+def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, how=None,
                        results: Path = ADAPTATION_PATH, checkpoint_root: Path | None = None, progress: bool = True):
     """Measure the twins' checkpoints as notebook 06 measures the zoo's (over_training.measure: accuracy unmasked,
     top-1 sink masked and one random key masked; where the sinks sit; the top key's score; the move rate) into
     `results`, one row per checkpoint written as it finishes; a checkpoint already measured on the same weights and
-    settings is not measured again. `checkpoint_root` holds one folder per twin (default data/checkpoints/).
+    settings is not measured again. `checkpoint_root` holds one folder per twin (default data/checkpoints/); `steps`
+    defaults to measured_steps(name).
     Returns every row."""
     from sinklib.provenance import describe  # noqa: PLC0415  (measurement only)
     from sinklib.zoo import over_training  # noqa: PLC0415  (measurement only: the evaluation stack)
@@ -432,7 +448,7 @@ def measure_adaptation(names: list[str], steps: tuple[int, ...] = MEASURED_STEPS
     how = how or over_training.Measurement(n_problems=20, n_traces=4)
     for name in names:
         folder = (CHECKPOINT_ROOT if checkpoint_root is None else Path(checkpoint_root)) / check_choice(name, "names", TWINS)
-        for step in tqdm(steps, desc=f"measure {name}", disable=not progress):
+        for step in tqdm(steps or measured_steps(name), desc=f"measure {name}", disable=not progress):
             state = folder / f"step-{step:05d}" / "state.pt"
             key = {"model": name, "checkpoint": state.parent.name, "weights": _file_hash(state),
                    "n_problems": how.n_problems, "n_traces": how.n_traces, "eps": how.eps, "seed": how.seed}

@@ -85,3 +85,36 @@ def test_an_adapter_folder_without_weights_is_refused_naming_it(tmp_path, monkey
     monkeypatch.setattr(named, "ZOO_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match="holds no adapter_model.safetensors; retrain it"):
         sinklib.load(DIFFUSION)
+
+
+def test_the_annealed_attention_is_causal_plus_a_share_of_the_other_keys_and_never_padding():
+    """DiffuLLaMA's annealing: ratio 0 is the causal mask, ratio 1 full bidirectional attention over the real keys;
+    in between, each non-causal key is added with probability `ratio` (one draw shared by the rows and heads)."""
+    keys = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 1, 0, 0]] * 2)
+    causal = torch.ones(10, 10, dtype=torch.bool).tril() & keys.bool()[0][None, :]
+    at = {r: adapt.annealed_mask(keys, r, torch.Generator().manual_seed(0)) for r in (0.0, 0.5, 1.0)}
+    assert torch.equal(at[0.0][0, 0], causal) and torch.equal(at[0.0][0], at[0.0][1])
+    assert torch.equal(at[1.0][0, 0], keys.bool()[0][None, :].expand(10, 10))
+    extra = at[0.5][0, 0] & ~causal
+    assert (at[0.5][0, 0] >= causal).all() and not at[0.5][0, 0][:, 8:].any()
+    assert 0.3 < extra.sum() / (keys[0].sum() * 10 - causal.sum()) < 0.7
+    spec = adapt.AdaptSpec("x", "dream", anneal_steps=100)
+    assert [adapt.attention_ratio(spec, s) for s in (0, 49, 99, 300)] == [0.01, 0.5, 1.0, 1.0]
+    assert adapt.attention_ratio(adapt.AdaptSpec("x", "dream"), 0) == 1.0
+
+
+def test_a_twin_started_from_another_starts_from_its_shipped_adapter():
+    """Dream's route: the diffusion recipe starts from the autoregressive twin's shipped adapter; under a causal mask
+    the two compute the same hidden states before any diffusion step."""
+    spec = adapt.AdaptSpec(DIFFUSION, "dream", init_from=AUTOREGRESSIVE)
+    started, tokenizer = adapt.build(spec)
+    source, _ = adapt.build(adapt.TWINS[AUTOREGRESSIVE])
+    adapt._load_shipped_adapter(source, AUTOREGRESSIVE)
+    batch = adapt.make_batch(held_out()[:2], tokenizer, 28)
+    with torch.no_grad():
+        causal = adapt.annealed_mask(batch.attention_mask, 0.0, torch.Generator())
+        a = adapt._hidden(started, batch.ids, causal)[batch.attention_mask.bool()]
+        b = adapt._hidden(source, batch.ids, batch.attention_mask)[batch.attention_mask.bool()]
+    assert torch.equal(a, b)
+    with pytest.raises(FileNotFoundError, match="init_from='nope'"):
+        adapt._load_shipped_adapter(started, "nope")
