@@ -58,7 +58,16 @@ def test_runs_outside_the_zoo_write_beside_the_zoo_outputs_not_over_them():
     folders = reproduce.output_folders({"models": ["/data/LLaDA-8B-Instruct/"]})
     assert folders == {"figures_dir": str(ROOT / "figures" / "LLaDA-8B-Instruct"),
                        "results_dir": str(ROOT / "data" / "results" / "LLaDA-8B-Instruct")}
-    assert reproduce.output_folders({"models": ["tiny-llada", "tiny-arm"]}) == {}
+    assert reproduce.output_folders({}) == {} and reproduce.output_folders({"progress": False}) == {}
+    default_models = reproduce.declared_parameters(reproduce.notebook_paths())["models"]
+    assert reproduce.output_folders({"models": default_models}) == {}  # the default run, named
+    # the zoo with other values (a subset of models, another eps) would rewrite the committed pooled tables and
+    # figures with other content: such runs write into folders of their own, named by a hash of those values
+    subset, other_eps = reproduce.output_folders({"models": ["tiny-llada", "tiny-arm"]}), reproduce.output_folders({"eps": 2.0})
+    for folders in (subset, other_eps):
+        assert Path(folders["figures_dir"]).parent == ROOT / "figures" and Path(folders["figures_dir"]).name.startswith("custom-")
+        assert Path(folders["results_dir"]).name == Path(folders["figures_dir"]).name
+    assert subset != other_eps and reproduce.output_folders({"eps": 2.0}) == other_eps
 
 
 @pytest.mark.parametrize("params, message", [
