@@ -240,10 +240,15 @@ COMMITTED_RUNS = ("table1-arithmetic-english",)
 
 
 def seed_committed_runs(results_dir: Path, committed: Path = DATA_DIR / "results") -> None:
-    """Copy the committed long runs (COMMITTED_RUNS) into a fresh results folder, where the notebooks resume them."""
+    """Copy the committed long runs (COMMITTED_RUNS) into a results folder, where the notebooks resume them. A file
+    already there is left as it is: it may be the user's own run, resumed further (never overwritten)."""
     for name in COMMITTED_RUNS:
-        if (committed / name).is_dir():
-            shutil.copytree(committed / name, Path(results_dir) / name, dirs_exist_ok=True)
+        source = committed / name
+        for path in sorted(source.rglob("*")) if source.is_dir() else []:
+            target = Path(results_dir) / name / path.relative_to(source)
+            if path.is_file() and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
 
 
 def committed_version(folder: Path, into: Path, root: Path = ROOT) -> tuple[Path, str]:

@@ -32,3 +32,16 @@ def test_outside_a_checkout_the_folder_as_shipped_is_the_committed_side(tmp_path
     shipped.mkdir(parents=True)
     folder, what = reproduce.committed_version(shipped, tmp_path / "head", root=tmp_path / "site-packages")
     assert folder == shipped.resolve() and "not a git checkout" in what
+
+
+def test_seeding_the_committed_runs_never_overwrites_a_file_already_there(tmp_path):
+    committed = tmp_path / "committed"
+    (committed / reproduce.COMMITTED_RUNS[0]).mkdir(parents=True)
+    (committed / reproduce.COMMITTED_RUNS[0] / "run.jsonl").write_text("committed\n")
+    (committed / reproduce.COMMITTED_RUNS[0] / "other.jsonl").write_text("committed\n")
+    mine = tmp_path / "results" / reproduce.COMMITTED_RUNS[0]
+    mine.mkdir(parents=True)
+    (mine / "run.jsonl").write_text("committed\nmy own resumed rows\n")
+    reproduce.seed_committed_runs(tmp_path / "results", committed)
+    assert (mine / "run.jsonl").read_text() == "committed\nmy own resumed rows\n"
+    assert (mine / "other.jsonl").read_text() == "committed\n"
