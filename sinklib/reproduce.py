@@ -73,14 +73,24 @@ def declared_parameters(paths: list[Path]) -> dict[str, Any]:
 
 
 def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
-    """Refuse, before anything runs, a key no notebook declares (a key of a notebook left out by --only is
-    fine), then build each selected notebook's run config from the given values: its declared types, ranges and
-    cross-field rules (sinklib.runs) refuse a bad value naming it."""
-    declared = declared_parameters(notebook_paths())
+    """Refuse, before anything runs, a key no notebook declares; say on stderr which keys none of the selected
+    notebooks declares (a parameter file for every notebook may be run with --only, but `--params {eps: 2.0}
+    --only 03` changes nothing: notebook 03 sweeps eps_values); then build each selected notebook's run config from
+    the given values: its declared types, ranges and cross-field rules (sinklib.runs) refuse a bad value naming it."""
+    every = notebook_paths()
+    declared = declared_parameters(every)
+    selected = declared_parameters(paths)
     for key in given:
         if key not in declared:
             raise ValueError(f"parameter {key!r} is not allowed: no notebook declares it{did_you_mean(key, declared)}; "
                              f"allowed: {sorted(declared)}")
+    unused = [key for key in given if key not in selected]
+    if unused:
+        owners = {key: " ".join(path.stem[:2] for path in every if key in run_for(path).parameter_names())
+                  for key in unused}
+        described = ", ".join(f"{key} (notebooks {where})" for key, where in owners.items())
+        print(f"note: {described}: not a parameter of notebooks {' '.join(p.stem[:2] for p in paths)}, so it changes "
+              "nothing in this run", file=sys.stderr)
     for path in paths:
         run_for(path)(**parameters_for(path, given))
 

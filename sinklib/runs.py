@@ -18,7 +18,7 @@ from annotated_types import Ge
 
 from sinklib._checks import did_you_mean
 from sinklib.evaluation.table1 import by_task, masking_table
-from sinklib.evaluation.tasks import task_names
+from sinklib.evaluation.tasks import get_task, task_names
 from sinklib.explorer import export_pages
 from sinklib.generate import collect_traces, demo_trace
 from sinklib.loading import load, load_models
@@ -28,7 +28,8 @@ from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
 from sinklib.summary import Result
-from sinklib.validation import Consent, Count, Device, DType, Flag, Folder, Index, NonNegative, Text, validated
+from sinklib.validation import (Consent, Count, Device, DType, Flag, Folder, Index, Ks, ModelNames, NonNegative, Text,
+                                validated)
 from sinklib.zoo import over_training
 from sinklib.zoo.data import prompts
 
@@ -117,6 +118,17 @@ def _check_task_limits(config) -> None:
             raise ValueError(f"{name}={given!r} is not allowed: {unknown} are not tasks; tasks are {task_names()}")
 
 
+def _check_consent(config) -> None:
+    """A task that runs model-written code (HumanEval) needs allow_code_execution=True, and a task_path must be a file:
+    both would otherwise fail only after the first model's generations."""
+    for task in dict.fromkeys([config.task, *config.tasks.values()]):
+        if get_task(task).executes_code and not config.allow_code_execution:
+            raise ValueError(f"allow_code_execution=False is not allowed with task={task!r}: scoring it runs the "
+                             "model-written code; pass allow_code_execution=True to consent (it runs isolated)")
+    if config.task_path is not None and not (NOTEBOOKS / config.task_path).is_file():  # read from notebooks/
+        raise ValueError(f"task_path={config.task_path!r} is not allowed: task_path must be an existing file of samples")
+
+
 def _check_layout(config) -> None:
     """gen_length must split into blocks of block_length (LLaDA / MMaDA's layout), when both are given."""
     if config.gen_length is not None and config.block_length is not None and config.gen_length % config.block_length:
@@ -130,7 +142,7 @@ def _check_layout(config) -> None:
 class TracesRun(RunConfig):
     """Notebook 01: traces of every model on n_prompts prompts, then their score distributions."""
     NOTEBOOK = "01_attention_distributions"
-    models: list[Text]
+    models: ModelNames
     trust_remote_code: Consent
     device: Device
     dtype: DType | None
@@ -144,9 +156,7 @@ class TracesRun(RunConfig):
     progress: Flag
 
     def check(self) -> None:
-        """Cross-field rules, run when the config is made: at least one model, and gen_length a multiple of block_length."""
-        if not self.models:
-            raise ValueError("models=[] is not allowed: models must be a non-empty list of model names")
+        """Cross-field rules, run when the config is made: gen_length a multiple of block_length."""
         _check_layout(self)
 
     def collect(self) -> tuple[dict, dict]:
@@ -195,7 +205,7 @@ class ThresholdSweepRun(TracesRun):
 class MaskingRun(RunConfig):
     """Notebook 04: Table 1, accuracy with the top-k sinks masked and a random-key control."""
     NOTEBOOK = "04_masking_ablation"
-    models: list[Text]
+    models: ModelNames
     task: str
     tasks: dict[str, str]
     task_path: str | None
@@ -204,7 +214,7 @@ class MaskingRun(RunConfig):
     steps: Count | None
     gen_length: Count | None
     block_length: Count | None
-    ks: list[Index]
+    ks: Ks
     random_control: Flag
     seed: Index
     eps: NonNegative
@@ -218,14 +228,11 @@ class MaskingRun(RunConfig):
     progress: Flag
 
     def check(self) -> None:
-        """Cross-field rules, run when the config is made: at least one model, at least one k, and gen_length a
-        multiple of block_length."""
-        if not self.models:
-            raise ValueError("models=[] is not allowed: models must be a non-empty list of model names")
-        if not self.ks:
-            raise ValueError("ks=[] is not allowed: ks must be a non-empty list of integers >= 0")
+        """Cross-field rules, run when the config is made: gen_length a multiple of block_length, tasks that exist,
+        consent for a task that runs model-written code, and a task_path that exists."""
         _check_layout(self)
         _check_task_limits(self)
+        _check_consent(self)
 
 
 @validated
@@ -234,7 +241,7 @@ class MaskingRun(RunConfig):
 class ExplorerRun(RunConfig):
     """Notebook 05: one generation in the explorer, and a self-contained page per model."""
     NOTEBOOK = "05_explorer"
-    models: list[Text]
+    models: ModelNames
     trust_remote_code: Consent
     device: Device
     dtype: DType | None
@@ -247,9 +254,7 @@ class ExplorerRun(RunConfig):
     figures_dir: Folder
 
     def check(self) -> None:
-        """Cross-field rules, run when the config is made: at least one model, and gen_length a multiple of block_length."""
-        if not self.models:
-            raise ValueError("models=[] is not allowed: models must be a non-empty list of model names")
+        """Cross-field rules, run when the config is made: gen_length a multiple of block_length."""
         _check_layout(self)
 
     def explore(self) -> tuple:
@@ -290,10 +295,17 @@ class TrainingDynamicsRun(RunConfig):
     progress: Flag
 
     def check(self) -> None:
-        """At least one recipe, each once."""
+        """At least one recipe, each once, and a checkpoint_count each recipe's steps can hold."""
         if not self.recipes or len(set(self.recipes)) != len(self.recipes):
             raise ValueError(f"recipes={self.recipes!r} is not allowed: recipes must be a non-empty list of "
                              "distinct recipe names (zoo models and variants)")
+        for name in self.recipes:  # a count the log-spaced steps cannot hold is refused at once (none are built)
+            total = over_training.recipe(name).steps
+            try:
+                over_training.checkpoint_steps(total, self.checkpoint_count)
+            except ValueError as error:
+                raise ValueError(f"checkpoint_count={self.checkpoint_count!r} is not allowed: recipe {name} trains "
+                                 f"{total} steps ({error})") from None
 
     @property
     def measurement(self) -> over_training.Measurement:

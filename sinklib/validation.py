@@ -22,8 +22,8 @@ import numbers
 import typing
 from typing import Annotated, Any, Callable, TypeVar
 
-from annotated_types import Ge, Gt
-from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from annotated_types import Ge, Gt, Le
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 
 T = TypeVar("T")
 
@@ -84,14 +84,25 @@ def _device(value: Any) -> str:
 
 
 def _folder(value: Any) -> str:
-    """An output folder: a non-empty path that is not an existing file (relative paths are read from notebooks/,
-    where the notebooks run)."""
+    """An output folder: a non-empty path that is not an existing file and lies under no file (relative paths are
+    read from notebooks/, where the notebooks run)."""
     from sinklib.paths import NOTEBOOKS  # noqa: PLC0415  (paths is light, but validation imports nothing of sinklib's)
 
     text = _text(value)
-    if (NOTEBOOKS / text).exists() and not (NOTEBOOKS / text).is_dir():
-        raise ValueError(Allowed(f"a folder (this is a file: {(NOTEBOOKS / text).resolve()})"))
+    path = NOTEBOOKS / text
+    for place in (path, *path.parents):
+        if place.exists() and not place.is_dir():
+            raise ValueError(Allowed(f"a folder (this is a file: {place.resolve()})"))
     return text
+
+
+def _distinct(what: str) -> Callable[[list], list]:
+    """An after-validator: a non-empty list without repeats, else "`what`"."""
+    def check(values: list) -> list:
+        if not values or len(set(values)) != len(values):
+            raise ValueError(Allowed(what))
+        return values
+    return check
 
 
 Integer = Annotated[int, BeforeValidator(_integer)]
@@ -100,12 +111,23 @@ Index = Annotated[Integer, Ge(0)]  # an integer >= 0
 Number = Annotated[float, BeforeValidator(_number)]  # finite
 NonNegative = Annotated[Number, Ge(0.0)]
 Positive = Annotated[Number, Gt(0.0)]
+# A sampling temperature: above 100 every token is about equally likely for any logits, and upstream LLaDA's float64
+# Gumbel form exp(l) / (−log u)^T overflows (near T = 200), giving empty generations rather than samples.
+Temperature = Annotated[Number, Ge(0.0), Le(100.0)]
+# Classifier-free guidance: un + (s + 1)(cond − un) in the logits' dtype; the papers use 0–3, and past about 1e4 the
+# product of float32 logits overflows into inf and NaN (empty generations).
+GuidanceScale = Annotated[Number, Ge(0.0), Le(1e4)]
 Consent = Annotated[bool, BeforeValidator(_consent)]
 Flag = Annotated[bool, BeforeValidator(_flag)]  # an on/off setting: a real bool, never text or a number
 Text = Annotated[str, BeforeValidator(_text)]
 Device = Annotated[str, BeforeValidator(_device)]  # "cpu", "cuda:0", … : one this machine has
 Folder = Annotated[str, BeforeValidator(_folder)]  # an output folder, never an existing file
 DType = typing.Literal["float32", "float16", "bfloat16", "auto"]  # as sinklib.load reads dtype
+# a run's models: each named once (a name twice would load and evaluate it twice, then break every per-model view)
+ModelNames = Annotated[list[Text], AfterValidator(_distinct("a non-empty list of distinct model names"))]
+# Table 1's ks: each k is one column of the table
+Ks = Annotated[list[Index], AfterValidator(_distinct("a non-empty list of distinct integers >= 0 (each k is one column "
+                                                     "of the table)"))]
 
 _CONFIG = ConfigDict(arbitrary_types_allowed=True)
 _KINDS = {"list_type": "a list", "tuple_type": "a tuple", "string_type": "a str", "dict_type": "a mapping",

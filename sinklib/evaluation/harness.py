@@ -22,7 +22,6 @@ from collections import defaultdict
 from typing import Any, Literal
 
 import torch
-from lm_eval import utils
 from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
@@ -34,9 +33,26 @@ from sinklib.evaluation.table1 import paper_masking
 from sinklib.generate import generate
 from sinklib.interventions import AblateValues, MaskRandomKeys
 from sinklib.loading import load
-from sinklib.validation import Consent, Count, Index, NonNegative, Text, check_value, checked
+from sinklib.validation import Consent, Count, Index, NonNegative, Temperature, Text, check_value, checked
 
 logger = logging.getLogger(__name__)
+
+
+def _model_arg(text: str) -> Any:
+    """One model_args value as lm-eval 0.4.9 reads it: 'true' / 'false' / 'none', an optionally signed run of
+    digits as an int, anything float() takes as a float, a quoted text or anything else as a str."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    words = {"true": True, "false": False, "none": None}
+    if text.lower() in words:
+        return words[text.lower()]
+    if text.lstrip("+-").isdigit() and len(text.lstrip("+-")) == len(text) - (text[:1] in "+-"):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 @register_model("sinklib")
@@ -48,7 +64,7 @@ class SinklibLM(LM):
 
     @checked
     def __init__(self, pretrained: Text, family: str | None = None, steps: Count | None = None,
-                 gen_length: Count | None = None, block_length: Count | None = None, temperature: NonNegative = 0.0,
+                 gen_length: Count | None = None, block_length: Count | None = None, temperature: Temperature = 0.0,
                  alg: str | None = None, remasking: str | None = None, mask_top_k: Index = 0,
                  mask_eps: NonNegative = 3.0, mask_source: str = "previous_step", mask_random_k: Index = 0,
                  mask_values: Literal["zero", "mean"] | None = None, seed: Index = 0, dtype: str | None = None,
@@ -88,28 +104,29 @@ class SinklibLM(LM):
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "SinklibLM":
         """lm-eval's model_args ("key=value,..."), checked: an unknown key is refused with "did you mean", a key
         given twice is refused, `pretrained` is required, and where model_args and lm-eval's own options (its
-        --batch_size, --device) both set a key, model_args wins rather than clash."""
+        --batch_size, --device) both set a key, model_args wins rather than clash. Values are read as lm-eval 0.4.9
+        reads them on every lm-eval version ("-1" an integer, not -1.0 as older releases made it)."""
         pairs = [item.split("=", 1) for item in (arg_string or "").split(",") if item.strip()]
         keys = [pair[0].strip() for pair in pairs]
-        allowed = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
-        for key in keys:
-            if key not in allowed:
-                raise ValueError(f"model_args {key}= is not allowed: the sinklib model takes {allowed}"
-                                 f"{did_you_mean(key, allowed)}")
         repeated = sorted({key for key in keys if keys.count(key) > 1})
         if repeated:
             raise ValueError(f"model_args {repeated[0]}= is not allowed: it is given twice")
-        args = utils.simple_parse_args_string(arg_string)
-        if "pretrained" not in args:
-            raise ValueError("model_args pretrained= is required: a hub id, a local folder or a zoo name "
-                             "(e.g. --model_args pretrained=tiny-llada)")
-        return cls._with_options(args, additional_config)
+        malformed = [item for item in pairs if len(item) != 2]
+        if malformed:
+            raise ValueError(f"model_args {malformed[0][0].strip()!r} is not allowed: each argument is key=value")
+        return cls.create_from_arg_obj({key.strip(): _model_arg(value) for key, value in pairs}, additional_config)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "SinklibLM":
         """As create_from_arg_string, for model_args given as a mapping (lm-eval's Python API and newer CLI)."""
+        allowed = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+        for key in arg_dict:
+            if key not in allowed:
+                raise ValueError(f"model_args {key}= is not allowed: the sinklib model takes {allowed}"
+                                 f"{did_you_mean(key, allowed)}")
         if "pretrained" not in arg_dict:
-            raise ValueError("model_args pretrained= is required: a hub id, a local folder or a zoo name")
+            raise ValueError("model_args pretrained= is required: a hub id, a local folder or a zoo name "
+                             "(e.g. --model_args pretrained=tiny-llada)")
         return cls._with_options(dict(arg_dict), additional_config)
 
     @classmethod

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_int
-from sinklib.validation import Count, Index, NonNegative, validated
+from sinklib.validation import Count, Index, Temperature, validated
 from sinklib.families.base import AutoregressiveFamily, argmax_margin, note_decisions
 
 
@@ -19,7 +19,7 @@ from sinklib.families.base import AutoregressiveFamily, argmax_margin, note_deci
 class ARMSettings:
     """Greedy (or sampled) next-token decoding of up to `gen_length` tokens with a KV cache."""
     gen_length: Count
-    temperature: NonNegative = 0.0
+    temperature: Temperature = 0.0
     eos_ids: tuple[Index, ...] = ()
     pad_id: Index = 0
     steps: Count | None = None  # unused: one step per token; accepted so callers can pass it uniformly

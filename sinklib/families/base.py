@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Mapping
 
@@ -269,14 +270,127 @@ def argmax_margin(logits: torch.Tensor) -> torch.Tensor:
     return relative_gap(top2[..., 0], top2[..., 1])
 
 
-def choice_margin(values: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-    """Per row of values [B, N]: the relative gap between the weakest chosen entry and the strongest finite
-    entry not chosen (+inf where either side is empty): how far a top-k choice was from taking another entry."""
+def choice_margin(values: torch.Tensor, chosen: torch.Tensor, logits: torch.Tensor | None = None,
+                  kind: str | None = None, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Per row of values [B, N]: how far a top-k choice was from taking another entry — the weakest chosen entry
+    against the strongest finite entry not chosen (+inf where either side is empty), float64 [B].
+
+    Without `logits`: the relative gap of the values themselves. With `logits` [B, N, V] (the logits each value
+    was computed from) and `kind` ("probability": the top token's softmax probability; "probability_gap": top-1
+    minus top-2 probability; "entropy": Σ p log(p + 1e-10)), confidence_margin between the chosen and the rejected
+    entries within two rounding steps of that boundary: 0 for a tie every CPU breaks the same way. `transform`: what
+    the sampler did to those logits before its softmax (Dream's top-p / top-k filter)."""
     inf = torch.tensor(float("inf"), dtype=values.dtype, device=values.device)
     weakest = torch.where(chosen, values, inf).amin(-1)
     rejected = torch.where(~chosen & values.isfinite(), values, -inf).amax(-1)
-    gap = relative_gap(weakest, rejected)
-    return torch.where(weakest.isfinite() & rejected.isfinite(), gap, torch.full_like(gap, float("inf")))
+    opposed = weakest.isfinite() & rejected.isfinite()
+    margins = torch.full(weakest.shape, float("inf"), dtype=torch.float64)
+    if logits is None:
+        return torch.where(opposed.cpu(), relative_gap(weakest, rejected).cpu(), margins)
+    for row in opposed.nonzero()[:, 0].tolist():
+        # every entry that could sit on the boundary: the chosen ones within two rounding steps of the weakest,
+        # the rejected ones within two of the strongest (saturated values tie in numbers)
+        near_a = chosen[row] & (values[row] <= _ulp(_ulp(weakest[row]) + weakest[row]) + weakest[row])
+        near_b = ~chosen[row] & values[row].isfinite() & (values[row] >= rejected[row] - 2 * _ulp(rejected[row]))
+        side_a, side_b = logits[row, near_a], logits[row, near_b]
+        if transform is not None:
+            side_a, side_b = transform(side_a), transform(side_b)
+        margins[row] = confidence_margin(side_a, side_b, values.dtype, kind)
+    return margins
+
+
+CONFIDENCE_KINDS = ("probability", "probability_gap", "entropy")
+
+
+def confidence_margin(logits_a: torch.Tensor, logits_b: torch.Tensor, dtype: torch.dtype, kind: str) -> float:
+    """Could another CPU have ranked the chosen positions (logits_a [na, V]) below a rejected one (logits_b [nb, V])?
+    `dtype` is the precision the sampler compared confidences in (float32 on CPU). Returns:
+
+    - 0, an exact tie: every confidence of both sides rounds to one and the same value (probabilities of 1.0,
+      entropies of 0) under every perturbation of the logit gaps up to NEAR_TIE, so the fixed order that broke the
+      tie breaks it the same way on every CPU;
+    - at most NEAR_TIE, a near-tie: with the logit gaps perturbed by NEAR_TIE × (1 + |gap|) and rounded to `dtype`,
+      a rejected confidence could reach a chosen one;
+    - otherwise the relative gap (s_a − s_b) / (1 + max |s|) between the weakest chosen and the strongest rejected
+      confidence where they do not saturate, s in float64 from the logits: the log-odds log p − log(1 − p) of a
+      probability, −log(1 − gap) of a probability gap, −log(−entropy) of an entropy (logit units; at least 2 NEAR_TIE).
+    """
+    from sinklib.agreement import NEAR_TIE  # noqa: PLC0415  (agreement imports the families' margin conventions)
+
+    if kind not in CONFIDENCE_KINDS:
+        raise ValueError(f"kind={kind!r} is not allowed: choose one of {CONFIDENCE_KINDS}")
+    with torch.no_grad():
+        s_a, low_a, high_a = _confidence_bounds(logits_a.double(), kind, dtype, LOGIT_ROUNDING)
+        s_b, low_b, high_b = _confidence_bounds(logits_b.double(), kind, dtype, LOGIT_ROUNDING)
+    weakest, strongest = float(s_a.min()), float(s_b.max())
+    bounds = torch.cat([low_a, high_a, low_b, high_b])
+    if bool((bounds == bounds[0]).all()):
+        return 0.0
+    if math.isinf(weakest) or math.isinf(strongest):
+        gap = 0.0 if weakest == strongest else math.inf
+    else:
+        gap = abs(weakest - strongest) / (1 + max(abs(weakest), abs(strongest)))
+    if float(low_a.min()) > float(high_b.max()):
+        return max(gap, 2 * NEAR_TIE)
+    return min(gap, NEAR_TIE) if gap > 0 else NEAR_TIE
+
+
+# A float32 softmax divides by its running sum 1 + (the rivals' mass relative to the top token), and that sum holds
+# the top token's 1 in one lane of a vector accumulator: rivals added into that lane round at 1's spacing and can be
+# lost, up to one lane's share of their mass (one in 8 with 8-float vectors: AVX2 and torch's portable kernels).
+# Measured with benchmarks/cpu_rounding_bound.py: AVX-512 and the portable kernels put tiny-llada's probabilities
+# near 1 up to 6 units of 2^-24 apart where the rivals held about 90 such units (7 %).
+LANE_SHARE = 1 / 8
+# How far another CPU's logits may sit from these, in units of 1 + |logit gap|: measured (the same script) up to
+# 1.4e-5 on the zoo and 6.6e-5 on SmolLM2's 30 layers; three times the largest.
+LOGIT_ROUNDING = 1e-4
+
+
+def _confidence_bounds(logits: torch.Tensor, kind: str, dtype: torch.dtype, slack: float):
+    """(s: the confidence in its non-saturating space; the lowest and highest value the confidence can take in
+    `dtype` on another CPU: the logit gaps perturbed by `slack` × (1 + |gap|), the rivals' mass in the softmax's sum
+    short of up to LANE_SHARE, every division and sum rounded to `dtype`), float64 [n] each, from logits [n, V] in
+    float64."""
+    top = logits.max(-1)
+    rival = (top.values[:, None] - logits).scatter(-1, top.indices[:, None], math.inf)  # gaps to the top logit
+    stretch = slack * (1 + rival.clamp(max=1e300))  # each rival's share moves by up to exp(±stretch)
+    relative = (-rival).exp()  # exp(l_j − l_top): 0 at the top itself
+    rest = relative.sum(-1)  # the rivals' mass beside the top token's 1
+    log_probs = logits - logits.logsumexp(-1)[:, None]
+
+    def rounded(x: torch.Tensor) -> torch.Tensor:
+        return x.to(dtype).double()
+
+    def extremes(shift: int):
+        """(the rivals' mass in the sum, each rival's probability, the top token's probability) with the rivals moved
+        by exp(shift × stretch) and, where they are made smaller, short of LANE_SHARE in the sum."""
+        moved = (relative * torch.exp(shift * stretch)).masked_fill(rival.isinf(), 0.0)
+        in_sum = rounded(1 + moved.sum(-1) * (1 - LANE_SHARE if shift < 0 else 1))
+        return rounded(moved / in_sum[:, None]), rounded(1 / in_sum)
+
+    if kind == "probability":
+        odds = -torch.log(rest)  # log p − log(1 − p), with 1 − p = rest / (1 + rest)
+        return odds, extremes(1)[1], extremes(-1)[1]
+    if kind == "probability_gap":
+        second = relative.max(-1).values
+        s = -torch.log((rest + second) / (1 + rest))  # −log(1 − (p1 − p2))
+        (rivals_up, top_low), (rivals_down, top_high) = extremes(1), extremes(-1)
+        return s, rounded(top_low - rivals_up.amax(-1)), rounded(top_high - rivals_down.amax(-1))
+    if kind != "entropy":
+        raise ValueError(f"kind={kind!r} is not allowed: choose one of {CONFIDENCE_KINDS}")
+
+    def entropy(probs: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        # the sampler's Σ p log(p + 1e-10), the top token's term apart (its 1e-10 is below float32's spacing at 1)
+        return (probs * torch.log(probs + 1e-10)).sum(-1) + head * torch.log(head)
+
+    probs = log_probs.exp().masked_fill(rival.isinf(), 0.0)
+    centre = entropy(probs, 1 / (1 + rest))
+    return -torch.log(-centre), entropy(*extremes(1)), entropy(*extremes(-1))
+
+
+def _ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of x's float type at x: its distance to the next representable value up."""
+    return torch.nextafter(x, torch.full_like(x, math.inf)) - x
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from sinklib._checks import bad_value, check_choice, check_int
-from sinklib.validation import Count, Index, NonNegative, Number, validated
+from sinklib.validation import Count, Index, NonNegative, Number, Temperature, validated
 from sinklib.families.base import DiffusionFamily, Forward, argmax_margin, choice_margin, note_decisions
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+# what each deterministic alg ranks positions by, for the decision margins (families.base.confidence_margin)
+CONFIDENCE_KIND = {"maskgit_plus": "probability", "topk_margin": "probability_gap", "entropy": "entropy"}
 
 
 @validated
@@ -28,7 +30,7 @@ class DreamSettings:
     """Dream's sampler: `steps` forwards for `gen_length` new tokens, confidence by `alg`."""
     steps: Count
     gen_length: Count
-    temperature: NonNegative = 0.0
+    temperature: Temperature = 0.0
     alg: str = "entropy"
     alg_temp: NonNegative | None = None
     top_p: Number | None = None
@@ -135,8 +137,12 @@ def _margin(logits, confidence, rows, transfer, settings: DreamSettings) -> torc
         return torch.full((logits.shape[0],), float("nan"), dtype=torch.float64)
     chosen = torch.zeros(confidence.shape, dtype=torch.bool, device=confidence.device)
     chosen[rows, transfer] = True
-    written = filter_logits(logits[rows, transfer], settings.temperature, settings.top_p, settings.top_k)
-    return torch.minimum(choice_margin(confidence, chosen), argmax_margin(written).amin(-1)).cpu()
+    def sampler_filter(rows_logits: torch.Tensor) -> torch.Tensor:
+        return filter_logits(rows_logits, settings.temperature, settings.top_p, settings.top_k)
+
+    written = sampler_filter(logits[rows, transfer])
+    position = choice_margin(confidence, chosen, logits, CONFIDENCE_KIND[settings.alg], sampler_filter)
+    return torch.minimum(position, argmax_margin(written).amin(-1).cpu())
 
 
 def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, settings: DreamSettings,

@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 
 from sinklib._checks import bad_value, check_choice, check_int
-from sinklib.validation import Count, Index, NonNegative, validated
+from sinklib.validation import Count, GuidanceScale, Index, Temperature, validated
 from sinklib.families.base import DiffusionFamily, Forward, argmax_margin, choice_margin, note_decisions
 
 REMASKING = ("low_confidence", "random")
@@ -28,9 +28,9 @@ class LLaDASettings:
     steps: Count
     gen_length: Count
     block_length: Count | None = None
-    temperature: NonNegative = 0.0
+    temperature: Temperature = 0.0
     remasking: str = "low_confidence"
-    cfg_scale: NonNegative = 0.0
+    cfg_scale: GuidanceScale = 0.0
     mask_id: Index = 126336
     confidence_dtype: Literal["float16", "bfloat16", "float32", "float64"] | None = None  # None: the logits' dtype
 
@@ -101,7 +101,8 @@ def _step(x, logits, block_end, count, settings: LLaDASettings, generator) -> to
         transfer[row, chosen] = True
         if settings.temperature == 0 and len(chosen):
             token_margin[row] = argmax_margin(logits[row, chosen]).min()
-    margin = torch.minimum(choice_margin(confidence, transfer).cpu(), token_margin)
+    kind = "probability" if settings.remasking == "low_confidence" and settings.temperature == 0 else None
+    margin = torch.minimum(choice_margin(confidence, transfer, logits if kind else None, kind), token_margin)
     note_decisions(margin if settings.temperature == 0 else torch.full_like(margin, float("nan")))
     return torch.where(transfer, x0, x)
 

@@ -68,6 +68,9 @@ class AdaptSpec:
     checkpoint_every: int = 50  # optimiser steps between resumable checkpoints
     init_from: str | None = None  # a twin whose shipped adapter this one starts from (Dream: from a trained AR model)
     anneal_steps: int = 0  # DiffuLLaMA's attention annealing (0: bidirectional from the first step)
+    # "elbo": LLaDA's SFT estimator, Σ CE / t over the masked tokens ÷ the slot tokens (a row may mask none);
+    # "flat": the mean CE over the masked tokens (no 1/t: a row at small t cannot dominate the clipped gradient)
+    weighting: str = "elbo"
 
 
 TWINS = {
@@ -147,18 +150,17 @@ def attention_ratio(spec: AdaptSpec, step: int) -> float:
     return 1.0 if spec.anneal_steps == 0 else min(1.0, (step + 1) / spec.anneal_steps)
 
 
-def diffusion_loss(model, batch: Batch, generator: torch.Generator, ratio: float = 1.0) -> torch.Tensor:
-    """Dream's shifted masked-diffusion loss with LLaDA's SFT weighting: per row t = (i + u) / B (stratified, the
-    same U(0, 1) marginal), each slot token masked with probability t (at least one), Σ CE / t over masked tokens,
-    divided by the slot tokens. The LM head runs only where a masked token is predicted (position − 1). `ratio`:
-    the annealed attention's share of non-causal keys (1: bidirectional)."""
+def diffusion_loss(model, batch: Batch, generator: torch.Generator, ratio: float = 1.0,
+                   weighting: str = "elbo") -> torch.Tensor:
+    """Dream's shifted masked-diffusion loss on the answer slot (the prompt never masked, as LLaDA's SFT): per row
+    t = (i + u) / B (stratified, the same U(0, 1) marginal), each slot token masked with probability t. `weighting`
+    "elbo" is LLaDA's unbiased estimator, Σ CE / t over the masked tokens divided by the slot tokens; "flat" is the
+    mean CE over the masked tokens. The LM head runs only where a masked token is predicted (position − 1).
+    `ratio`: the annealed attention's share of non-causal keys (1: bidirectional)."""
     rows = batch.ids.shape[0]
     u = torch.rand(rows, 1, generator=generator)
     t = MASK_EPS + (1 - MASK_EPS) * (torch.arange(rows, dtype=torch.float32)[:, None] + u) / rows
-    draw = torch.rand(batch.ids.shape, generator=generator)
-    masked = batch.slot & (draw < t)
-    lowest = draw.masked_fill(~batch.slot, 2.0).argmin(-1)  # a row with nothing masked masks its least-drawn slot token
-    masked[torch.arange(rows), lowest] |= ~masked.any(-1)
+    masked = batch.slot & (torch.rand(batch.ids.shape, generator=generator) < t)
     noisy = batch.ids.masked_fill(masked, MASK_ID)
     mask = (compat.bidirectional_key_mask(batch.attention_mask) if ratio >= 1.0
             else annealed_mask(batch.attention_mask, ratio, generator))
@@ -166,6 +168,8 @@ def diffusion_loss(model, batch: Batch, generator: torch.Generator, ratio: float
     row, col = masked.nonzero(as_tuple=True)
     logits = model.get_base_model().lm_head(hidden[row, col - 1])
     losses = torch.nn.functional.cross_entropy(logits.float(), batch.ids[row, col], reduction="none")
+    if weighting == "flat":
+        return losses.mean()
     return (losses / t[row, 0]).sum() / batch.slot.sum()
 
 
@@ -236,6 +240,22 @@ def _checkpoints(folder: Path) -> dict[int, Path]:
     return {int(p.name[5:]): p for p in folder.glob("step-[0-9]*") if p.name[5:].isdigit() and (p / "state.pt").is_file()}
 
 
+def checked_state(folder: Path, name: str, step: int) -> dict:
+    """The saved state of twin `name`'s checkpoint after `step` optimiser steps in `folder`, refused (ValueError naming
+    it) unless it is whole and says it is that recipe's at that step (a folder copied or linked under another step's
+    name, or another twin's, is caught)."""
+    path = folder / f"step-{step:05d}" / "state.pt"
+    try:
+        state = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError) as error:
+        raise ValueError(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read ({error}); remove "
+                         f"it and train again (python -m sinklib.zoo adapt {name})") from None
+    if state["spec"].get("name") != name or state["step"] != step:
+        raise ValueError(f"checkpoint {str(path.parent)!r} is not allowed: it holds {state['spec'].get('name')!r} after "
+                         f"step {state['step']}, not {name!r} after step {step}")
+    return state
+
+
 def _save_checkpoint(folder: Path, spec: AdaptSpec, model, optimizer, step: int, curve: list[dict]) -> None:
     """Adapter weights, optimiser moments, recipe, thread count and curve, written then renamed (whole or absent)."""
     final = folder / f"step-{step:05d}"
@@ -288,7 +308,8 @@ def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: i
     for step in tqdm(range(start, total), desc=f"adapt {name}", initial=start, total=total, disable=not progress):
         batch = make_batch(batch_problems(spec, step, exclude), tokenizer, spec.slot)
         generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)
-        loss = (diffusion_loss(model, batch, generator, attention_ratio(spec, step)) if spec.objective == "dream"
+        loss = (diffusion_loss(model, batch, generator, attention_ratio(spec, step), spec.weighting)
+                if spec.objective == "dream"
                 else next_token_loss(model, batch))
         lr = learning_rate(spec, step)
         for group in optimizer.param_groups:
@@ -423,10 +444,11 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
     saved = _checkpoints(folder)
     if step not in saved:
         raise ValueError(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
+    weights = checked_state(folder, name, step)["weights"]
     model, _ = build(TWINS[name])
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for key, value in torch.load(saved[step] / "state.pt", weights_only=True)["weights"].items():
+        for key, value in weights.items():
             params[key].copy_(value)
     merged = model.merge_and_unload().eval()
     merged.config._name_or_path = f"{name}@step-{step:05d}"  # what runner.model_fingerprint records: this checkpoint
@@ -455,7 +477,7 @@ def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, h
             rows = over_training.read_rows(results)
             if len(rows) and ((rows[list(key)] == pd.Series(key)).all(axis=1)).any():
                 continue
-            curve = torch.load(state, weights_only=True)["curve"]
+            curve = checked_state(folder, name, step)["curve"]
             window = [r["loss"] for r in curve if step - 50 <= r["step"] < step]
             row = {**key, "step": step, "train_steps": TWINS[name].steps,
                    "loss": sum(window) / len(window) if window else float("nan"),

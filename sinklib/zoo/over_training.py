@@ -34,8 +34,8 @@ from sinklib.provenance import describe, locked, record_artifacts, write_parquet
 from sinklib.summary import Result, Summary
 from sinklib.validation import Count, Index, NonNegative, checked, validated
 from sinklib.zoo.data import prompts
-from sinklib.zoo.train import (ZOO, checkpoint_folder, checkpoint_steps, recipe, saved_checkpoints, train,
-                               training_state)
+from sinklib.zoo.train import (ZOO, checked_checkpoint, checkpoint_folder, checkpoint_steps, recipe, saved_checkpoints,
+                               train, training_state)
 
 CHECKPOINTS_DIR = DATA_DIR / "checkpoints"
 RESULTS_PATH = DATA_DIR / "over_training" / "training_dynamics.parquet"  # not data/results/: no notebook writes it
@@ -79,7 +79,10 @@ def retrain(name: RecipeName, folder: Path = CHECKPOINTS_DIR, count: Annotated[i
                          "a folder for checkpoints (data/checkpoints/)")
     for path in saved_checkpoints(run_folder).values():
         training_state(path, spec)  # refuses another recipe's checkpoints before any work
-    if not all(checkpoint_folder(run_folder, step).is_dir() for step in steps):
+    present = [step for step in steps if checkpoint_folder(run_folder, step).exists()]
+    for step in present:  # a present checkpoint must be whole, this recipe's and of its step, or nothing is "done"
+        checked_checkpoint(checkpoint_folder(run_folder, step), name, step)
+    if len(present) < len(steps):
         train(name, donors, threads=threads, progress=progress, checkpoints=run_folder, checkpoint_at=tuple(steps),
               curve_path=run_folder / "loss_curve.csv")
     return [checkpoint_folder(run_folder, step) for step in steps]
@@ -154,12 +157,16 @@ def _add_row(row: dict[str, Any], results: Path, record: dict[str, Any]) -> pd.D
 
 
 def _checkpoints(folder: Path, name: str, count: int) -> list[Path]:
-    """The checkpoint folders retrain(name, folder, count) saves, in step order; any missing is refused."""
-    paths = [checkpoint_folder(folder / name, step) for step in checkpoint_steps(recipe(name).steps, count)]
-    missing = [path.name for path in paths if not (path / "model.safetensors").exists()]
+    """The checkpoint folders retrain(name, folder, count) saves, in step order; any missing is refused, and so is
+    any that is not whole, not this recipe's or not of its step (train.checked_checkpoint)."""
+    steps = checkpoint_steps(recipe(name).steps, count)
+    paths = [checkpoint_folder(folder / name, step) for step in steps]
+    missing = [path.name for path in paths if not path.exists()]
     if missing:
         raise ValueError(f"names: {name!r} lacks checkpoints {missing} in {folder / name}: retrain it first "
                          "(python -m sinklib.zoo over-training, or notebook 06 with retrain=True)")
+    for path, step in zip(paths, steps):
+        checked_checkpoint(path, name, step)
     return paths
 
 

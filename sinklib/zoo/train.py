@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import time
@@ -22,6 +23,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from sinklib import compat
+from sinklib.validation import Count, checked
 from sinklib.zoo.data import Problem, held_out, problems
 from sinklib.zoo.tokenizer import build_tokenizer, save_tokenizer
 
@@ -248,8 +250,51 @@ def _save_checkpoint(folder: Path, spec: ZooSpec, model, optimizer, generator: t
     model.save_pretrained(scratch)
     save_tokenizer(scratch)
     torch.save({"spec": asdict(spec), "threads": torch.get_num_threads(), "step": state.step, "curve": state.curve,
-                "optimizer": optimizer.state_dict(), "generator": generator.get_state()}, scratch / "training_state.pt")
+                "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                "weights_sha256": _sha256(scratch / "model.safetensors")}, scratch / "training_state.pt")
     scratch.rename(final)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def checked_checkpoint(path: Path, name: str, step: int) -> dict:
+    """The saved run state of checkpoint folder `path`, refused (ValueError naming the folder and what to do) unless
+    it holds recipe `name`'s weights after `step` optimiser updates, whole: its state names the recipe and the step
+    (a folder copied or linked under another step's name is caught) and the sha256 of the weights it was saved with
+    (a cut or edited weights file is caught; a checkpoint saved before the hash was kept has its safetensors header
+    checked against the file's length)."""
+    redo = f"remove {path} and retrain it (python -m sinklib.zoo over-training {name})"
+    weights, state_file = path / "model.safetensors", path / "training_state.pt"
+    if not weights.is_file() or not state_file.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} is not allowed: it lacks "
+                         f"{'model.safetensors' if not weights.is_file() else 'training_state.pt'}; {redo}")
+    saved = torch.load(state_file, weights_only=True)
+    if saved["spec"].get("name") != name:
+        raise ValueError(f"checkpoint {str(path)!r} is not allowed: recipe {saved['spec'].get('name')!r} saved it, "
+                         f"not {name!r}; give {name}'s checkpoints folder")
+    if saved["step"] != step:
+        raise ValueError(f"checkpoint {str(path)!r} is not allowed: it holds the weights after step {saved['step']}, "
+                         f"not {step} (a folder copied or linked under another step's name); {redo}")
+    recorded = saved.get("weights_sha256")
+    whole = _sha256(weights) == recorded if recorded else _safetensors_whole(weights)
+    if not whole:
+        raise ValueError(f"checkpoint {str(path)!r} is not allowed: its model.safetensors is not the file it was saved "
+                         f"with (cut or edited); {redo}")
+    return saved
+
+
+def _safetensors_whole(path: Path) -> bool:
+    """Whether a safetensors file is as long as its header says (8-byte header length, header, then the data)."""
+    with path.open("rb") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        try:
+            header = json.loads(handle.read(size))
+        except (ValueError, UnicodeDecodeError):
+            return False
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    return path.stat().st_size == 8 + size + max(ends, default=0)
 
 
 def saved_checkpoints(folder: Path | None) -> dict[int, Path]:
@@ -292,7 +337,8 @@ def _resume_point(checkpoints: Path | None, checkpoint_at: tuple[int, ...], tota
     return saved[max(usable)] if usable else None
 
 
-def train(name: str, zoo_dir: Path, steps: int | None = None, progress: bool = True, threads: int = 2,
+@checked
+def train(name: str, zoo_dir: Path, steps: Count | None = None, progress: bool = True, threads: Count = 2,
           curve_path: Path | None = None, spec: ZooSpec | None = None, checkpoints: Path | None = None,
           checkpoint_at: tuple[int, ...] = ()) -> tuple[transformers.LlamaForCausalLM, list[dict]]:
     """Train one zoo model from its seed; returns the model and the loss curve (one row per step).

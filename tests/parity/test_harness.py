@@ -93,12 +93,23 @@ def test_loglikelihood_tasks_and_bad_model_args_get_clear_errors():
     ("pretrained=tiny-llada,temperature=inf", r"temperature=inf is not allowed: temperature must be a finite number"),
     ("pretrained=tiny-llada,stesp=8", r"model_args stesp= is not allowed.*did you mean 'steps'"),
     ("pretrained=tiny-llada,steps=8,steps=4", r"model_args steps= is not allowed: it is given twice"),
+    # a signed integer stays an integer (older lm-eval releases made it -1.0: "must be an integer")
+    ("pretrained=tiny-llada,seed=-1", r"seed=-1 is not allowed: seed must be an integer >= 0"),
+    ("pretrained=tiny-llada,steps", r"model_args 'steps' is not allowed: each argument is key=value"),
+    ("pretrained=tiny-llada,temperature=1e308", r"temperature=1e\+308 is not allowed: temperature must be a finite number"),
 ])
 def test_model_args_are_checked_before_any_model_loads(model_args, message, monkeypatch):
     """Before: trust_remote_code=no ran the folder's code (any non-empty string was consent)."""
     monkeypatch.setattr(sinklib, "load", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
         SinklibLM.create_from_arg_string(model_args, {"batch_size": 1, "device": None})
+
+
+def test_model_args_as_a_mapping_refuse_an_unknown_key_by_name(monkeypatch):
+    """lm-eval's Python API hands model_args over as a dict: `stepz` was a raw TypeError from __init__."""
+    monkeypatch.setattr(sinklib, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=r"model_args stepz= is not allowed: the sinklib model takes .*did you mean 'steps'"):
+        SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "stepz": 4})
 
 
 def test_batch_size_in_model_args_wins_over_lm_evals_own():

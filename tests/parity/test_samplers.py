@@ -5,6 +5,7 @@ import torch
 
 import sinklib
 from sinklib.families import dream, llada
+from tests.margins import choice_margin, relative_gap
 from tests.models import MASK_ID, diffusion_llama, llama
 from tests.standin import StandInLLaDA
 
@@ -16,21 +17,16 @@ def logits_of(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0]
 
 
-def relative_gap(high: float, low: float) -> float:
-    return (high - low) / (1 + abs(high))
-
-
 def token_gap(logits_row) -> float:
     """How far the argmax token was from the runner-up, relative (the sampler's token decision margin)."""
     top = sorted((float(v) for v in logits_row), reverse=True)
     return relative_gap(top[0], top[1])
 
 
-def choice_gap(candidates, k: int) -> float:
-    """candidates sorted by descending confidence (as (−confidence, …)): the weakest chosen vs the best rejected."""
-    if k == 0 or k >= len(candidates):
-        return float("inf")
-    return relative_gap(-candidates[k - 1][0], -candidates[k][0])
+def choice_gap(candidates, k: int, kind: str, rows) -> float:
+    """candidates sorted by descending confidence (as (−confidence, position, …)); rows: position → its logits.
+    The margin of choosing the first k (tests.margins.choice_margin)."""
+    return choice_margin([(-c[0], rows[c[1]].tolist()) for c in candidates], k, kind)
 
 
 def reference_llada(model, prompt, steps, gen_length, block_length, margins=None):
@@ -53,7 +49,9 @@ def reference_llada(model, prompt, steps, gen_length, block_length, margins=None
                     candidates.append((-float(probs[token]), j, token))
             candidates = sorted(candidates)
             if margins is not None:
-                margins.append(min([choice_gap(candidates, k)] + [token_gap(logits[j]) for _, j, _ in candidates[:k]]))
+                rows = {j: logits[j] for _, j, _ in candidates}
+                margins.append(min([choice_gap(candidates, k, "probability", rows)] +
+                                   [token_gap(logits[j]) for _, j, _ in candidates[:k]]))
             for _, j, token in candidates[:k]:
                 x[j] = token
     return x
@@ -81,7 +79,9 @@ def reference_dream(model, prompt, steps, gen_length, alg, eps=1e-3, margins=Non
             count = int(np.float32(len(masked)) * (np.float32(1) - timesteps[i + 1] / timesteps[i]))
         candidates = sorted(candidates)
         if margins is not None:
-            margins.append(min([choice_gap(candidates, count)] +
+            rows = {j: raw[max(j - 1, 0)] for _, j, _ in candidates}
+            kind = {"maskgit_plus": "probability", "topk_margin": "probability_gap", "entropy": "entropy"}[alg]
+            margins.append(min([choice_gap(candidates, count, kind, rows)] +
                                [token_gap(raw[max(j - 1, 0)]) for _, j, _ in candidates[:count]]))
         for _, j, token in candidates[:count]:
             x[j] = token
@@ -131,7 +131,7 @@ def test_llada_decision_margins_match_the_reference_loop(steps, gen_length, bloc
     assert trace.margins.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.parametrize("alg", ["maskgit_plus", "entropy"])
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
 def test_dream_decision_margins_match_the_reference_loop(alg):
     model = diffusion_llama("dream", seed=1)
     trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=4, gen_length=8, alg=alg, progress=False)

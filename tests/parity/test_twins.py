@@ -118,3 +118,22 @@ def test_a_twin_started_from_another_starts_from_its_shipped_adapter():
     assert torch.equal(a, b)
     with pytest.raises(FileNotFoundError, match="init_from='nope'"):
         adapt._load_shipped_adapter(started, "nope")
+
+
+def test_a_twin_checkpoint_is_read_only_as_what_it_says_it_is(tmp_path):
+    """A state linked under another step's name, another twin's state, and a cut one are refused, naming the folder."""
+    from sinklib.zoo.adapt import checked_state
+
+    for step, saved in ((200, {"spec": {"name": "smollm2-135m-diffusion"}, "step": 400}),
+                        (400, {"spec": {"name": "smollm2-135m-autoregressive"}, "step": 400})):
+        (tmp_path / f"step-{step:05d}").mkdir()
+        torch.save(saved, tmp_path / f"step-{step:05d}" / "state.pt")
+    with pytest.raises(ValueError, match=r"step-00200' is not allowed: it holds 'smollm2-135m-diffusion' after step 400, "
+                                         r"not 'smollm2-135m-diffusion' after step 200"):
+        checked_state(tmp_path, "smollm2-135m-diffusion", 200)
+    with pytest.raises(ValueError, match=r"it holds 'smollm2-135m-autoregressive' after step 400, not 'smollm2-135m-diff"):
+        checked_state(tmp_path, "smollm2-135m-diffusion", 400)
+    state = tmp_path / "step-00400" / "state.pt"
+    state.write_bytes(state.read_bytes()[:40])
+    with pytest.raises(ValueError, match=r"step-00400' is not allowed: its state.pt cannot be read"):
+        checked_state(tmp_path, "smollm2-135m-diffusion", 400)

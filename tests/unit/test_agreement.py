@@ -136,6 +136,9 @@ def _table1(tmp_path, side: str, correct: bool, margin: float):
 @pytest.mark.parametrize("margins, status", [((2e-4, 1e-5), NEAR), ((1e-5, 0.2), DIFFERS), ((np.nan, np.nan), DIFFERS),
                                              ((np.inf, np.inf), DIFFERS), ((0.0, 0.0), DIFFERS)])
 def test_a_table1_answer_that_flipped_is_explained_only_by_a_near_tie(tmp_path, margins, status):
+    """One of two answers changes output and correctness: excused (and the run's accuracy allowed to move by 1/2)
+    only where that sample decided a near-tie in both runs; an exact tie (0), a sampled decision (NaN) or an
+    unopposed one (inf) is no excuse."""
     _table1(tmp_path, "c", True, margins[0])
     _table1(tmp_path, "r", False, margins[1])
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
@@ -212,7 +215,11 @@ DOCTORED = {  # artifact → how an attacker changes it (the committed side); th
     "fig10_threshold_sweep": _scaled("share", 0.1),
     "table2_sink_tokens": lambda f: f[f["model"] != "tiny-llada"],
     "step_stability": _scaled("move_rate", 2.0, "smollm2-135m-diffusion"),
+    # every tiny-llada answer marked wrong, the outputs left alone (its generations are near-ties throughout)
+    "table1_masking_arithmetic_items": lambda f: f.assign(correct=np.where(f["model"] == "tiny-llada", False, f["correct"])),
 }
+# a doctored items table also leaves its runs' accuracies no longer the share of their items answered correctly
+ALSO_FAILING = {"table1_masking_arithmetic_items": ["table1_masking_arithmetic"]}
 
 
 @pytest.mark.parametrize("artifact", sorted(DOCTORED))
@@ -237,4 +244,34 @@ def test_a_doctored_committed_result_fails_the_check_naming_it(tmp_path, artifac
     path = tmp_path / "c" / f"{artifact}.parquet"
     pd.read_parquet(path).pipe(DOCTORED[artifact]).to_parquet(path)
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
-    assert not report.agrees and report.failing == [artifact], report.to_text()
+    assert not report.agrees and sorted(report.failing) == sorted([artifact, *ALSO_FAILING.get(artifact, [])]), \
+        report.to_text()
+
+
+def test_the_same_output_scored_otherwise_is_never_a_near_tie(tmp_path):
+    """Correctness is a function of the output: flipped on an unchanged output, it differs whatever the margins."""
+    _table1(tmp_path, "c", True, 1e-5)
+    _table1(tmp_path, "r", True, 1e-5)
+    items = pd.read_parquet(tmp_path / "r" / "table1_masking_arithmetic_items.parquet")
+    items.loc[1, "correct"] = False
+    items.to_parquet(tmp_path / "r" / "table1_masking_arithmetic_items.parquet")
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    rows = {row.artifact: row for row in report.rows}
+    assert rows["table1_masking_arithmetic_items"].status == DIFFERS
+    assert "1 answers scored differently on the same output" in rows["table1_masking_arithmetic_items"].detail
+    assert rows["table1_masking_arithmetic"].status == DIFFERS
+    assert "is not the share of its items answered correctly" in rows["table1_masking_arithmetic"].detail
+
+
+def test_a_run_accuracy_moves_only_as_far_as_its_parted_answers(tmp_path):
+    """One answer of two parted at a near-tie: the run's accuracy may move by 1/2, and a committed accuracy that
+    moved further (doctored to agree with nothing) differs."""
+    _table1(tmp_path, "c", True, 1e-5)
+    _table1(tmp_path, "r", False, 1e-5)
+    assert agreement.compare_folders(tmp_path / "c", tmp_path / "r").agrees
+    for side in ("c", "r"):  # both sides' accuracies doctored alike, beyond what one parted answer allows
+        table = pd.read_parquet(tmp_path / side / "table1_masking_arithmetic.parquet")
+        table.loc[0, "accuracy"] = 1.0 if side == "c" else 0.0
+        table.to_parquet(tmp_path / side / "table1_masking_arithmetic.parquet")
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    assert report.failing == ["table1_masking_arithmetic"]

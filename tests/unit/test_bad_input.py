@@ -545,11 +545,41 @@ def test_masking_run_settings_are_refused_where_the_config_is_made(given, messag
         runs.MaskingRun(**given)
 
 
-def test_table1_refuses_a_k_twice_before_any_model_loads():
-    from sinklib.evaluation.table1 import masking_table
+def _runs():
+    pytest.importorskip("papermill")  # the run configs read the notebooks' parameters cells with it
+    return __import__("sinklib.runs").runs
 
-    with pytest.raises(ValueError, match=r"ks=\[1, 1\] is not allowed: ks must be distinct"):
-        masking_table(["no-such-model"], ks=[1, 1])
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: __import__("sinklib.evaluation.table1").evaluation.table1.masking_table(["no-such-model"], ks=[1, 1]),
+     r"ks=\[1, 1\] is not allowed: ks must be a non-empty list of distinct integers >= 0"),
+    (lambda: __import__("sinklib.evaluation.table1").evaluation.table1.masking_table(["no-such", "no-such"]),
+     r"models=\['no-such', 'no-such'\] is not allowed: models must be distinct models \(each once\)"),
+    (lambda: _runs().MaskingRun(ks=[1, 1]), r"ks=\[1, 1\] is not allowed: ks must be a non-empty list of distinct"),
+    (lambda: _runs().MaskingRun(models=["tiny-arm", "tiny-arm"]),
+     r"models=\['tiny-arm', 'tiny-arm'\] is not allowed: models must be a non-empty list of distinct model names"),
+    (lambda: _runs().TracesRun(models=[]), r"models=\[\] is not allowed: models must be a non-empty list of distinct"),
+    (lambda: _runs().MaskingRun(task="humaneval"),
+     r"allow_code_execution=False is not allowed with task='humaneval': scoring it runs the model-written code"),
+    (lambda: _runs().TrainingDynamicsRun(checkpoint_count=2**40),
+     r"checkpoint_count=1099511627776 is not allowed: recipe tiny-llada trains 5000 steps \(count=.* count <= total"),
+    (lambda: __import__("sinklib.zoo.train").zoo.train.train("tiny-arm", ".", threads=True),
+     r"threads=True is not allowed: threads must be an integer"),
+    (lambda: _runs().MaskingRun(task_path="no/such/file.jsonl"),
+     r"task_path='no/such/file.jsonl' is not allowed: task_path must be an existing file"),
+])
+def test_run_settings_are_refused_before_any_model_loads(call, message):
+    """Each of these used to run the models first, then fail in every view (a k or a model twice) or after the first
+    model's generations (HumanEval without consent, a missing task file)."""
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_an_output_folder_under_a_file_is_refused(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match=r"figures_dir='.*a-file/sub' is not allowed: figures_dir must be a folder "
+                                         r"\(this is a file: .*a-file\)"):
+        _runs().TracesRun(figures_dir=str(tmp_path / "a-file" / "sub"))
 
 
 def test_a_huge_checkpoint_count_is_refused_at_once():

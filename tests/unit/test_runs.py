@@ -188,3 +188,12 @@ def test_a_key_no_notebook_declares_is_still_refused_with_only(tmp_path):
     with pytest.raises(ValueError, match=r"parameter 'n_problemz' is not allowed: no notebook declares it "
                                          r"\(did you mean 'n_problems'\?\)"):
         reproduce.run({"n_problemz": 3}, out=tmp_path, only=["01"])
+
+
+def test_a_key_the_selected_notebooks_do_not_declare_is_named_as_changing_nothing(capsys):
+    """`--params {eps: 2.0} --only 03` used to pass silently: notebook 03 sweeps eps_values, not eps."""
+    from sinklib import reproduce
+
+    reproduce.check_parameters({"eps": 2.0}, reproduce.notebook_paths(["03"]))
+    assert ("note: eps (notebooks 02 04 05 06 07): not a parameter of notebooks 03, so it changes nothing in this run"
+            in capsys.readouterr().err)

@@ -72,7 +72,7 @@ def test_table1_marks_a_model_whose_samples_had_a_near_tie():
     assert list(summary.table.index) == ["m ≈", "n"]
     assert "n (n = 100): 0.80 ± 0.04 unmasked, 0.80 ± 0.04 with its top-1 sink masked (+0.00)." in summary.findings
     assert summary.findings[0].startswith("m ≈ (n = 100): 0.90 ± 0.03 unmasked, 0.10 ± 0.03 with its top-1 sink masked "
-                                          "(-0.80); answers decided at a near-tie: 1 of 1")
+                                          "(-0.80); answers whose generation passed a near-tie: 1 of 1")
 
 
 def _widget(text):

@@ -85,6 +85,11 @@ def test_to_frame_is_tidy(trace):
      r"steps=6 is not allowed: steps must be a multiple of the number of blocks \(4"),
     (dict(steps=0, gen_length=8), r"steps=0 is not allowed"),
     (dict(steps=8, gen_length=8, temperature=-1.0), r"temperature=-1.0 is not allowed"),
+    # past these the upstream formulas overflow float64 / float32 into inf and NaN: an empty generation, not samples
+    (dict(steps=8, gen_length=8, temperature=1e308), r"temperature=1e\+308 is not allowed: temperature must be a finite "
+                                                     r"number <= 100"),
+    (dict(steps=8, gen_length=8, cfg_scale=1e308), r"cfg_scale=1e\+308 is not allowed: cfg_scale must be a finite "
+                                                   r"number <= 10000"),
     (dict(steps=8, gen_length=60), r"gen_length=60 is not allowed: gen_length must be at most 58"),
     (dict(steps=8, gen_length=8, alg="entropy"), r"alg='entropy' is not allowed for the llada family"),
     (dict(steps=8, gen_length=8, remasking="lowest"), r"remasking='lowest' is not allowed"),

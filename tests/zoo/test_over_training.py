@@ -1,6 +1,7 @@
 """Sinks over training: checkpoints that resume with the same bits, the prompt-masking variant's masks, the token
 groups, and measurements that are written as they go and never redone."""
 import dataclasses
+import hashlib
 import re
 import typing
 from pathlib import Path
@@ -174,12 +175,55 @@ def test_measurements_are_written_as_they_go_and_never_redone(tmp_path, monkeypa
     with torch.no_grad():
         retrained.model.norm.weight.add_(1.0)
     retrained.save_pretrained(tmp_path / "tiny-arm" / "step-00006")
+    _record_weights(tmp_path / "tiny-arm" / "step-00006")  # as the retraining that saved them would
     replaced = over_training.measure_all(["tiny-arm"], folder=tmp_path, results=results, progress=False)
     assert measured[4:] == ["tiny-arm@step-00006"] and replaced["checkpoint"].tolist() == rows["checkpoint"].tolist()
     assert (replaced["weights"] != rows["weights"]).tolist() == [False, True, False]
     assert not list(tmp_path.glob(".rows.parquet.*"))  # no scratch file left behind
+
+
+def _record_weights(path: Path) -> None:
+    state = torch.load(path / "training_state.pt", weights_only=True)
+    state["weights_sha256"] = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    torch.save(state, path / "training_state.pt")
+
+
+def test_a_checkpoint_is_read_only_as_what_it_says_it_is(tmp_path, monkeypatch):
+    """Checkpoints name their recipe, step and weights inside: another recipe's folder under this name, a folder
+    linked under another step's name and a cut weights file are each refused by measure_all before anything is
+    measured, and by retrain instead of counting as done."""
+    small_arm = dataclasses.replace(SMALL, objective="arm", causal=True, family="arm", name="tiny-arm")
+    train("tiny-arm", tmp_path, spec=small_arm, progress=False, checkpoints=tmp_path / "tiny-arm", checkpoint_at=(0, 3, 6))
+    monkeypatch.setattr(over_training, "checkpoint_steps", lambda total, count: [0, 3, 6])  # this small run's
+    monkeypatch.setattr(over_training, "measure", lambda *a, **k: pytest.fail("a checkpoint was measured"))
+    results = tmp_path / "rows.parquet"
     with pytest.raises(ValueError, match=r"names=\['tiny-arm', 'tiny-arm'\] is not allowed"):
         over_training.measure_all(["tiny-arm", "tiny-arm"], folder=tmp_path, results=results, progress=False)
+
+    def refused(message: str) -> None:
+        with pytest.raises(ValueError, match=message):
+            over_training.measure_all(["tiny-arm"], folder=tmp_path, results=results, progress=False)
+        assert not results.exists()
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tiny-dream").symlink_to(tmp_path / "tiny-arm")  # tiny-arm's checkpoints where tiny-dream's belong
+    with pytest.raises(ValueError, match=r"step-00000' is not allowed: recipe 'tiny-arm' saved it, not 'tiny-dream'"):
+        over_training.measure_all(["tiny-dream"], folder=other, results=results, progress=False)
+    step3 = tmp_path / "tiny-arm" / "step-00003"
+    step3.rename(tmp_path / "kept-step-00003")
+    step3.symlink_to(tmp_path / "tiny-arm" / "step-00006")
+    refused(r"step-00003' is not allowed: it holds the weights after step 6, not 3 \(a folder copied or linked")
+    step3.unlink()
+    (tmp_path / "kept-step-00003").rename(step3)
+    weights = step3 / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    refused(r"step-00003' is not allowed: its model.safetensors is not the file it was saved with \(cut or edited\); "
+            r"remove .*step-00003 and retrain it")
+    monkeypatch.setattr(over_training, "train", lambda *a, **k: pytest.fail("retrain trained over a damaged checkpoint"))
+    monkeypatch.setattr(over_training, "recipe", lambda name: small_arm)
+    with pytest.raises(ValueError, match=r"step-00003' is not allowed: its model.safetensors is not the file"):
+        over_training.retrain("tiny-arm", tmp_path, count=2)
 
 
 def test_the_shipped_model_comes_after_the_last_checkpoint_it_shares_a_step_with():

@@ -1,0 +1,100 @@
+"""Do another CPU's kernels decide a generation differently, and does the near-tie margin name every such decision?
+
+    python benchmarks/cpu_rounding_bound.py [--models tiny-llada tiny-dream ...] [--n 100]
+
+Runs the same greedy generations twice in one run, side by side: with this CPU's kernels and in a child process
+with ATEN_CPU_CAPABILITY=default (torch's portable kernels: another CPU's float32 arithmetic on this one). Prints,
+per model, the largest difference of the first forward's logits (relative to 1 + |logit|), how many generations
+parted from each other, whether each parting step was marked a near-tie (margin in (0, NEAR_TIE]) in both runs,
+and how many generations carry a near-tie at all (what notebook 04 counts). agreement.NEAR_TIE must stay above
+every measured parting margin; sinklib/agreement.py quotes this script's numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+import sinklib
+from sinklib.agreement import NEAR_TIE, is_near_tie
+from sinklib.families.base import LANE_SHARE, LOGIT_ROUNDING
+from sinklib.evaluation.tasks import get_task
+
+DEFAULT_MODELS = ("tiny-arm", "tiny-llada", "tiny-dream")
+
+
+def _generations(name: str, n: int) -> dict:
+    """n held-out arithmetic problems, greedy, in batches of 25: every step's canvas and margin, and the first
+    forward's logits of the first batch."""
+    torch.set_num_threads(1)
+    loaded = sinklib.load(name)
+    task = get_task("arithmetic-english" if name.startswith("smollm2") else "arithmetic")
+    prompts = [sample.prompt for sample in task.samples()[:n]]
+    rows, first_logits = [], None
+    for start in range(0, n, 25):
+        traces = sinklib.generate(loaded, prompts[start:start + 25], keep_scores=False, progress=False, chat=task.chat,
+                                  **loaded.settings_for())
+        for trace in traces:
+            rows.append({"canvases": trace.tokens.tolist(),
+                         "margins": trace.margins.tolist() if trace.margins is not None else None})
+        if first_logits is None:
+            ids = traces[0].tokens[0][None]
+            first_logits = loaded.logits(ids.to(loaded.device), None, None)[0].double().tolist()
+    return {"rows": rows, "logits": first_logits}
+
+
+def _run(name: str, n: int, capability: str | None) -> dict:
+    env = dict(os.environ, **({"ATEN_CPU_CAPABILITY": capability} if capability else {}))
+    out = subprocess.run([sys.executable, __file__, "--child", name, "--n", str(n)], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def compare(name: str, n: int, capability: str) -> str:
+    """One line of the report: one model, this CPU's kernels against `capability`'s."""
+    native, portable = _run(name, n, None), _run(name, n, capability)
+    logit_a, logit_b = torch.tensor(native["logits"]), torch.tensor(portable["logits"])
+    logit_bound = float(((logit_a - logit_b).abs() / (1 + logit_a.abs())).max())
+    parted, named, answers = 0, 0, 0
+    worst = 0.0
+    for a, b in zip(native["rows"], portable["rows"]):
+        answers += a["canvases"][-1] != b["canvases"][-1]
+        step = next((i for i, (x, y) in enumerate(zip(a["canvases"], b["canvases"])) if x != y), None)
+        if step is None:
+            continue
+        parted += 1
+        margins = (a["margins"][step - 1], b["margins"][step - 1]) if a["margins"] else (None, None)
+        named += all(is_near_tie(m) for m in margins)
+        worst = max([worst] + [m for m in margins if m is not None])
+    flagged = sum(any(is_near_tie(m) for m in (row["margins"] or [])) for row in native["rows"])
+    return (f"| {name} | {capability} | {n} | {logit_bound:.2g} | {parted} | {answers} | {named} of {parted} | {worst:.2g} | "
+            f"{flagged} ({flagged / n:.0%}) |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument("--n", type=int, default=100, help="held-out problems per model")
+    parser.add_argument("--against", nargs="+", default=["default", "avx2"],
+                        help="ATEN_CPU_CAPABILITY values to compare this CPU's kernels with")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_generations(args.child, args.n)))
+        return
+    print(f"NEAR_TIE = {NEAR_TIE:g}, LOGIT_ROUNDING = {LOGIT_ROUNDING:g}, LANE_SHARE = {LANE_SHARE:g}; this CPU's kernels: "
+          f"{torch.backends.cpu.get_cpu_capability()}\n")
+    print("| model | against | generations | first forward's logits, max |Δ| / (1 + |logit|) | parted | final canvas "
+          "differs | parting step a near-tie in both runs | largest parting margin | generations with a near-tie |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.models:
+        for capability in args.against:
+            print(compare(name, args.n, capability), flush=True)
+
+
+if __name__ == "__main__":
+    main()
