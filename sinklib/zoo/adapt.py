@@ -69,14 +69,18 @@ class AdaptSpec:
     init_from: str | None = None  # a twin whose shipped adapter this one starts from (Dream: from a trained AR model)
     anneal_steps: int = 0  # DiffuLLaMA's attention annealing (0: bidirectional from the first step)
     # "elbo": LLaDA's SFT estimator, Σ CE / t over the masked tokens ÷ the slot tokens (a row may mask none);
-    # "flat": the mean CE over the masked tokens (no 1/t: a row at small t cannot dominate the clipped gradient)
+    # "elbo-forced": the same with at least one token masked per row (the shipped twin's recipe: its rows at small t
+    # then weigh 1/t each, and dominate the clipped gradient); "flat": the mean CE over the masked tokens (no 1/t)
     weighting: str = "elbo"
 
+
+WEIGHTINGS = ("elbo", "elbo-forced", "flat")  # AdaptSpec.weighting: how diffusion_loss weighs the masked tokens
 
 TWINS = {
     "smollm2-135m-autoregressive": AdaptSpec("smollm2-135m-autoregressive", "arm"),
     "smollm2-135m-diffusion": AdaptSpec("smollm2-135m-diffusion", "dream", steps=400, lr=5e-4, warmup=20,
-                                        init_from="smollm2-135m-autoregressive", anneal_steps=150),
+                                        init_from="smollm2-135m-autoregressive", anneal_steps=150,
+                                        weighting="elbo-forced"),
 }
 
 
@@ -155,12 +159,17 @@ def diffusion_loss(model, batch: Batch, generator: torch.Generator, ratio: float
     """Dream's shifted masked-diffusion loss on the answer slot (the prompt never masked, as LLaDA's SFT): per row
     t = (i + u) / B (stratified, the same U(0, 1) marginal), each slot token masked with probability t. `weighting`
     "elbo" is LLaDA's unbiased estimator, Σ CE / t over the masked tokens divided by the slot tokens; "flat" is the
-    mean CE over the masked tokens. The LM head runs only where a masked token is predicted (position − 1).
+    mean CE over the masked tokens; "elbo-forced" masks at least one token per row first. The LM head runs only where
+    a masked token is predicted (position − 1).
     `ratio`: the annealed attention's share of non-causal keys (1: bidirectional)."""
     rows = batch.ids.shape[0]
     u = torch.rand(rows, 1, generator=generator)
     t = MASK_EPS + (1 - MASK_EPS) * (torch.arange(rows, dtype=torch.float32)[:, None] + u) / rows
-    masked = batch.slot & (torch.rand(batch.ids.shape, generator=generator) < t)
+    draw = torch.rand(batch.ids.shape, generator=generator)
+    masked = batch.slot & (draw < t)
+    if weighting == "elbo-forced":  # a row with nothing masked masks its least-drawn slot token
+        lowest = draw.masked_fill(~batch.slot, 2.0).argmin(-1)
+        masked[torch.arange(rows), lowest] |= ~masked.any(-1)
     noisy = batch.ids.masked_fill(masked, MASK_ID)
     mask = (compat.bidirectional_key_mask(batch.attention_mask) if ratio >= 1.0
             else annealed_mask(batch.attention_mask, ratio, generator))
@@ -286,13 +295,19 @@ def _resume(folder: Path, spec: AdaptSpec, model, optimizer) -> tuple[int, list[
     return state["step"], state["curve"]
 
 
+def _checked_run(name: str, spec: AdaptSpec | None, steps: int | None, threads: int) -> tuple[AdaptSpec, int]:
+    """(the recipe: name's, or the trial `spec`; the steps to run), refusing a bad name, weighting, steps or threads."""
+    spec = TWINS[check_choice(name, "name", TWINS)] if spec is None else spec
+    check_choice(spec.weighting, "weighting", WEIGHTINGS)
+    check_int(threads, "threads", 1)
+    return spec, spec.steps if steps is None else check_int(steps, "steps", 1, spec.steps)  # past it the cosine turns back
+
+
 def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: int | None = None,
           progress: bool = True, spec: AdaptSpec | None = None):
     """Train one twin from its seed, resuming from the latest checkpoint in `checkpoints` (default
     data/checkpoints/NAME); returns (peft model, loss curve rows). `spec`: another recipe under that name (a trial)."""
-    spec = TWINS[check_choice(name, "name", TWINS)] if spec is None else spec
-    total = spec.steps if steps is None else check_int(steps, "steps", 1, spec.steps)  # past it the cosine turns back
-    check_int(threads, "threads", 1)
+    spec, total = _checked_run(name, spec, steps, threads)
     torch.set_num_threads(threads)
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     folder.mkdir(parents=True, exist_ok=True)
