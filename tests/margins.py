@@ -57,9 +57,10 @@ def choice_margin(candidates: list[tuple[float, list]], count: int, kind: str | 
     weakest, strongest = candidates[count - 1][0], candidates[count][0]
     if kind is None:
         return relative_gap(weakest, strongest)
-    two_up = float(np.nextafter(np.nextafter(np.float32(weakest), np.float32(np.inf)), np.float32(np.inf)))
+    up = np.nextafter(np.float32(weakest), np.float32(np.inf))  # one rounding step up: the spacing at the next value
+    step_up = float(np.float32(weakest) + (np.nextafter(up, np.float32(np.inf)) - up))
     spacing = float(np.nextafter(np.float32(strongest), np.float32(np.inf))) - strongest
-    chosen = [bounds(row, kind) for value, row in candidates[:count] if value <= two_up]
+    chosen = [bounds(row, kind) for value, row in candidates[:count] if value <= step_up]
     rejected = [bounds(row, kind) for value, row in candidates[count:] if value >= strongest - 2 * spacing]
     every = [v for b in chosen + rejected for v in b[1:]]
     if all(v == every[0] for v in every):

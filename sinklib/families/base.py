@@ -278,7 +278,7 @@ def choice_margin(values: torch.Tensor, chosen: torch.Tensor, logits: torch.Tens
     Without `logits`: the relative gap of the values themselves. With `logits` [B, N, V] (the logits each value
     was computed from) and `kind` ("probability": the top token's softmax probability; "probability_gap": top-1
     minus top-2 probability; "entropy": Σ p log(p + 1e-10)), confidence_margin between the chosen and the rejected
-    entries within two rounding steps of that boundary: 0 for a tie every CPU breaks the same way. `transform`: what
+    entries within a rounding step or two of that boundary: 0 for a tie every CPU breaks the same way. `transform`: what
     the sampler did to those logits before its softmax (Dream's top-p / top-k filter)."""
     inf = torch.tensor(float("inf"), dtype=values.dtype, device=values.device)
     weakest = torch.where(chosen, values, inf).amin(-1)
@@ -288,8 +288,9 @@ def choice_margin(values: torch.Tensor, chosen: torch.Tensor, logits: torch.Tens
     if logits is None:
         return torch.where(opposed.cpu(), relative_gap(weakest, rejected).cpu(), margins)
     for row in opposed.nonzero()[:, 0].tolist():
-        # every entry that could sit on the boundary: the chosen ones within two rounding steps of the weakest,
-        # the rejected ones within two of the strongest (saturated values tie in numbers)
+        # every entry that could sit on the boundary: the chosen ones up to one rounding step above the weakest (the
+        # spacing at the next value up), the rejected ones down to two steps below the strongest (saturated values
+        # tie in numbers)
         near_a = chosen[row] & (values[row] <= _ulp(_ulp(weakest[row]) + weakest[row]) + weakest[row])
         near_b = ~chosen[row] & values[row].isfinite() & (values[row] >= rejected[row] - 2 * _ulp(rejected[row]))
         side_a, side_b = logits[row, near_a], logits[row, near_b]
@@ -306,11 +307,11 @@ def confidence_margin(logits_a: torch.Tensor, logits_b: torch.Tensor, dtype: tor
     """Could another CPU have ranked the chosen positions (logits_a [na, V]) below a rejected one (logits_b [nb, V])?
     `dtype` is the precision the sampler compared confidences in (float32 on CPU). Returns:
 
-    - 0, an exact tie: every confidence of both sides rounds to one and the same value (probabilities of 1.0,
-      entropies of 0) under every perturbation of the logit gaps up to NEAR_TIE, so the fixed order that broke the
-      tie breaks it the same way on every CPU;
-    - at most NEAR_TIE, a near-tie: with the logit gaps perturbed by NEAR_TIE × (1 + |gap|) and rounded to `dtype`,
-      a rejected confidence could reach a chosen one;
+    - 0, an exact tie: every confidence of both sides takes one and the same value (probabilities of 1.0, entropies
+      of 0) under every perturbation another CPU could make (_confidence_bounds: logit gaps moved by LOGIT_ROUNDING
+      × (1 + gap), the softmax's sum short of LANE_SHARE of the rivals' mass, results rounded to `dtype`), so the
+      fixed order that broke the tie breaks it the same way on every CPU;
+    - at most NEAR_TIE, a near-tie: under those perturbations a rejected confidence could reach a chosen one;
     - otherwise the relative gap (s_a − s_b) / (1 + max |s|) between the weakest chosen and the strongest rejected
       confidence where they do not saturate, s in float64 from the logits: the log-odds log p − log(1 − p) of a
       probability, −log(1 − gap) of a probability gap, −log(−entropy) of an entropy (logit units; at least 2 NEAR_TIE).
@@ -342,7 +343,8 @@ def confidence_margin(logits_a: torch.Tensor, logits_b: torch.Tensor, dtype: tor
 # near 1 up to 6 units of 2^-24 apart where the rivals held about 90 such units (7 %).
 LANE_SHARE = 1 / 8
 # How far another CPU's logits may sit from these, in units of 1 + |logit gap|: measured (the same script) up to
-# 1.4e-5 on the zoo and 6.6e-5 on SmolLM2's 30 layers; three times the largest.
+# 1.4e-5 on the zoo and 4.5e-5 (6.6e-5 in an earlier session, against AVX2) on SmolLM2's 30 layers; 1.5 times the
+# largest (a bound per model would be tighter: at the zoo's, 3e-5, tiny-dream's near-ties fall from 29 % to 8 %).
 LOGIT_ROUNDING = 1e-4
 
 
