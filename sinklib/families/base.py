@@ -378,9 +378,7 @@ def _confidence_bounds(logits: torch.Tensor, kind: str, dtype: torch.dtype, slac
         s = -torch.log((rest + second) / (1 + rest))  # −log(1 − (p1 − p2))
         (rivals_up, top_low), (rivals_down, top_high) = extremes(1), extremes(-1)
         return s, rounded(top_low - rivals_up.amax(-1)), rounded(top_high - rivals_down.amax(-1))
-    if kind != "entropy":
-        raise ValueError(f"kind={kind!r} is not allowed: choose one of {CONFIDENCE_KINDS}")
-
+    # kind is "entropy" here: confidence_margin refused any other before calling
     def entropy(probs: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
         # the sampler's Σ p log(p + 1e-10), the top token's term apart (its 1e-10 is below float32's spacing at 1)
         return (probs * torch.log(probs + 1e-10)).sum(-1) + head * torch.log(head)
