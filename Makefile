@@ -75,6 +75,7 @@ benchmark: setup
 	$(PY) benchmarks/explorer_latency.py
 	$(PY) benchmarks/sandbox_cost.py --out benchmarks/results/sandbox_cost.md
 	$(PY) benchmarks/cpu_rounding_bound.py | tee benchmarks/results/cpu_rounding_bound.md
+	$(PY) benchmarks/adapt_precision.py | tee benchmarks/results/adapt_precision.txt
 
 # The documentation site (mkdocs.yml) into site/, strict: any warning (a broken link, a page missing from the nav, a
 # docstring that does not render) fails. The notebooks are rendered as committed, with their outputs, never re-run.

@@ -6,7 +6,7 @@ Runs the same greedy generations twice in one run, side by side: with this CPU's
 with ATEN_CPU_CAPABILITY=default (torch's portable kernels: another CPU's float32 arithmetic on this one). Prints,
 per model, the largest difference of the first forward's logits (relative to 1 + |logit|), how many generations
 parted from each other, whether each parting step was marked a near-tie (margin in (0, NEAR_TIE]) in both runs,
-and how many generations carry a near-tie at all (what notebook 04 counts). agreement.NEAR_TIE must stay above
+and how many generations carry a near-tie at all (what notebook 04 counts). ties.NEAR_TIE must stay above
 every measured parting margin; sinklib/agreement.py quotes this script's numbers.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import sys
 import torch
 
 import sinklib
-from sinklib.agreement import NEAR_TIE, is_near_tie
-from sinklib.families.base import LANE_SHARE, LOGIT_ROUNDING
+from sinklib.ties import NEAR_TIE, is_near_tie
+from sinklib.ties import LANE_SHARE, LOGIT_ROUNDING
 from sinklib.evaluation.tasks import get_task
 
 DEFAULT_MODELS = ("tiny-arm", "tiny-llada", "tiny-dream")

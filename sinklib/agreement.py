@@ -46,24 +46,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-NEAR_TIE = 1e-3
+from sinklib.ties import NEAR_TIE, both_near_tie, is_near_tie
+
 FLOAT_TOLERANCE = 1e-4
-
-
-def is_near_tie(margin: float | None) -> bool:
-    """A decision another CPU could decide the other way: a margin above 0 and at most NEAR_TIE. An exact tie (0:
-    two confidences equal in float32, typically both saturated at 1.0) is not one: a fixed order (the lower index)
-    breaks it, the same on every CPU. NaN (a sampled decision) and None (no margin recorded) are not either."""
-    return margin is not None and math.isfinite(margin) and 0.0 < margin <= NEAR_TIE
-
-
-def closest_margin(margins) -> float:
-    """The smallest margin another CPU could act on: the smallest finite margin above 0 (exact ties are broken the
-    same everywhere), +inf when every decision was an exact tie or unopposed, NaN when there is none."""
-    finite = [float(m) for m in margins if m is not None and math.isfinite(float(m))]
-    if not finite:
-        return float("nan")
-    return min((m for m in finite if m > 0.0), default=float("inf"))
 GENERATIONS = "generations"
 
 IDENTICAL, WITHIN, NEAR, DIFFERS = "identical", "within tolerance", "near-tie", "differs"
@@ -111,10 +96,8 @@ class Divergence:
 
     @property
     def near_tie(self) -> bool:
-        """Both runs decided that step by at most NEAR_TIE and not both by an exact tie (0 in both: a fixed order
-        decides the same everywhere; 0 in one run only: rounding moved the values off the tie — a near-tie)."""
-        margins = (self.margin_committed, self.margin_rerun)
-        return all(math.isfinite(m) and 0.0 <= m <= NEAR_TIE for m in margins) and max(margins) > 0.0
+        """Both runs decided that step within NEAR_TIE (sinklib.ties.both_near_tie)."""
+        return both_near_tie(self.margin_committed, self.margin_rerun)
 
     def describe(self) -> str:
         """One line for the report: the model, generation, step, both margins, and whether it is a near-tie."""

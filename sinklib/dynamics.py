@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sinklib._checks import check_int
+from sinklib.validation import check_int
 from sinklib.sinks import find_sinks, single_row_scores
 from sinklib.trace import Trace
 

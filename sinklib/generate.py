@@ -12,11 +12,12 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from sinklib._checks import bad_value, check_int, did_you_mean
+from sinklib.validation import bad_value, check_int, did_you_mean
 from sinklib._version import __version__
 from sinklib.capture import capture, check_intervention
 from sinklib.layers import attention_layers
-from sinklib.families.base import left_pad, option_owners, recording_decisions
+from sinklib.families.base import left_pad, option_owners
+from sinklib.ties import recording_decisions
 from sinklib.interventions import identity
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from sinklib._checks import bad_value, check_choice, check_eps, check_int
+from sinklib.validation import bad_value, check_choice, check_eps, check_int
 from sinklib.attention_math import AttentionStats
 from sinklib.capture import AttentionCall, check_intervention
 from sinklib.layers import AttentionLayer

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from torch import nn
 
-from sinklib._checks import did_you_mean
+from sinklib.validation import did_you_mean
 
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layers", "num_layers")
 _HEAD_COUNT_KEYS = ("num_attention_heads", "n_heads", "num_heads")

@@ -23,8 +23,7 @@ from transformers.dynamic_module_utils import get_class_from_dynamic_module
 from transformers.utils import cached_file
 
 from sinklib import compat, mmada_repo, named
-from sinklib.validation import Consent, Index, checked
-from sinklib._checks import bad_value, check_choice, did_you_mean
+from sinklib.validation import Consent, Index, bad_value, check_choice, checked, did_you_mean
 from sinklib.families.base import Family, family_names, fit_layout, get_family
 from sinklib.paths import ZOO_DIR
 

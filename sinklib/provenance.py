@@ -3,11 +3,12 @@
 Inside each artifact (parquet schema metadata, PNG text chunk, PDF Subject): only what defines its content —
 the resolved run config, the seed and the notebook. Those bytes change only when the content does.
 
-In one manifest per output folder, PROVENANCE.json: per artifact its sha256, that record, and what does not
-define the content but explains it — package versions, the machine (CPU model, torch's CPU capability, thread
-count: floats differ in their last bits between CPUs, and on a near-tie a generated token with them) and a hash
-of sinklib's own sources (not a commit: figures committed in commit C are made from C's parent). An edit of the
-code that changes no result changes only the manifest's code hash. No timestamps anywhere.
+In one manifest per output folder, PROVENANCE.json: per artifact its sha256, that content record and the id of its
+environment — package versions and the machine (CPU model, torch's CPU capability, thread count: floats differ in
+their last bits between CPUs, and on a near-tie a generated token with them) — each environment written once under
+"environments"; and once, at the top, a hash of sinklib's own sources as they were when a run last wrote there (not a
+commit: figures committed in commit C are made from C's parent). An edit of the code that changes no result
+changes one line of the manifest: that hash. No timestamps anywhere.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ PACKAGE = Path(__file__).resolve().parent
 KEY = "sinklib"  # the metadata key in parquet schemas and PNG text chunks; the PDF Subject holds the same JSON
 MANIFEST = "PROVENANCE.json"
 _CONTENT = ("config", "seed", "notebook")  # the part of a record written inside the artifact
+_ENVIRONMENT = ("versions", "machine", "code")  # the part written once per manifest, not per artifact
 _SOURCES = ("*.py", "*.js", "*.css", "*.yaml")
 _VERSIONS = ("torch", "transformers", "numpy", "pandas", "pyarrow", "matplotlib", "seaborn")
 _NOT_CONFIG = ("progress", "figures_dir", "results_dir", "retrain", "checkpoints_dir")  # where results go and how loudly,
@@ -96,26 +98,50 @@ def content_part(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def record_artifacts(paths: list[Path], record: dict[str, Any]) -> None:
-    """Enter each artifact in the PROVENANCE.json of its folder: its sha256 and the whole record. The manifest is
-    updated under a lock and replaced atomically, its keys sorted: the same artifacts give the same bytes."""
+    """Enter each artifact in the PROVENANCE.json of its folder: its sha256, the record's content part and its
+    environment's id; the environment (versions, machine) under "environments", the code hash at the top. The manifest
+    is updated under a lock and replaced atomically, its keys sorted: the same artifacts give the same bytes."""
     by_folder: dict[Path, list[Path]] = {}
     for path in paths:
         by_folder.setdefault(Path(path).parent, []).append(Path(path))
+    environment = {"machine": record["machine"], "versions": record["versions"]}
+    environment_id = hashlib.sha256(as_text(environment).encode()).hexdigest()[:12]
+    entry = {k: v for k, v in record.items() if k not in _ENVIRONMENT}
     for folder, files in by_folder.items():
         manifest = folder / MANIFEST
         with locked(folder):
-            entries = json.loads(manifest.read_text()) if manifest.is_file() else {}
+            raw = _read_raw(folder)
+            artifacts = raw.get("artifacts", {})
             for path in files:
-                entries[path.name] = {**record, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+                artifacts[path.name] = {**entry, "environment": environment_id,
+                                        "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+            environments = {**raw.get("environments", {}), environment_id: environment}
+            used = {a["environment"] for a in artifacts.values()}
+            written = {"artifacts": artifacts, "code": record["code"],
+                       "environments": {k: v for k, v in environments.items() if k in used}}
             partial = manifest.with_name(MANIFEST + ".partial")
-            partial.write_text(json.dumps(entries, indent=1, sort_keys=True, ensure_ascii=True, default=str) + "\n")
+            partial.write_text(json.dumps(written, indent=1, sort_keys=True, ensure_ascii=True, default=str) + "\n")
             os.replace(partial, manifest)
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any]:
-    """The PROVENANCE.json of a folder ({} when it has none)."""
-    manifest = Path(folder) / MANIFEST
-    return json.loads(manifest.read_text()) if manifest.is_file() else {}
+    """The artifacts of a folder's PROVENANCE.json ({} when it has none), each its whole record: sha256, config,
+    seed, notebook, its environment's versions and machine, and the code hash of the run that last wrote there."""
+    raw = _read_raw(Path(folder))
+    environments = raw.get("environments", {})
+    return {name: {**entry, **environments.get(entry.get("environment"), {}), "code": raw.get("code")}
+            for name, entry in raw.get("artifacts", {}).items()}
+
+
+def _read_raw(folder: Path) -> dict[str, Any]:
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return {}
+    raw = json.loads(manifest.read_text())
+    if not isinstance(raw, dict) or set(raw) - {"artifacts", "code", "environments"} or "artifacts" not in raw:
+        raise ValueError(f"{manifest} is not allowed: it is not a manifest of this sinklib (artifacts, code and "
+                         "environments at its top); move it away and run again")
+    return raw
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Generic, Iterator, TypeVar, Union
 
-from sinklib._checks import check_choice
+from sinklib.validation import check_choice
 
 T = TypeVar("T")
 

@@ -39,7 +39,7 @@ except ModuleNotFoundError as missing:
                       "missing): pip install -e '.[notebooks]'") from missing
 
 from sinklib import agreement
-from sinklib._checks import did_you_mean
+from sinklib.validation import did_you_mean
 from sinklib.loading import is_default_model, resolve_name
 from sinklib.paths import DATA_DIR, INSTALLED, NOTEBOOKS
 

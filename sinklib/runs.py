@@ -16,7 +16,8 @@ import pandas as pd
 import papermill
 from annotated_types import Ge
 
-from sinklib._checks import did_you_mean
+from sinklib.validation import (Consent, Count, DType, Device, Flag, Folder, Index, Ks, ModelNames, NonNegative,
+                                Text, did_you_mean, validated)
 from sinklib.evaluation.table1 import by_task, masking_table
 from sinklib.evaluation.tasks import get_task, task_names
 from sinklib.explorer import export_pages
@@ -28,8 +29,6 @@ from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
 from sinklib.summary import Result
-from sinklib.validation import (Consent, Count, Device, DType, Flag, Folder, Index, Ks, ModelNames, NonNegative, Text,
-                                validated)
 from sinklib.zoo import over_training
 from sinklib.zoo.data import prompts
 

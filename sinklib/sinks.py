@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sinklib._checks import bad_value, check_choice, check_eps, check_int
+from sinklib.validation import bad_value, check_choice, check_eps, check_int
 
 UNITS = ("sum", "mean")
 

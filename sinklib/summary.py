@@ -1,7 +1,7 @@
 """What a notebook shows of a run: a table with one row per model, its numbers rounded as `significant` says, and
 findings — sentences written from those numbers, with the paper's values beside them.
 
-A row whose model decided some step of its generations by less than agreement.NEAR_TIE (two positions or two
+A row whose model decided some step of its generations by less than ties.NEAR_TIE (two positions or two
 tokens equally likely up to float rounding) is labelled "<model> ≈": on another CPU that decision may go the
 other way, and every number of the row with it. Its findings lines start with the same label. The notebooks'
 nbval configuration (tests/notebooks/nbval_sanitize.cfg) compares every other line exactly and masks these;
@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from sinklib.agreement import NEAR_TIE, closest_margin, is_near_tie
+from sinklib.ties import NEAR_TIE, closest_margin, is_near_tie
 
 NEAR_TIE_MARK = "≈"
 FOOTNOTE = (f"{NEAR_TIE_MARK}: in this run, this model decided some step by a relative margin of at most {NEAR_TIE:g}, "

@@ -1,4 +1,4 @@
-"""Decision margins in plain numpy, one candidate at a time, from the rules families.base.confidence_margin states
+"""Decision margins in plain numpy, one candidate at a time, from the rules ties.confidence_margin states
 (its docstring and its constants' comments): the reference the samplers' margins are tested against."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from sinklib.agreement import NEAR_TIE
-from sinklib.families.base import LANE_SHARE, LOGIT_ROUNDING
+from sinklib.ties import NEAR_TIE
+from sinklib.ties import LANE_SHARE, LOGIT_ROUNDING
 
 
 def relative_gap(high: float, low: float) -> float:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sinklib._checks import check_choice, check_int
+from sinklib.validation import check_choice, check_int
 from sinklib.families.base import DiffusionFamily
 
 

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from sinklib._checks import check_int, did_you_mean
+from sinklib.validation import check_int, did_you_mean
 from sinklib.attention_math import deferrable_row
 from sinklib.capture import route
 from sinklib.capture.attend import AttentionCall, SdpaArgs, attend, clean_statistics, unmasked

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sinklib._checks import check_int
+from sinklib.validation import check_int
 from sinklib.attention_math import DecodingRows
 
 FIELDS = {"scores": float("nan"), "masked": False, "query_count": float("nan")}  # → fill for a layer that did not run

@@ -27,15 +27,24 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-from sinklib._checks import bad_value, check_choice, did_you_mean
+from sinklib.validation import (Consent, Count, Index, NonNegative, Temperature, Text, bad_value, check_choice,
+                                check_value, checked, did_you_mean)
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import paper_masking
 from sinklib.generate import generate
-from sinklib.interventions import AblateValues, MaskRandomKeys
+from sinklib.interventions import AblateValues, MaskRandomKeys, make_policy
 from sinklib.loading import load
-from sinklib.validation import Consent, Count, Index, NonNegative, Temperature, Text, check_value, checked
 
 logger = logging.getLogger(__name__)
+
+
+POLICY_PREFIX = "policy."  # model_args keys that set the named policy's settings
+
+
+def _policy_arg(text: str) -> Any:
+    """A policy setting: as _model_arg, and values separated by spaces a list of such values ("0 3" → [0, 3])."""
+    items = text.split()
+    return [_model_arg(item) for item in items] if len(items) > 1 else _model_arg(text)
 
 
 def _model_arg(text: str) -> Any:
@@ -55,18 +64,34 @@ def _model_arg(text: str) -> Any:
         return text
 
 
+def _intervention(kind: str, chosen, mask_top_k: int, mask_eps: float, mask_source: str, mask_random_k: int,
+                  mask_values: str | None, seed: int):
+    """The run's intervention from model_args: the paper's masking, the random-key control or the named policy
+    (`chosen`), its values ablated instead where mask_values says so; None for none."""
+    keys = (paper_masking(kind, mask_top_k, mask_eps, mask_source) if mask_top_k
+            else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else chosen)
+    if mask_values is None:
+        return keys
+    if keys is None:
+        raise bad_value("mask_values", mask_values, "None unless mask_top_k, mask_random_k or policy chooses keys")
+    return AblateValues(keys, mask_values)
+
+
 @register_model("sinklib")
 class SinklibLM(LM):
     """model_args: pretrained (hub id, local path or zoo name), family, steps, gen_length, block_length,
     temperature, alg (dream), remasking (llada), mask_top_k / mask_eps / mask_source (the paper's masking:
-    Eq. 3 on the previous step), mask_random_k (the random-key control), mask_values ("zero" or "mean": the chosen
-    keys keep their attention and their values are ablated instead), seed, dtype, device, batch_size, trust_remote_code."""
+    Eq. 3 on the previous step), mask_random_k (the random-key control), policy (any registered masking policy by
+    name, sinklib.interventions.POLICIES, its settings given as policy.<setting>=value; a list as values separated
+    by spaces: policy=mask_keys,policy.positions=0 3), mask_values ("zero" or "mean": the chosen keys keep their
+    attention and their values are ablated instead), seed, dtype, device, batch_size, trust_remote_code."""
 
     @checked
     def __init__(self, pretrained: Text, family: str | None = None, steps: Count | None = None,
                  gen_length: Count | None = None, block_length: Count | None = None, temperature: Temperature = 0.0,
                  alg: str | None = None, remasking: str | None = None, mask_top_k: Index = 0,
                  mask_eps: NonNegative = 3.0, mask_source: str = "previous_step", mask_random_k: Index = 0,
+                 policy: str | None = None, policy_settings: dict[str, Any] | None = None,
                  mask_values: Literal["zero", "mean"] | None = None, seed: Index = 0, dtype: str | None = None,
                  device: str | None = None,
                  batch_size: int | str | None = 1, max_batch_size: Count | None = None,
@@ -74,6 +99,11 @@ class SinklibLM(LM):
         super().__init__()
         if mask_top_k and mask_random_k:
             raise bad_value("mask_random_k", mask_random_k, "0 when mask_top_k is set (one intervention at a time)")
+        if policy is not None and (mask_top_k or mask_random_k):
+            raise bad_value("policy", policy, "None when mask_top_k or mask_random_k is set (one intervention at a time)")
+        if policy_settings and policy is None:
+            raise bad_value("policy_settings", policy_settings, "empty unless policy names the policy they set")
+        chosen = make_policy(policy, **(policy_settings or {})) if policy is not None else None  # before any model loads
         check_choice(mask_source, "mask_source", ["previous_step", "previous_step_clean", "same_step"])
         self.batch_size = _batch_size(batch_size)
         self._rank, self._world_size = _init_distributed()
@@ -91,12 +121,8 @@ class SinklibLM(LM):
                                                                  block_length=block_length)
         self.settings["temperature"] = float(temperature)
         self.settings.update({key: value for key, value in (("alg", alg), ("remasking", remasking)) if value is not None})
-        self.intervention = (paper_masking(self.loaded.family.kind, mask_top_k, mask_eps, mask_source) if mask_top_k
-                             else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else None)
-        if mask_values is not None:
-            if self.intervention is None:
-                raise bad_value("mask_values", mask_values, "None unless mask_top_k or mask_random_k chooses keys")
-            self.intervention = AblateValues(self.intervention, mask_values)
+        self.intervention = _intervention(self.loaded.family.kind, chosen, mask_top_k, mask_eps, mask_source,
+                                          mask_random_k, mask_values, seed)
         self.seed = seed
         self._overridden: set[int] = set()
 
@@ -114,14 +140,19 @@ class SinklibLM(LM):
         malformed = [item for item in pairs if len(item) != 2]
         if malformed:
             raise ValueError(f"model_args {malformed[0][0].strip()!r} is not allowed: each argument is key=value")
-        return cls.create_from_arg_obj({key.strip(): _model_arg(value) for key, value in pairs}, additional_config)
+        return cls.create_from_arg_obj({key.strip(): _policy_arg(value) if key.strip().startswith(POLICY_PREFIX)
+                                        else _model_arg(value) for key, value in pairs}, additional_config)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "SinklibLM":
         """As create_from_arg_string, for model_args given as a mapping (lm-eval's Python API and newer CLI)."""
-        allowed = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+        allowed = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "policy_settings")]
+        arg_dict = dict(arg_dict)
+        settings = {key[len(POLICY_PREFIX):]: arg_dict.pop(key) for key in list(arg_dict) if key.startswith(POLICY_PREFIX)}
+        if settings:
+            arg_dict["policy_settings"] = settings
         for key in arg_dict:
-            if key not in allowed:
+            if key not in allowed and key != "policy_settings":
                 raise ValueError(f"model_args {key}= is not allowed: the sinklib model takes {allowed}"
                                  f"{did_you_mean(key, allowed)}")
         if "pretrained" not in arg_dict:

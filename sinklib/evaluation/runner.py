@@ -14,20 +14,21 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from tqdm.auto import tqdm
 
-from sinklib.agreement import closest_margin
+from sinklib.ties import smallest_margin
 from sinklib.capture import check_intervention
 from sinklib.generate import generate, resolve_settings
-from sinklib.validation import Consent, Count, Index, checked
-from sinklib._checks import bad_value
-from sinklib.evaluation.sandbox import SandboxLimits
+from sinklib.validation import Consent, Count, Index, bad_value, checked
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.interventions import identity
 from sinklib.provenance import as_text, describe
 from sinklib.loading import LoadedModel, load
+
+if TYPE_CHECKING:  # the sandbox loads when HumanEval runs, not with sinklib
+    from sinklib.evaluation.sandbox import SandboxLimits
 
 
 @dataclass
@@ -77,6 +78,8 @@ def run_config(model: LoadedModel, task: str, intervention, limit: int | None, s
               "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
               "settings": settings, "task_path": task_path}
     if get_task(task).executes_code:
+        from sinklib.evaluation.sandbox import SandboxLimits  # noqa: PLC0415  (loaded when HumanEval runs)
+
         config["sandbox"] = asdict(sandbox or SandboxLimits())
     return config
 
@@ -88,11 +91,14 @@ def provenance_path(out: Path) -> Path:
 
 def write_provenance(out: Path, digest: str, config: dict[str, Any]) -> None:
     """Beside the JSONL (whose records carry only config_hash): each hash's full config with the package versions
-    and the code's identity (sinklib.provenance), so a results file says how it was made."""
+    and the code's identity (sinklib.provenance), so a results file says how it was made. Written when a configuration
+    first writes there: a rerun that resumes it (or finds it done) leaves the file as it is, whatever code runs."""
     path = provenance_path(out)
     if os.path.lexists(path) and not path.is_file() or path.is_symlink():
         raise ValueError(f"out={str(out)!r} is not allowed: {path.name} beside it must be a regular file")
     known = json.loads(path.read_text()) if path.is_file() else {}
+    if digest in known:
+        return
     known[digest] = describe(config)
     descriptor, temporary = tempfile.mkstemp(prefix=path.name, suffix=".partial", dir=path.parent)  # ours, new
     with os.fdopen(descriptor, "w") as handle:
@@ -302,15 +308,6 @@ class _Run:
                        "seconds": round(seconds, 4), "config_hash": self.digest}
 
 
-def smallest_margin(trace) -> float | None:
-    """The closest decision of the generation another CPU could act on (agreement.closest_margin over
-    Trace.margins: exact ties, broken by a fixed order everywhere, do not count): above float rounding, another CPU
-    writes the same output; None where no margin was recorded or a decision was sampled."""
-    if trace.margins is None or not len(trace.margins) or bool(trace.margins.isnan().any()):
-        return None
-    return closest_margin(trace.margins.flatten().tolist())
-
-
 def _summary(task: str, records: list[dict], limit) -> EvalSummary:
     if not records:
         raise bad_value("limit", limit, "a number that leaves at least one sample")
@@ -323,7 +320,7 @@ def _summary(task: str, records: list[dict], limit) -> EvalSummary:
 @checked
 def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Count | None = None, batch_size: Count = 8,
              out: str | Path | None = None, seed: Index = 0, progress: bool = True, task_path: str | None = None,
-             allow_code_execution: Consent = False, sandbox: SandboxLimits | None = None, **settings) -> EvalSummary:
+             allow_code_execution: Consent = False, sandbox: Any = None, **settings) -> EvalSummary:
     """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
 
     Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
@@ -333,11 +330,13 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
     > 0) and MaskRandomKeys included. batch_size is part of the configuration for that reason.
     Returns mean ± standard error over the samples.
     HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
-    process (sinklib.evaluation.sandbox; `sandbox` sets its limits)."""
+    process (sinklib.evaluation.sandbox, loaded only then; `sandbox`, a SandboxLimits, sets its limits)."""
     model, spec, samples = _checked(model, task, intervention, allow_code_execution, out, task_path)
     settings = sampler_settings(model, settings, task)
     samples = samples[:limit]
     if spec.executes_code:
+        from sinklib.evaluation.sandbox import SandboxLimits  # noqa: PLC0415  (loaded when HumanEval runs)
+
         sandbox = sandbox or SandboxLimits()
     config = run_config(model, task, intervention, limit, seed, batch_size, task_path, sandbox, settings)
     run = _Run(model, spec, intervention, settings, sandbox, config_hash(config), seed)

@@ -14,8 +14,7 @@ from typing import Any, Literal, Sequence
 
 import pandas as pd
 
-from sinklib.validation import Consent, Count, Flag, Index, Ks, NonNegative, checked
-from sinklib._checks import bad_value, check_choice
+from sinklib.validation import Consent, Count, Flag, Index, Ks, NonNegative, bad_value, check_choice, checked
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.evaluation.checks import mass_dropped, noop_check

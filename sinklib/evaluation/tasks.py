@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from sinklib.evaluation.sandbox import SandboxLimits, run_tests
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
 from sinklib.zoo.data import plain
@@ -87,6 +86,8 @@ def humaneval_program(sample: Sample, completion: str) -> str:
 
 def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
     """The completion judged by the problem's tests, which run outside the sandbox and call it by value."""
+    from sinklib.evaluation.sandbox import SandboxLimits, run_tests  # noqa: PLC0415  (the sandbox loads when HumanEval runs)
+
     completion = humaneval_completion(output)
     result = run_tests(sample.prompt + completion, sample.meta["test"], sample.target, sandbox or SandboxLimits(),
                        setup=sample.prompt)

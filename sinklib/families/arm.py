@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from sinklib._checks import bad_value, check_int
-from sinklib.validation import Count, Index, Temperature, validated
-from sinklib.families.base import AutoregressiveFamily, argmax_margin, note_decisions
+from sinklib.validation import Count, Index, Temperature, bad_value, check_int, validated
+from sinklib.families.base import AutoregressiveFamily
+from sinklib.ties import argmax_margin, note_decisions
 
 
 @validated

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from sinklib._checks import bad_value, check_choice, check_int
-from sinklib.validation import Count, Index, NonNegative, Number, Temperature, validated
-from sinklib.families.base import DiffusionFamily, Forward, argmax_margin, choice_margin, note_decisions
+from sinklib.validation import (Count, Index, NonNegative, Number, Temperature, bad_value, check_choice, check_int,
+                                validated)
+from sinklib.families.base import DiffusionFamily, Forward
+from sinklib.ties import argmax_margin, choice_margin, note_decisions
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
-# what each deterministic alg ranks positions by, for the decision margins (families.base.confidence_margin)
+# what each deterministic alg ranks positions by, for the decision margins (ties.confidence_margin)
 CONFIDENCE_KIND = {"maskgit_plus": "probability", "topk_margin": "probability_gap", "entropy": "entropy"}
 
 

@@ -14,9 +14,9 @@ from typing import Literal
 
 import torch
 
-from sinklib._checks import bad_value, check_choice, check_int
-from sinklib.validation import Count, GuidanceScale, Index, Temperature, validated
-from sinklib.families.base import DiffusionFamily, Forward, argmax_margin, choice_margin, note_decisions
+from sinklib.validation import Count, GuidanceScale, Index, Temperature, bad_value, check_choice, check_int, validated
+from sinklib.families.base import DiffusionFamily, Forward
+from sinklib.ties import argmax_margin, choice_margin, note_decisions
 
 REMASKING = ("low_confidence", "random")
 

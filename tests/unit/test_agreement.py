@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from sinklib import agreement
-from sinklib.agreement import DIFFERS, FLOAT_TOLERANCE, IDENTICAL, NEAR, NEAR_TIE, WITHIN
+from sinklib.agreement import DIFFERS, FLOAT_TOLERANCE, IDENTICAL, NEAR, WITHIN
+from sinklib.ties import NEAR_TIE
 
 
 def _generations(canvases: dict[tuple[str, int], list[list[int]]], margins: dict[tuple[str, int], list[float]]):
@@ -199,7 +200,7 @@ def test_other_run_parameters_make_every_artifact_of_that_run_differ(tmp_path):
     for side, eps in (("c", 3.0), ("r", 2.0)):
         _write(tmp_path / side, "moving_sink_events", frame)
         (tmp_path / side / "PROVENANCE.json").write_text(json.dumps(
-            {"moving_sink_events.parquet": {"config": {"eps": eps, "models": ["a", "b"]}}}))
+            {"artifacts": {"moving_sink_events.parquet": {"config": {"eps": eps, "models": ["a", "b"]}}}}))
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
     assert not report.agrees and report.failing == ["moving_sink_events"]
     assert "run parameters differ: eps 3.0 → 2.0" in report.rows[0].detail

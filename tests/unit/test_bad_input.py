@@ -545,6 +545,10 @@ def test_masking_run_settings_are_refused_where_the_config_is_made(given, messag
         runs.MaskingRun(**given)
 
 
+def _adapt():
+    return __import__("sinklib.zoo.adapt").zoo.adapt
+
+
 def _runs():
     pytest.importorskip("papermill")  # the run configs read the notebooks' parameters cells with it
     return __import__("sinklib.runs").runs
@@ -565,6 +569,10 @@ def _runs():
      r"checkpoint_count=1099511627776 is not allowed: recipe tiny-llada trains 5000 steps \(count=.* count <= total"),
     (lambda: __import__("sinklib.zoo.train").zoo.train.train("tiny-arm", ".", threads=True),
      r"threads=True is not allowed: threads must be an integer"),
+    (lambda: _adapt().train("smollm2-135m-diffusion", spec=_adapt().AdaptSpec("x", "dream", precision="float8")),
+     r"precision='float8' is not allowed: precision must be one of \['float32', 'bfloat16'\]"),
+    (lambda: _adapt().train("smollm2-135m-diffusion", spec=_adapt().AdaptSpec("x", "dream", weighting="elbo2")),
+     r"weighting='elbo2' is not allowed: weighting must be one of \['elbo', 'elbo-forced', 'flat'\] \(did you mean"),
     (lambda: _runs().MaskingRun(task_path="no/such/file.jsonl"),
      r"task_path='no/such/file.jsonl' is not allowed: task_path must be an existing file"),
 ])

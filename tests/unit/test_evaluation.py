@@ -93,6 +93,32 @@ def test_beside_the_records_their_config_says_how_they_were_made(tmp_path):
     assert record["machine"] == provenance.machine()
 
 
+def test_a_rerun_under_edited_code_leaves_the_provenance_beside_the_records(tmp_path, monkeypatch):
+    from sinklib import provenance
+    from sinklib.evaluation.runner import provenance_path
+
+    loaded = sinklib.load("tiny-arm")
+    out = tmp_path / "run.jsonl"
+    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    before = provenance_path(out).read_bytes()
+    monkeypatch.setattr(provenance, "code_identity", lambda: "0" * 16)  # as after an edit of a comment
+    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    assert provenance_path(out).read_bytes() == before, "the records were made by the first run's code"
+    other = tmp_path / "other.jsonl"
+    evaluate(loaded, "arithmetic", limit=2, out=other, progress=False, gen_length=16)
+    assert json.loads(provenance_path(other).read_text()).popitem()[1]["code"]["sinklib_sources_sha256"] == "0" * 16
+
+
+def test_the_sandbox_loads_when_humaneval_runs_not_with_sinklib():
+    import subprocess
+    import sys
+
+    code = ("import sys, sinklib, sinklib.evaluation.runner, sinklib.evaluation.table1; "
+            "print(sorted(m for m in sys.modules if m.startswith('sinklib.evaluation.sandbox')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_a_file_from_another_configuration_is_refused(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"

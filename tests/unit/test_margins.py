@@ -1,12 +1,12 @@
-"""Decision margins where confidences saturate: hand-worked cases of families.base.confidence_margin, and the
+"""Decision margins where confidences saturate: hand-worked cases of ties.confidence_margin, and the
 agreement helpers that read margins."""
 import math
 
 import pytest
 import torch
 
-from sinklib.agreement import NEAR_TIE, closest_margin, is_near_tie
-from sinklib.families.base import choice_margin, confidence_margin
+from sinklib.ties import NEAR_TIE, closest_margin, is_near_tie
+from sinklib.ties import choice_margin, confidence_margin
 
 
 def rows(*gaps: float, rivals: int = 1) -> torch.Tensor:

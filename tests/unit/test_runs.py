@@ -127,7 +127,29 @@ def test_a_code_only_edit_changes_the_manifest_not_the_artifacts(tmp_path, monke
     after = save(tmp_path / "b")
     assert {k: v for k, v in before.items() if k != "PROVENANCE.json"} == \
         {k: v for k, v in after.items() if k != "PROVENANCE.json"}
-    assert before["PROVENANCE.json"] != after["PROVENANCE.json"]
+    old, new = (side["PROVENANCE.json"].decode().splitlines() for side in (before, after))
+    changed = [(a, b) for a, b in zip(old, new) if a != b]
+    assert len(old) == len(new) and len(changed) == 1, "one line of the manifest changes: the code hash"
+    assert '"sinklib_sources_sha256": "0000000000000000"' in changed[0][1]
+
+
+def test_the_manifest_writes_each_environment_once_and_refuses_an_old_format(tmp_path):
+    import matplotlib.pyplot as plt
+
+    run = runs.TracesRun(models=["tiny-arm"], figures_dir=str(tmp_path), results_dir=str(tmp_path))
+    figures = {}
+    for name in ("one", "two", "three"):
+        figures[name], ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+    run.save(runs.Result(figures=figures))
+    for fig in figures.values():
+        plt.close(fig)
+    raw = json.loads((tmp_path / "PROVENANCE.json").read_text())
+    assert len(raw["artifacts"]) == 6 and len(raw["environments"]) == 1
+    assert {a["environment"] for a in raw["artifacts"].values()} == set(raw["environments"])
+    (tmp_path / "PROVENANCE.json").write_text(json.dumps({"fig.png": {"config": {}}}))  # the per-artifact format
+    with pytest.raises(ValueError, match=r"PROVENANCE.json is not allowed: it is not a manifest of this sinklib"):
+        provenance.read_manifest(tmp_path)
 
 
 def test_a_truncated_pdf_is_refused_not_read_forever(tmp_path):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from sinklib.agreement import NEAR_TIE
+from sinklib.ties import NEAR_TIE
 from sinklib.evaluation.table1 import MaskingTable
 from sinklib.summary import FOOTNOTE, Summary, caption, near_tie_models, significant
 
