@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import pandas as pd
 
@@ -20,6 +20,7 @@ from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.evaluation.checks import mass_dropped, noop_check
 from sinklib.interventions import AblateValues, MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel, is_default_model, load
+from sinklib.registry import Registry
 from sinklib.summary import Result, Summary, is_near_tie, label
 
 
@@ -87,7 +88,7 @@ class MaskingTable:
         parts = [f"{row[column]} {_in_words(column)}"
                  + (f" ({accuracy[column] - accuracy['unmasked']:+.2f})"
                     if column != "unmasked" and "unmasked" in accuracy else "")
-                 for column in ("unmasked", "top-1", "random-1", "values-1") if column in row]
+                 for column in _headline_columns(list(row.index))]
         text = f"{shown_name} (n = {int(frame['n'].max())}): " + ", ".join(parts)
         if self.items is not None:
             margins = self.items.loc[self.items["model"] == name, "margin"]
@@ -109,6 +110,17 @@ class MaskingTable:
         return [folder / f"{name}.md", folder / f"{name}.tex", *paths]
 
 
+def _headline_columns(columns: list[str]) -> list[str]:
+    """What a finding reports: the unmasked column, then each condition's column at its smallest k, in table order
+    (the paper's k = 1: top-1, random-1, values-1)."""
+    smallest: dict[str, tuple[int, str]] = {}
+    for column in columns:
+        if column != "unmasked":
+            prefix, k = column.rsplit("-", 1)
+            smallest[prefix] = min(smallest.get(prefix, (int(k), column)), (int(k), column))
+    return [c for c in columns if c == "unmasked"] + [column for _, column in smallest.values()]
+
+
 def _plots():
     """sinklib.plots, imported on first use: the figures need matplotlib (the notebooks extra); the table's
     numbers and texts do not."""
@@ -117,23 +129,24 @@ def _plots():
     return plots
 
 
-def _in_words(column: str) -> str:
-    """"top-5" → "with its top-5 sinks masked", "random-1" → "with 1 random key masked"."""
-    if column == "unmasked":
-        return "unmasked"
-    kind, k = column.split("-")
-    if kind == "values":
-        return "with its top-1 sink's value ablated" if k == "1" else f"with its top-{k} sinks' values ablated"
-    plural = "" if k == "1" else "s"
-    return f"with its top-{k} sink{plural} masked" if kind == "top" else f"with {k} random key{plural} masked"
+@dataclass(frozen=True)
+class Condition:
+    """One kind of Table 1 column, as data: its `label` (the rows' condition), its column name before "-k" ("top-1",
+    "random-5"), how a finding says it ("with its top-{k} sinks masked"; "{s}" is "s" unless k is 1) and `policy`,
+    which builds the intervention for a model family's kind ("diffusion" / "autoregressive") and k from the table's
+    options (eps, source, seed). k = 0 is the unmasked column every table starts with, whatever its conditions."""
+    label: str
+    column: str
+    words: str
+    policy: Callable[..., Any]
 
+    def intervention(self, family_kind: str, k: int, eps: float, source: str, seed: int):
+        """This condition's intervention with k keys (the registered policy, built by `policy`)."""
+        return self.policy(family_kind=family_kind, k=k, eps=eps, source=source, seed=seed)
 
-def _column(condition: str, k: int) -> str:
-    if k == 0:
-        return "unmasked"
-    if condition.startswith("sink values"):
-        return f"values-{k}"
-    return f"top-{k}" if condition == "sinks" else f"random-{k}"
+    def in_words(self, k: int) -> str:
+        """How a finding names this condition at k."""
+        return self.words.format(k=k, s="" if k == 1 else "s")
 
 
 def paper_masking(family_kind: str, top_k: int, eps: float = 3.0, source: str = "previous_step") -> MaskSinks:
@@ -141,16 +154,56 @@ def paper_masking(family_kind: str, top_k: int, eps: float = 3.0, source: str = 
     return MaskSinks(top_k=top_k, eps=eps, source=source, rows="last" if family_kind == "autoregressive" else "all")
 
 
-def conditions(family_kind: str, ks: Sequence[int], random_control: bool, eps: float, source: str,
-               seed: int, value_ablation: str | None = None) -> list[tuple[str, int, Any]]:
-    """(condition, k, intervention) in table order: the top-k sinks masked, k random keys masked (random_control),
-    and the top-k sinks' values ablated ("zero" or "mean": they keep their attention, what they carry is removed)."""
-    result = [("sinks", k, paper_masking(family_kind, k, eps, source) if k else None) for k in ks]
-    if random_control:
-        result += [("random keys", k, MaskRandomKeys(k=k, seed=seed)) for k in ks if k]
-    if value_ablation is not None:
-        result += [(f"sink values ({value_ablation})", k,
-                    AblateValues(paper_masking(family_kind, k, eps, source), value_ablation)) for k in ks if k]
+def _ablated_sinks(mode: str) -> Callable[..., Any]:
+    def policy(family_kind: str, k: int, eps: float, source: str, seed: int):
+        return AblateValues(paper_masking(family_kind, k, eps, source), mode)
+    return policy
+
+
+# Table 1's conditions by name: masking_table(conditions=[...]) takes any of these; register your own with
+# CONDITIONS.register(name, Condition(...)) (tests/unit/test_extending.py adds one from outside the package).
+CONDITIONS: Registry[Condition] = Registry("condition", {
+    "sinks": Condition("sinks", "top", "with its top-{k} sink{s} masked",
+                       lambda family_kind, k, eps, source, seed: paper_masking(family_kind, k, eps, source)),
+    "random keys": Condition("random keys", "random", "with {k} random key{s} masked",
+                             lambda family_kind, k, eps, source, seed: MaskRandomKeys(k=k, seed=seed)),
+    **{f"sink values ({mode})": Condition(f"sink values ({mode})", "values", "with its top-{k} sinks' values ablated",
+                                          _ablated_sinks(mode)) for mode in AblateValues.MODES},
+})
+
+
+def _condition_of(label: str) -> Condition:
+    """The registered condition whose rows carry `label` (registered under that name)."""
+    return CONDITIONS.get(label)
+
+
+def _in_words(column: str) -> str:
+    """"top-5" → "with its top-5 sinks masked", "random-1" → "with 1 random key masked"."""
+    if column == "unmasked":
+        return "unmasked"
+    prefix, k = column.rsplit("-", 1)
+    condition = next(CONDITIONS.get(name) for name in CONDITIONS if CONDITIONS.get(name).column == prefix)
+    return condition.in_words(int(k))
+
+
+def _column(condition: str, k: int) -> str:
+    return "unmasked" if k == 0 else f"{_condition_of(condition).column}-{k}"
+
+
+def table_conditions(family_kind: str, ks: Sequence[int], random_control: bool, eps: float, source: str,
+                     seed: int, value_ablation: str | None = None,
+                     names: Sequence[str] | None = None) -> list[tuple[str, int, Any]]:
+    """(condition, k, intervention) in table order: unmasked (k = 0), then per condition its k > 0 columns. `names`:
+    the conditions by name (CONDITIONS); without it, the top-k sinks masked, k random keys masked (random_control),
+    and the top-k sinks' values ablated (value_ablation "zero" or "mean": they keep their attention, what they carry
+    is removed)."""
+    if names is None:
+        names = ["sinks", *(["random keys"] if random_control else []),
+                 *([f"sink values ({value_ablation})"] if value_ablation is not None else [])]
+    chosen = [CONDITIONS.get(name) for name in names]
+    result = [("sinks", 0, None)] if 0 in ks else []
+    for condition in chosen:
+        result += [(condition.label, k, condition.intervention(family_kind, k, eps, source, seed)) for k in ks if k]
     return result
 
 
@@ -162,7 +215,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                   allow_code_execution: Consent = False, progress: bool = True, task_path: str | None = None,
                   settings: dict[str, Any] | None = None, steps: Count | None = None, gen_length: Count | None = None,
                   block_length: Count | None = None, value_ablation: str | None = None,
-                  checks: Flag = True) -> MaskingTable:
+                  checks: Flag = True, conditions: Sequence[str] | None = None) -> MaskingTable:
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
     masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
     (default: LoadedModel.settings_for(task)); steps / gen_length / block_length refit each model's layout
@@ -170,6 +223,8 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
     a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one.
     value_ablation: "zero" or "mean" adds the top-k sinks' value ablation (AblateValues) beside the masking.
+    conditions: the columns by name (CONDITIONS, your own registered ones included) in place of random_control and
+    value_ablation, e.g. ["sinks", "random keys", "sink values (mean)"]; the unmasked column comes first whenever 0 is in ks.
     checks: every row carries the no-op check (noop_identical: on the task's first sample, unbatched, a capture masking
     nothing is bit-identical to no capture) and the attention its policy moved in one audited generation of that
     sample (evaluation.checks)."""
@@ -177,14 +232,16 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     models = _checked_models(models)
     if value_ablation is not None:
         check_choice(value_ablation, "value_ablation", AblateValues.MODES)
+    for name in conditions or ():
+        check_choice(name, "conditions", CONDITIONS.names())
     rows, items = [], []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)
         run_settings = {**loaded.settings_for(task, steps=steps, gen_length=gen_length, block_length=block_length),
                         **(settings or {})}
         audit = _Audit(loaded, task, task_path, run_settings, seed) if checks else None
-        for condition, k, intervention in conditions(loaded.family.kind, ks, random_control, eps, source, seed,
-                                                     value_ablation):
+        for condition, k, intervention in table_conditions(loaded.family.kind, ks, random_control, eps, source, seed,
+                                                           value_ablation, conditions):
             out = None
             if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh
                 digest = config_hash(run_config(loaded, task, intervention, limit, seed, batch_size, task_path, None,

@@ -2,7 +2,9 @@
 registry call (sinklib/ is not edited; the family's own proof is tests/unit/test_families.py with tests/toy_family.py).
 
 - an intervention: a class with keys_to_mask, registered in sinklib.interventions.POLICIES, then reached by name —
-  by the evaluation runner (make_policy) and by the lm-eval model (model_args policy=NAME,policy.SETTING=VALUE).
+  by the evaluation runner (make_policy) and by the lm-eval model (model_args policy=NAME,policy.SETTING=VALUE);
+- a Table 1 condition: a Condition registered in sinklib.evaluation.table1.CONDITIONS, a column of masking_table
+  by name beside the paper's.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 
 import sinklib
 from sinklib.evaluation import evaluate
+from sinklib.evaluation.table1 import CONDITIONS, Condition, masking_table
 from sinklib.interventions import POLICIES, Intervention, MaskKeys, make_policy
 
 
@@ -66,3 +69,23 @@ def test_the_lm_eval_model_takes_any_registered_policy_by_name(toy_policy):
         SinklibLM.create_from_arg_string("pretrained=tiny-arm,mask_top_k=1,policy=mask_keys,policy.positions=0", {})
     with pytest.raises(ValueError, match=r"policy_settings=\{'count': 2\} is not allowed: policy_settings must be empty"):
         SinklibLM.create_from_arg_string("pretrained=tiny-arm,policy.count=2", {})
+
+
+def test_a_table_1_condition_defined_here_is_a_column_by_name(toy_policy):
+    CONDITIONS.register("first keys", Condition("first keys", "first", "with its first {k} key{s} masked",
+                                                lambda family_kind, k, eps, source, seed: make_policy(toy_policy, count=k)))
+    try:  # a table names its columns through the registry: read it while the condition is registered
+        table = masking_table(["tiny-arm"], ks=[0, 30], conditions=["sinks", "first keys"], limit=6, batch_size=3,
+                              progress=False, checks=False, gen_length=12)
+        columns, findings = list(table.wide().columns), table.summary().findings
+    finally:
+        CONDITIONS.unregister("first keys")
+    assert columns == ["unmasked", "top-30", "first-30"]
+    loaded = sinklib.load("tiny-arm")
+    alone = evaluate(loaded, "arithmetic", limit=6, batch_size=3, progress=False, gen_length=12,
+                     intervention=MaskFirstKeys(count=30))
+    row = table.frame.set_index(["condition", "k"]).loc[("first keys", 30)]
+    assert row["accuracy"] == alone.accuracy and row["n"] == 6
+    assert "with its first 30 keys masked" in findings[0]
+    with pytest.raises(ValueError, match=r"conditions='first keys' is not allowed: conditions must be one of"):
+        masking_table(["tiny-arm"], ks=[0, 1], conditions=["first keys"])
