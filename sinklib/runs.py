@@ -19,7 +19,7 @@ from annotated_types import Ge
 from sinklib.validation import (Consent, Count, DType, Device, Flag, Folder, Index, Ks, ModelNames, NonNegative,
                                 Text, did_you_mean, validated)
 from sinklib.evaluation.table1 import by_task, masking_table
-from sinklib.evaluation.tasks import get_task, task_names
+from sinklib.evaluation.tasks import get_task, task_names, trace_prompts
 from sinklib.explorer import export_pages
 from sinklib.generate import collect_traces, demo_trace
 from sinklib.loading import load, load_models
@@ -30,7 +30,6 @@ from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
 from sinklib.summary import Result
 from sinklib.zoo import over_training
-from sinklib.zoo.data import prompts
 
 
 def parameters_from_notebook(cls: type) -> type:
@@ -161,7 +160,7 @@ class TracesRun(RunConfig):
     def collect(self) -> tuple[dict, dict]:
         """(loaded models by name, their traces by name): one generation per prompt with the family's settings."""
         loaded = self.load()
-        traces = {name: collect_traces(model, prompts(self.n_prompts, plain_english=not model.is_zoo), seed=self.seed,
+        traces = {name: collect_traces(model, trace_prompts(model.is_zoo, self.n_prompts), seed=self.seed,
                                        progress=self.progress, **model.settings_for(steps=self.steps,
                                                                                     gen_length=self.gen_length,
                                                                                     block_length=self.block_length))

@@ -9,7 +9,6 @@ from typing import Any, Callable, Mapping
 
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
-from sinklib.zoo.data import plain
 from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
                                         strict_answer)
 
@@ -94,6 +93,16 @@ def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
     return {"completion": completion, "status": result.status, "correct": result.passed, "error": result.error}
 
 
+TRACE_TASKS = {True: "arithmetic", False: "arithmetic-english"}  # the notebooks' prompts: a zoo model reads the zoo's
+# "Q: … A:" format, every other model the same problems in plain English through its chat template
+
+
+def trace_prompts(is_zoo: bool, n: int) -> list[str]:
+    """The first n prompts of the task the notebooks trace a model on (TRACE_TASKS): the held-out arithmetic, as
+    the zoo's format for a zoo model (`is_zoo`), else in plain English."""
+    return [sample.prompt for sample in get_task(TRACE_TASKS[bool(is_zoo)]).samples()[:n]]
+
+
 def read_rows(file: Path, fields: tuple[str, ...], given: str | None) -> list[dict]:
     """The JSON objects of a JSONL file, each with `fields` present and not null (a null answer would be scored
     against the text 'None'); errors name the file and the line."""
@@ -118,6 +127,12 @@ def _arithmetic(path: str | None = None) -> list[Sample]:
     file = Path(path) if path else DATA_DIR / "arithmetic_test.jsonl"
     rows = read_rows(file, ("id", "question", "answer"), path)
     return [Sample(str(r["id"]), r["question"], str(r["answer"])) for r in rows]
+
+
+def plain(question: str) -> str:
+    """A "Q: … A:" question as plain English: "Q: tom has 5 apples . … ? A:" → "Tom has 5 apples. …?"."""
+    text = question.removeprefix("Q: ").removesuffix(" A:").replace(" .", ".").replace(" ?", "?")
+    return text[0].upper() + text[1:]
 
 
 def _arithmetic_english(path: str | None = None) -> list[Sample]:

@@ -39,7 +39,8 @@ from sinklib import compat
 from sinklib.validation import check_choice, check_int
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
-from sinklib.zoo.data import Problem, held_out, plain, problems
+from sinklib.evaluation.tasks import plain
+from sinklib.zoo.data import Problem, held_out, problems
 
 BASE = ADAPTED_MODELS["smollm2-135m-diffusion"].base
 MASK_ID = ADAPTED_MODELS["smollm2-135m-diffusion"].mask_id  # 16, `<empty_output>`: unused by SmolLM2's chat template

@@ -117,16 +117,3 @@ def read_jsonl(path: Path) -> list[Problem]:
     with Path(path).open() as handle:
         rows = [json.loads(line) for line in handle if line.strip()]
     return [Problem(r["question"], r["work"], r["answer"], r["template"]) for r in rows]
-
-
-def prompts(n: int, plain_english: bool = False) -> list[str]:
-    """The first n held-out questions as prompts: in the zoo's own "Q: … A:" format, or (plain_english) the same
-    problems as plain sentences, for real checkpoints that read them through their chat template."""
-    items = held_out()[:n]
-    return [plain(p.question) if plain_english else p.question for p in items]
-
-
-def plain(question: str) -> str:
-    """A "Q: … A:" question as plain English: "Q: tom has 5 apples . … ? A:" → "Tom has 5 apples. …?"."""
-    text = question.removeprefix("Q: ").removesuffix(" A:").replace(" .", ".").replace(" ?", "?")
-    return text[0].upper() + text[1:]

