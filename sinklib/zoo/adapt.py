@@ -436,7 +436,7 @@ def render_card(card: dict) -> str:
     budget = (f"{card['train_steps']} × {spec['batch_size']} problems ({card['problems_seen']:,} problems, "
               f"{card['tokens_seen']:,} tokens seen), AdamW lr {spec['lr']} (warm-up {spec['warmup']}, cosine to 10 %), "
               f"seed {spec['seed']}")
-    wall = f"{card['wall_seconds'] / 60:.0f} min on {card['machine']} (another training ran on the other core)"
+    wall = f"{card['wall_seconds'] / 60:.0f} min on {card['machine']}"
     score = f"{card['accuracy']:.3f} on {card['accuracy_n']} problems (task `arithmetic-english`)"
     return f"""# {card['name']}
 
