@@ -13,6 +13,7 @@ import torch
 import sinklib
 from sinklib import dynamics
 from sinklib.generate import generate
+from sinklib.provenance import describe
 from sinklib.zoo import over_training
 from sinklib.zoo.data import held_out
 from sinklib.zoo.tokenizer import build_tokenizer
@@ -276,7 +277,7 @@ def test_measurements_of_two_models_running_at_once_keep_each_others_rows(tmp_pa
         for step in range(15):
             row = {column: 0.0 for column in over_training.COLUMNS} | {
                 "model": model, "checkpoint": f"step-{step:05d}", "step": step, "weights": "w", "top_sink_token": ""}
-            over_training._add_row(row, results, {"config": {}})
+            over_training._add_row(row, results, describe({}, what="sinks over training"))
 
     writers = [threading.Thread(target=write_rows, args=(model,)) for model in ("tiny-arm", "tiny-dream")]
     for writer in writers:
