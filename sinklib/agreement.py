@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sinklib.summary import Layout
 from sinklib.ties import NEAR_TIE, both_near_tie, is_near_tie
 
 FLOAT_TOLERANCE = 1e-4
@@ -54,33 +55,6 @@ GENERATIONS = "generations"
 IDENTICAL, WITHIN, NEAR, DIFFERS = "identical", "within tolerance", "near-tie", "differs"
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How to compare one results file: the columns that identify a row, and which generation a row comes from.
-
-    scope: "trace" (rows carry model and trace columns), "first" (rows come from each model's first generation),
-    "model" (rows pool all of a model's generations), "run" (a row is one evaluation run — Table 1 — bounded by
-    its samples whose answers parted at a near-tie) or "none" (nothing to blame: must agree).
-    """
-    keys: tuple[str, ...]
-    scope: str = "model"
-    index: bool = False  # the frame's index holds the model names (pandas describe())
-
-
-LAYOUTS: dict[str, Layout] = {
-    "fig01_token_step": Layout(("model", "step", "layer", "head", "position"), "first"),
-    "fig03_score_summary": Layout(("model",), "model", index=True),
-    "fig05_layer_head": Layout(("model", "layer", "head")),
-    "fig07_greatest_sink": Layout(("model", "step"), "first"),
-    "fig10_threshold_sweep": Layout(("model", "eps", "units")),
-    "moving_sink_events": Layout(("model", "trace", "step", "layer", "head"), "trace"),
-    "sink_dynamics": Layout(("model", "trace"), "trace"),
-    "table2_sink_tokens": Layout(("model", "token")),
-    "transient_sinks": Layout(("model", "trace", "step", "layer", "head", "position"), "trace"),
-    "sink_carry_by_layer": Layout(("model", "layer")),
-    "step_stability": Layout(("model", "layer")),
-}
-EVALUATION = Layout(("model", "condition", "k"), "run")  # table1_masking_ / table1_dose_<task>: one evaluation run
 ITEMS = "_items"  # table1_masking_<task>_items: one row per evaluated sample, with its closest decision margin
 _BASELINE = re.compile(r"^uniform causal attention \((.+)'s lengths\)$")  # fig10's reference rows, per model
 
@@ -344,9 +318,10 @@ def compare_file(committed: Path, rerun: Path, explained: set[tuple] = frozenset
     (("trace", model, trace): a generation that parted at a near-tie; ("answers" / "flagged", model, condition, k,
     count): an evaluation run's samples whose outputs parted / that decided a near-tie, from compare_items)."""
     name = committed.stem
-    layout = LAYOUTS.get(name, EVALUATION if name.startswith(("table1_masking_", "table1_dose_")) else None)
+    layout = _layout(committed, rerun)
     a, b, settled = _read_pair(committed, rerun)
-    if settled and not (layout is EVALUATION and settled.status == IDENTICAL):  # identical runs still match their items
+    if settled and not (layout is not None and layout.scope == "run" and settled.status == IDENTICAL):
+        # identical runs still match their items
         return settled
     rows = f"{len(a)} / {len(b)}"
     if layout is None:
@@ -405,6 +380,18 @@ def _page_parts(text: str) -> tuple[str, dict]:
     if found is None:
         raise ValueError("this page holds no sinklib explorer data")
     return text[:found.start(2)] + text[found.end(2):], json.loads(found.group(2))
+
+
+def _layout(committed: Path, rerun: Path) -> Layout | None:
+    """The layout the table carries (summary.Layout, written with it): the rerun's, which the code under test
+    wrote, else the committed file's; None when neither carries one."""
+    from sinklib.provenance import read_layout  # noqa: PLC0415  (provenance imports torch: only a check needs it)
+
+    for path in (rerun, committed):
+        found = read_layout(path) if path.exists() else None
+        if found is not None:
+            return Layout(tuple(found["keys"]), found["scope"], found["index"])
+    return None
 
 
 def _read_pair(committed: Path, rerun: Path) -> tuple[pd.DataFrame | None, pd.DataFrame | None, Row | None]:

@@ -13,7 +13,7 @@ from sinklib.capture.replay import full_pass_scores, replay_map
 from sinklib.evaluation.table1 import MaskingTable
 from sinklib.loading import LoadedModel
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
-from sinklib.summary import Result, Summary, is_near_tie, label, near_tie_models, significant
+from sinklib.summary import Layout, Result, Summary, is_near_tie, label, near_tie_models, significant
 from sinklib.trace import Trace
 
 Traces = Mapping[str, Sequence[Trace]]
@@ -36,6 +36,7 @@ def score_distribution(traces: Traces) -> Result:
     findings.append("Paper (Fig. 3, LLaDA-8B; Fig. 9, Dream and MMaDA): most scores sit near 0 and a few are very large.")
     return Result(figures={"fig03_score_histograms": plots.score_histograms(distribution)},
                   tables={"fig03_score_summary": summary},
+                  layouts={"fig03_score_summary": Layout(("model",), "model", index=True)},
                   shown=Summary.by_model(summary.astype({"count": int}), flagged, findings))
 
 
@@ -47,7 +48,7 @@ def token_step(traces: Traces) -> Result:
         layer, head = dynamics.strongest_head(trace)
         result.figures[f"fig01_token_step_{_stem(name)}"] = plots.token_step_heatmap(trace, layer, head)
         rows.append(trace.to_frame(layers=[layer], heads=[head]).assign(model=name))
-    result.tables["fig01_token_step"] = pd.concat(rows)
+    result.add_table("fig01_token_step", pd.concat(rows), Layout(("model", "step", "layer", "head", "position"), "first"))
     return result
 
 
@@ -59,7 +60,7 @@ def layer_head_maps(traces: Traces) -> Result:
             ["layer", "head"], as_index=False).mean()
         result.figures[f"fig05_layer_head_{_stem(name)}"] = plots.layer_head_map(frame, name)
         frames.append(frame.assign(model=name))
-    table = result.tables["fig05_layer_head"] = pd.concat(frames, ignore_index=True)
+    table = result.add_table("fig05_layer_head", pd.concat(frames, ignore_index=True), Layout(("model", "layer", "head")))
     by_layer = table.groupby(["model", "layer"])["score"].mean()
     flagged = near_tie_models(traces)
     layers = table.groupby("model")["layer"].max()
@@ -90,7 +91,8 @@ def generations(traces: Traces) -> Result:
         decisions="size", within_float_rounding=lambda m: int(sum(is_near_tie(x) for x in m)))
     findings = [f"{label(name, flagged)}: {row['within_float_rounding']} of its {row['decisions']} decisions were within "
                 f"float rounding." for name, row in shown.iterrows()]
-    return Result(tables={"generations": table}, shown=Summary.by_model(shown, flagged, findings))
+    return Result(tables={"generations": table}, layouts={"generations": Layout(("model", "trace", "step"), "trace")},
+                  shown=Summary.by_model(shown, flagged, findings))
 
 
 # --- notebook 02 ---------------------------------------------------------------------------------------------
@@ -107,7 +109,7 @@ def sink_tokens(traces: Traces, eps: float) -> Result:
                     "'Ċ' .090; MMaDA-8B 'Ċ' .180, '<|mdm_mask|>' .166 — whitespace and the mask token host most sinks.")
     shown = Summary.by_model(table.set_index("model")[["token", "count", "share"]], flagged, findings)
     return Result(figures={"table2_sink_tokens": plots.sink_token_bars(table, models=list(traces), eps=eps)},
-                  tables={"table2_sink_tokens": table},
+                  tables={"table2_sink_tokens": table}, layouts={"table2_sink_tokens": Layout(("model", "token"))},
                   texts={"table2_sink_tokens.md": table.to_markdown(index=False, floatfmt=".3f")}, shown=shown)
 
 
@@ -125,7 +127,8 @@ def sink_dynamics(traces: Traces, eps: float) -> Result:
                 f"of heads × steps have a sink." for name, row in shown.iterrows()]
     findings.append("Paper (Fig. 7): Dream-7B's and LLaDA-8B's sinks shift position across steps, MMaDA-8B's are "
                     "mostly static, and an autoregressive model's stay where they are.")
-    return Result(tables={"sink_dynamics": summary}, shown=Summary.by_model(shown, flagged, findings))
+    return Result(tables={"sink_dynamics": summary}, layouts={"sink_dynamics": Layout(("model", "trace"), "trace")},
+                  shown=Summary.by_model(shown, flagged, findings))
 
 
 def _diffusion(models: Models, name: str) -> bool:
@@ -148,7 +151,9 @@ def moving_sinks(models: Models, traces: Traces, eps: float) -> Result:
             maps = [replay_map(models[name], trace, s, layer, head).numpy() for s in (step - 1, step)]
             result.figures[f"fig04_moving_sink_{_stem(name)}"] = plots.attention_pair(
                 maps, [step - 1, step], trace, layer, head, marked=[int(top["position_before"]), int(top["position"])])
-    table = result.tables["moving_sink_events"] = pd.concat(events, ignore_index=True) if events else dynamics.empty_events()
+    table = result.add_table("moving_sink_events",
+                             pd.concat(events, ignore_index=True) if events else dynamics.empty_events(),
+                             Layout(("model", "trace", "step", "layer", "head"), "trace"))
     counts = table.groupby("model").size().reindex([n for n in traces if _diffusion(models, n)], fill_value=0)
     result.shown = Summary.by_model(counts.rename("moving-sink events").to_frame(), near_tie_models(traces))
     return result
@@ -184,7 +189,8 @@ def transient(models: Models, traces: Traces, eps: float) -> Result:
             result.figures[f"fig06b_transient_{_stem(name)}"] = plots.transient_sink(
                 model_traces[int(top["trace"])], int(top["step"]), int(top["layer"]), int(top["head"]),
                 int(top["position"]))
-    table = result.tables["transient_sinks"] = pd.concat(frames, ignore_index=True)
+    table = result.add_table("transient_sinks", pd.concat(frames, ignore_index=True),
+                             Layout(("model", "trace", "step", "layer", "head", "position"), "trace"))
     counts = table.groupby("model").size().reindex(list(traces), fill_value=0)
     result.shown = Summary.by_model(counts.rename("one-step sinks").to_frame(), near_tie_models(traces))
     return result
@@ -200,7 +206,8 @@ def greatest_sink_positions(traces: Traces, eps: float) -> Result:
         panels[f"{name} — layer {layer}, head {head}"] = frame
         frames.append(frame.assign(model=name))
     return Result(figures={"fig07_greatest_sink_positions": plots.greatest_sink_positions(panels)},
-                  tables={"fig07_greatest_sink": pd.concat(frames, ignore_index=True)})
+                  tables={"fig07_greatest_sink": pd.concat(frames, ignore_index=True)},
+                  layouts={"fig07_greatest_sink": Layout(("model", "step"), "first")})
 
 
 # --- notebook 03 ---------------------------------------------------------------------------------------------
@@ -233,6 +240,7 @@ def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]
                     "diffusion models.")
     return Result(figures={"fig10_threshold_sweep": plots.threshold_sweep_plot(sweep, baseline)},
                   tables={"fig10_threshold_sweep": pd.concat([sweep, baseline])},
+                  layouts={"fig10_threshold_sweep": Layout(("model", "eps", "units"))},
                   shown=Summary.by_model(shares, flagged, findings))
 
 
@@ -262,6 +270,7 @@ def what_sinks_carry(models: Models, traces: Traces, eps: float) -> tuple[Result
     findings.append("Literature (SPEC §8): real models' sinks are no-ops (MiniLM's [CLS] 0.13–0.37 against a median of "
                     "2.7–4.5; SmolLM2's first token 0.9–4.4 against 6–11).")
     result = Result(figures={"fig_sink_carry": plots.carry_plot(frame)}, tables={"sink_carry_by_layer": by_layer},
+                    layouts={"sink_carry_by_layer": Layout(("model", "layer"))},
                     shown=Summary.by_model(summary, flagged, findings))
     return result, summary
 
@@ -281,6 +290,7 @@ def step_stability(traces: Traces, k: int, eps: float) -> Result:
     findings.append("Paper: diffusion models' sinks move across steps, an autoregressive model's stay; MAGE, LoSA and "
                     "SparseD (2026) report attention that is stable across denoising steps.")
     return Result(figures={"fig_step_stability": plots.stability_plot(frame)}, tables={"step_stability": frame},
+                  layouts={"step_stability": Layout(("model", "layer"))},
                   shown=Summary.by_model(summary, flagged, findings))
 
 

@@ -31,6 +31,7 @@ import torch
 
 PACKAGE = Path(__file__).resolve().parent
 KEY = "sinklib"  # the metadata key in parquet schemas and PNG text chunks; the PDF Subject holds the same JSON
+LAYOUT_KEY = "sinklib.layout"  # a results table's comparison layout, in its parquet schema (sinklib.agreement)
 MANIFEST = "PROVENANCE.json"
 _CONTENT = ("config", "seed", "notebook")  # the part of a record written inside the artifact
 _ENVIRONMENT = ("versions", "machine", "code")  # the part written once per manifest, not per artifact
@@ -160,14 +161,23 @@ def as_text(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True, ensure_ascii=True, default=str)
 
 
-def write_parquet(frame: pd.DataFrame, path: str | Path, record: dict[str, Any]) -> Path:
-    """`frame` as parquet with the record's content part in its schema metadata (read it back with read_record)."""
+def write_parquet(frame: pd.DataFrame, path: str | Path, record: dict[str, Any], layout: Any = None) -> Path:
+    """`frame` as parquet with the record's content part in its schema metadata (read it back with read_record)
+    and, when given, the table's comparison layout (a summary.Layout; read it back with read_layout)."""
     table = pa.Table.from_pandas(frame)
-    content = as_text(content_part(record)).encode()
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), KEY.encode(): content})
+    metadata = {KEY.encode(): as_text(content_part(record)).encode()}
+    if layout is not None:
+        metadata[LAYOUT_KEY.encode()] = as_text(dataclasses.asdict(layout)).encode()
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     path = Path(path)
     pq.write_table(table, path)
     return path
+
+
+def read_layout(path: str | Path) -> dict[str, Any] | None:
+    """The comparison layout a sinklib parquet file carries (summary.Layout's fields), or None if it carries none."""
+    raw = (pq.read_schema(Path(path)).metadata or {}).get(LAYOUT_KEY.encode())
+    return None if raw is None else json.loads(raw)
 
 
 def read_record(path: str | Path) -> dict[str, Any]:

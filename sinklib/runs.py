@@ -1,7 +1,8 @@
-"""Typed run configs: one per notebook. The notebook's parameters cell is the one declaration of its parameters
-and their defaults (read here with papermill's inspection, as papermill reads it to inject values); a config
-declares only each parameter's type and rules. `python -m sinklib.reproduce` checks given parameters against them before
-anything runs; each notebook builds its config from its namespace and every artifact it writes records it."""
+"""Typed run configs: one per notebook, composed from shared parts (models, sampling, task, outputs). A config
+declares each parameter once, with its type, rules and default; the notebook's parameters cell shows the same
+defaults to the reader, and a test holds the two equal (agreement_with_notebook). `python -m sinklib.reproduce`
+checks given parameters against the configs before anything runs; each notebook builds its config from its
+namespace and every artifact it writes records it."""
 from __future__ import annotations
 
 import ast
@@ -13,7 +14,6 @@ from typing import Annotated, Any, Literal, Mapping
 
 import pandas as pd
 
-import papermill
 from annotated_types import Ge
 
 from sinklib.validation import (Consent, Count, DType, Device, Flag, Folder, Index, Ks, ModelNames, NonNegative,
@@ -32,24 +32,34 @@ from sinklib.summary import Result
 from sinklib.zoo import over_training
 
 
-def parameters_from_notebook(cls: type) -> type:
-    """Give every field of a run config class the default its notebook's parameters cell declares (its own
-    fields and those it inherits), before @dataclass reads them. The class must type exactly the notebook's
-    parameters: one missing on either side is refused when the module is imported."""
-    inspected = papermill.inspect_notebook(str(NOTEBOOKS / f"{cls.NOTEBOOK}.ipynb"))
-    defaults = {name: ast.literal_eval(info["default"]) for name, info in inspected.items()}
-    hints = {}
-    for klass in reversed(cls.__mro__):
-        hints.update(klass.__dict__.get("__annotations__", {}))
-    typed = {name: hint for name, hint in hints.items() if name != "NOTEBOOK"}
-    if set(typed) != set(defaults):
-        raise TypeError(f"{cls.__name__} and notebooks/{cls.NOTEBOOK}.ipynb disagree: parameters without a type "
-                        f"{sorted(set(defaults) - set(typed))}, types without a parameter {sorted(set(typed) - set(defaults))}")
-    cls.__annotations__ = typed  # inherited fields are declared again here, so that they take this notebook's defaults
-    for name, value in defaults.items():
-        mutable = isinstance(value, (list, dict))
-        setattr(cls, name, field(default_factory=lambda value=value: copy.deepcopy(value)) if mutable else value)
-    return cls
+def agreement_with_notebook(config: type, notebook: str | Path | None = None) -> list[str]:
+    """How a run config and its notebook's parameters cell disagree, one line per difference ([] when they agree):
+    a parameter without a field, a field without a parameter, or a default that differs. The config declares the
+    defaults (so `sinklib.runs` imports without the checkout's notebooks/); the cell shows them to the reader, and
+    tests/unit/test_runs.py holds the two equal with this function."""
+    import papermill  # noqa: PLC0415  (the notebooks' extra: only the agreement check reads a notebook)
+
+    path = Path(notebook) if notebook is not None else NOTEBOOKS / f"{config.NOTEBOOK}.ipynb"
+    cell = {name: ast.literal_eval(info["default"]) for name, info in papermill.inspect_notebook(str(path)).items()}
+    defaults = config()
+    fields = config.parameter_names()
+    return ([f"parameter {name!r} has no field in {config.__name__}" for name in cell if name not in fields]
+            + [f"field {name!r} of {config.__name__} is not a parameter of {path.name}" for name in fields
+               if name not in cell]
+            + [f"{name}: {path.name} says {cell[name]!r}, {config.__name__} {getattr(defaults, name)!r}"
+               for name in fields if name in cell and cell[name] != getattr(defaults, name)])
+
+
+def default_copy(value: Any) -> Any:
+    """A field defaulting to a copy of `value` (a list or dict default is copied for every config made)."""
+    return field(default_factory=lambda: copy.deepcopy(value))
+
+
+# The defaults the notebooks share: every figure runs the zoo, SmolLM2 and its two adapted twins, each on its task.
+MODELS = ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct", "smollm2-135m-diffusion",
+          "smollm2-135m-autoregressive"]
+TASK_PER_MODEL = {"smollm2-135m-instruct": "capitals", "smollm2-135m-diffusion": "arithmetic-english",
+                  "smollm2-135m-autoregressive": "arithmetic-english"}
 
 
 @dataclass(frozen=True)
@@ -75,14 +85,14 @@ class RunConfig:
                 raise ValueError(f"parameter {key!r} is not allowed: {cls.__name__} has no such field"
                                  f"{did_you_mean(key, names)}; allowed: {names}")
 
-    def load(self) -> dict:
-        """The run's models by name (sinklib.load with its device, dtype and trust_remote_code)."""
-        return load_models(self.models, device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
-
     def save(self, result: "Result") -> "Result":
-        """Write the result's figures (PNG + PDF), tables (parquet) and texts; each carries what defines it (config,
-        seed, notebook) and is entered in its folder's PROVENANCE.json with versions, machine and sha256."""
-
+        """Write the result's figures (PNG + PDF), tables (parquet, each with its comparison layout) and texts; each
+        carries what defines it (config, seed, notebook) and is entered in its folder's PROVENANCE.json with versions,
+        machine and sha256. A table without a layout is refused before anything is written."""
+        unlaid = sorted(set(result.tables) - set(result.layouts))
+        if unlaid:
+            raise ValueError(f"result.tables={unlaid!r} is not allowed: every table needs a summary.Layout in "
+                             "result.layouts (the columns that identify a row, for comparing a rerun)")
         record = describe(self, notebook=type(self).NOTEBOOK)
         figures, results = Path(self.figures_dir), Path(getattr(self, "results_dir", self.figures_dir))
         written = []
@@ -91,12 +101,51 @@ class RunConfig:
         if result.tables:
             results.mkdir(parents=True, exist_ok=True)
         for name, frame in result.tables.items():
-            written.append(write_parquet(frame, results / f"{name}.parquet", record))
+            written.append(write_parquet(frame, results / f"{name}.parquet", record, result.layouts[name]))
         for name, text in result.texts.items():
             (figures / name).write_text(text)
             written.append(figures / name)
         record_artifacts(written, record)
         return result
+
+
+@dataclass(frozen=True)
+class ModelsPart:
+    """Which models a notebook runs, and how they load (sinklib.load's device, dtype and consent)."""
+    models: ModelNames = default_copy(MODELS)  # zoo names, named real models, hub ids or folders
+    trust_remote_code: Consent = False
+    device: Device = "cpu"
+    dtype: DType | None = None
+
+    def load(self) -> dict:
+        """The run's models by name (sinklib.load with its device, dtype and trust_remote_code)."""
+        return load_models(self.models, device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code)
+
+
+@dataclass(frozen=True)
+class SamplingPart:
+    """How each generation is sampled; None takes the family's settings for the task (LoadedModel.settings_for)."""
+    steps: Count | None = None
+    gen_length: Count | None = None
+    block_length: Count | None = None
+    seed: Index = 0
+
+
+@dataclass(frozen=True)
+class TaskPart:
+    """Which task each model answers, and how many of its samples per condition."""
+    task: str = "arithmetic"
+    tasks: dict[str, str] = default_copy(TASK_PER_MODEL)  # a task per model where it differs from `task`
+    n_problems: Count | None = 100
+    n_problems_by_task: dict[str, Count] = default_copy({})
+
+
+@dataclass(frozen=True)
+class OutputsPart:
+    """Where figures and results tables go, and whether long steps show progress bars."""
+    figures_dir: Folder = "../figures"
+    results_dir: Folder = "../data/results"
+    progress: Flag = True
 
 
 def _check_task_limits(config) -> None:
@@ -136,22 +185,10 @@ def _check_layout(config) -> None:
 
 @validated
 @dataclass(frozen=True)
-@parameters_from_notebook
-class TracesRun(RunConfig):
+class TracesRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
     """Notebook 01: traces of every model on n_prompts prompts, then their score distributions."""
     NOTEBOOK = "01_attention_distributions"
-    models: ModelNames
-    trust_remote_code: Consent
-    device: Device
-    dtype: DType | None
-    n_prompts: Count
-    steps: Count | None
-    gen_length: Count | None
-    block_length: Count | None
-    seed: Index
-    figures_dir: Folder
-    results_dir: Folder
-    progress: Flag
+    n_prompts: Count = 6
 
     def check(self) -> None:
         """Cross-field rules, run when the config is made: gen_length a multiple of block_length."""
@@ -170,11 +207,10 @@ class TracesRun(RunConfig):
 
 @validated
 @dataclass(frozen=True)
-@parameters_from_notebook
 class MovingSinksRun(TracesRun):
     """Notebook 02: sink tokens, dynamics and moving sinks, with the Eq. 3 threshold eps (sum units)."""
     NOTEBOOK = "02_moving_sinks"
-    eps: NonNegative
+    eps: NonNegative = 3.0  # Eq. 3 threshold, sum units
 
     @property
     def rule(self) -> SinkRule:
@@ -184,11 +220,10 @@ class MovingSinksRun(TracesRun):
 
 @validated
 @dataclass(frozen=True)
-@parameters_from_notebook
 class ThresholdSweepRun(TracesRun):
     """Notebook 03: the share of tokens Eq. 3 selects at each eps."""
     NOTEBOOK = "03_threshold_sweep"
-    eps_values: list[NonNegative]
+    eps_values: list[NonNegative] = default_copy([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0])
 
     def check(self) -> None:
         """TracesRun's rules, and at least one eps value."""
@@ -199,31 +234,16 @@ class ThresholdSweepRun(TracesRun):
 
 @validated
 @dataclass(frozen=True)
-@parameters_from_notebook
-class MaskingRun(RunConfig):
+class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
     """Notebook 04: Table 1, accuracy with the top-k sinks masked and a random-key control."""
     NOTEBOOK = "04_masking_ablation"
-    models: ModelNames
-    task: str
-    tasks: dict[str, str]
-    task_path: str | None
-    n_problems: Count | None
-    n_problems_by_task: dict[str, Count]
-    steps: Count | None
-    gen_length: Count | None
-    block_length: Count | None
-    ks: Ks
-    random_control: Flag
-    seed: Index
-    eps: NonNegative
-    batch_size: Count
-    allow_code_execution: Consent
-    trust_remote_code: Consent
-    device: Device
-    dtype: DType | None
-    figures_dir: Folder
-    results_dir: Folder
-    progress: Flag
+    task_path: str | None = None  # a local JSONL for the task (e.g. GSM8K on an offline node)
+    n_problems_by_task: dict[str, Count] = default_copy({"arithmetic-english": 20})
+    ks: Ks = default_copy([0, 1, 5, 10])
+    random_control: Flag = True
+    eps: NonNegative = 3.0
+    batch_size: Count = 50
+    allow_code_execution: Consent = False
 
     def check(self) -> None:
         """Cross-field rules, run when the config is made: gen_length a multiple of block_length, tasks that exist,
@@ -235,21 +255,13 @@ class MaskingRun(RunConfig):
 
 @validated
 @dataclass(frozen=True)
-@parameters_from_notebook
-class ExplorerRun(RunConfig):
+class ExplorerRun(SamplingPart, ModelsPart, RunConfig):
     """Notebook 05: one generation in the explorer, and a self-contained page per model."""
     NOTEBOOK = "05_explorer"
-    models: ModelNames
-    trust_remote_code: Consent
-    device: Device
-    dtype: DType | None
-    prompt: Text
-    steps: Count | None
-    gen_length: Count | None
-    block_length: Count | None
-    seed: Index
-    eps: NonNegative
-    figures_dir: Folder
+    models: ModelNames = default_copy(["tiny-llada", "tiny-dream", "smollm2-135m-diffusion"])  # the first is explored
+    prompt: Text = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:"
+    eps: NonNegative = 3.0
+    figures_dir: Folder = "../figures"
 
     def check(self) -> None:
         """Cross-field rules, run when the config is made: gen_length a multiple of block_length."""
@@ -275,22 +287,22 @@ class ExplorerRun(RunConfig):
 
 @validated
 @dataclass(frozen=True)
-@parameters_from_notebook
 class TrainingDynamicsRun(RunConfig):
     """Notebook 06: sinks over training. Reads the measured checkpoints from `measurements`; with retrain, first
     retrains the zoo models from their seeds into checkpoints_dir and measures every checkpoint there (both resume)."""
     NOTEBOOK = "06_sinks_over_training"
-    recipes: list[over_training.RecipeName]
-    retrain: Consent  # a real bool: a string "false" must not start an hour of training
-    checkpoint_count: Annotated[int, Ge(2)]
-    n_problems: Count
-    n_traces: Count
-    eps: NonNegative
-    seed: Index
-    measurements: Text | None
-    checkpoints_dir: Text | None
-    figures_dir: Folder
-    progress: Flag
+    recipes: list[over_training.RecipeName] = default_copy(["tiny-llada", "tiny-llada-prompt-masking", "tiny-dream",
+                                                        "tiny-arm"])
+    retrain: Consent = False  # a real bool: a string "false" must not start an hour of training
+    checkpoint_count: Annotated[int, Ge(2)] = 8
+    n_problems: Count = 300
+    n_traces: Count = 30
+    eps: NonNegative = 3.0
+    seed: Index = 0
+    measurements: Text | None = None  # None: the committed data/over_training/training_dynamics.parquet
+    checkpoints_dir: Text | None = None  # None: data/checkpoints/
+    figures_dir: Folder = "../figures"
+    progress: Flag = True
 
     def check(self) -> None:
         """At least one recipe, each once, and a checkpoint_count each recipe's steps can hold."""
@@ -326,22 +338,20 @@ class TrainingDynamicsRun(RunConfig):
 
 @validated
 @dataclass(frozen=True)
-@parameters_from_notebook
-class CarryRun(TracesRun):
+class CarryRun(TaskPart, TracesRun):
     """Notebook 07: what sinks carry (value and output norms), dose–response of masking the top-k sinks against k
     random keys and against ablating the sinks' values, and step-to-step stability of the top keys."""
     NOTEBOOK = "07_what_sinks_carry"
-    task: str
-    tasks: dict[str, str]
-    masking_skip: list[Text]
-    n_problems: Count
-    n_problems_by_task: dict[str, Count]
-    ks: list[Index]
-    ks_by_task: dict[str, list[Index]]
-    value_ablation: Literal["zero", "mean"]
-    top_k: Count
-    eps: NonNegative
-    batch_size: Count
+    n_prompts: Count = 4
+    masking_skip: list[Text] = default_copy(["smollm2-135m-diffusion"])  # models left out of the dose–response
+    n_problems: Count = 20
+    n_problems_by_task: dict[str, Count] = default_copy({"arithmetic-english": 10})
+    ks: list[Index] = default_copy([0, 1, 2, 5, 10, 20])
+    ks_by_task: dict[str, list[Index]] = default_copy({"arithmetic-english": [0, 1, 5, 20]})
+    value_ablation: Literal["zero", "mean"] = "zero"
+    top_k: Count = 5
+    eps: NonNegative = 3.0
+    batch_size: Count = 20
 
     def check(self) -> None:
         """TracesRun's rules; ks distinct, with 0 (the unmasked baseline) among them."""

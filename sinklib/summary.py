@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -111,11 +111,35 @@ def caption(trace) -> str:
     return f"{label(name, flagged)}: {trace.text}"
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How a rerun of one results table is compared with the committed one (sinklib.agreement): the columns that
+    identify a row, and which generation a row comes from. A table carries its layout in its parquet metadata.
+
+    scope: "trace" (rows carry model and trace columns), "first" (rows come from each model's first generation),
+    "model" (rows pool all of a model's generations), "run" (a row is one evaluation run — Table 1 — bounded by
+    its samples whose answers parted at a near-tie) or "none" (nothing to blame: must agree).
+    """
+    keys: tuple[str, ...]
+    scope: Literal["trace", "first", "model", "run", "none"] = "model"
+    index: bool = False  # the frame's index holds the model names (pandas describe())
+
+
+EVALUATION = Layout(("model", "condition", "k"), "run")  # Table 1: a row is one evaluation run
+EVALUATION_ITEMS = Layout(("model", "condition", "k", "id"), "run")  # Table 1's samples, one row each
+
+
 @dataclass
 class Result:
-    """What one notebook section makes: figures by file stem, tables by parquet stem, texts by file name, and
-    `shown`, the summary the notebook displays."""
+    """What one notebook section makes: figures by file stem, tables by parquet stem with each table's Layout by
+    the same stem, texts by file name, and `shown`, the summary the notebook displays."""
     figures: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    layouts: dict[str, Layout] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)
     shown: Any = None
+
+    def add_table(self, name: str, frame: pd.DataFrame, layout: Layout) -> pd.DataFrame:
+        """Add `frame` as table `name` compared by `layout`; returns the frame."""
+        self.tables[name], self.layouts[name] = frame, layout
+        return frame

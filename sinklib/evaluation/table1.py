@@ -21,7 +21,7 @@ from sinklib.evaluation.checks import mass_dropped, noop_check
 from sinklib.interventions import AblateValues, MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel, is_default_model, load
 from sinklib.registry import Registry
-from sinklib.summary import Result, Summary, is_near_tie, label
+from sinklib.summary import EVALUATION, EVALUATION_ITEMS, Result, Summary, is_near_tie, label
 
 
 ITEM_COLUMNS = ["model", "condition", "k", "id", "correct", "output", "margin"]
@@ -66,7 +66,8 @@ class MaskingTable:
     def result(self, name: str = "table1_masking"):
         """As a summary.Result: the figure and the frame by `name`, the markdown and LaTeX tables, the wide table shown."""
         tables = {name: self.frame} if self.items is None else {name: self.frame, f"{name}_items": self.items}
-        return Result(figures={name: self.figure()}, tables=tables,
+        layouts = {name: EVALUATION, f"{name}_items": EVALUATION_ITEMS}
+        return Result(figures={name: self.figure()}, tables=tables, layouts={k: layouts[k] for k in tables},
                       texts={f"{name}.md": self.to_markdown() + "\n", f"{name}.tex": self.to_latex()}, shown=self.summary())
 
     def summary(self):

@@ -9,6 +9,8 @@ import pytest
 
 from sinklib import agreement
 from sinklib.agreement import DIFFERS, FLOAT_TOLERANCE, IDENTICAL, NEAR, WITHIN
+from sinklib.provenance import write_parquet
+from sinklib.summary import EVALUATION, EVALUATION_ITEMS, Layout
 from sinklib.ties import NEAR_TIE
 
 
@@ -18,9 +20,16 @@ def _generations(canvases: dict[tuple[str, int], list[list[int]]], margins: dict
     return pd.DataFrame(rows)
 
 
-def _write(folder, name, frame):
+# the layouts the producers declare (sinklib.analyses, evaluation.table1): each table carries its own
+LAYOUTS = {"moving_sink_events": Layout(("model", "trace", "step", "layer", "head"), "trace"),
+           "sink_dynamics": Layout(("model", "trace"), "trace"), "fig05_layer_head": Layout(("model", "layer", "head")),
+           "generations": Layout(("model", "trace", "step"), "trace"), "table1_masking_arithmetic": EVALUATION,
+           "table1_masking_arithmetic_items": EVALUATION_ITEMS}
+
+
+def _write(folder, name, frame, layout=True):
     folder.mkdir(exist_ok=True)
-    frame.to_parquet(folder / f"{name}.parquet")
+    write_parquet(frame, folder / f"{name}.parquet", {}, LAYOUTS[name] if layout else None)
 
 
 def _events(score_shift=0.0, position=4, models=("a", "b")):
@@ -64,6 +73,18 @@ def test_what_differs_is_named(tmp_path, rerun, detail):
     _write(tmp_path / "r", "moving_sink_events", rerun)
     row = agreement.compare_file(tmp_path / "c" / "moving_sink_events.parquet", tmp_path / "r" / "moving_sink_events.parquet")
     assert row.status == DIFFERS and detail in row.detail
+
+
+def test_a_table_is_compared_by_the_layout_it_carries_and_without_one_must_be_identical(tmp_path):
+    """The layout travels in the parquet file (written with it by run.save): the rerun's is used, else the committed
+    file's; a table that carries none agrees only when identical."""
+    _write(tmp_path / "c", "moving_sink_events", _events(), layout=False)
+    _write(tmp_path / "r", "moving_sink_events", _events(score_shift=FLOAT_TOLERANCE))
+    pair = (tmp_path / "c" / "moving_sink_events.parquet", tmp_path / "r" / "moving_sink_events.parquet")
+    assert agreement.compare_file(*pair).status == WITHIN
+    _write(tmp_path / "r", "moving_sink_events", _events(score_shift=FLOAT_TOLERANCE), layout=False)
+    row = agreement.compare_file(*pair)
+    assert (row.status, row.detail) == (DIFFERS, "no layout for this file: only an identical frame agrees")
 
 
 def _folders(tmp_path, rerun_margin: float):
@@ -273,6 +294,6 @@ def test_a_run_accuracy_moves_only_as_far_as_its_parted_answers(tmp_path):
     for side in ("c", "r"):  # both sides' accuracies doctored alike, beyond what one parted answer allows
         table = pd.read_parquet(tmp_path / side / "table1_masking_arithmetic.parquet")
         table.loc[0, "accuracy"] = 1.0 if side == "c" else 0.0
-        table.to_parquet(tmp_path / side / "table1_masking_arithmetic.parquet")
+        _write(tmp_path / side, "table1_masking_arithmetic", table)
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
     assert report.failing == ["table1_masking_arithmetic"]

@@ -13,6 +13,7 @@ import torch
 papermill = pytest.importorskip("papermill")  # the run configs belong to the notebooks (their extra)
 
 from sinklib import provenance, runs  # noqa: E402
+from sinklib.summary import Layout  # noqa: E402
 from sinklib.reproduce import NOTEBOOKS, notebook_paths  # noqa: E402
 
 
@@ -25,39 +26,46 @@ def _code_lines(path: Path) -> int:
 
 
 @pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
-def test_a_notebooks_parameters_are_its_run_configs_fields_and_their_defaults_pass_its_rules(path):
-    """Every declared parameter has a typed field, and the notebook's own defaults pass the field's rules (making
-    the config runs them)."""
+def test_a_notebooks_parameters_cell_shows_its_run_configs_fields_and_defaults(path):
+    """The config declares the defaults; the notebook's parameters cell must show exactly those (papermill reads the
+    cell independently), and the defaults pass the config's own rules (making the config runs them)."""
     config = runs.run_for(path)
     declared = papermill.inspect_notebook(str(path))
     assert sorted(declared) == sorted(config.parameter_names())
     defaults = config()
     for name, info in declared.items():
         assert ast.literal_eval(info["default"]) == getattr(defaults, name), name
+    assert runs.agreement_with_notebook(config, path) == []
 
 
-def _notebook_with_parameters(folder: Path, stem: str, source: str) -> None:
+def _notebook_with_parameters(folder: Path, stem: str, source: str) -> Path:
     notebook = json.loads((NOTEBOOKS / "02_moving_sinks.ipynb").read_text())
     cell = next(c for c in notebook["cells"] if "parameters" in c["metadata"].get("tags", []))
     cell["source"] = source
     (folder / f"{stem}.ipynb").write_text(json.dumps(notebook))
+    return folder / f"{stem}.ipynb"
 
 
-def test_the_parameters_cell_is_the_one_declaration_of_defaults(tmp_path, monkeypatch):
-    """A default changed in the notebook is the config's default, inherited fields included; a parameter the
-    config has no type for (or a type without a parameter) is refused when the class is made."""
+def test_a_notebook_that_disagrees_with_its_config_is_named_line_by_line(tmp_path):
+    """An edited default, a parameter without a field and a field without a parameter are each reported."""
     source = (NOTEBOOKS / "02_moving_sinks.ipynb").read_text()
     cell = next(c for c in json.loads(source)["cells"] if "parameters" in c["metadata"].get("tags", []))
-    changed = "".join(cell["source"]).replace("n_prompts = 6", "n_prompts = 9").replace("eps = 3.0", "eps = 1.5")
-    _notebook_with_parameters(tmp_path, "edited", changed)
-    _notebook_with_parameters(tmp_path, "extra", changed + "\nsurprise = 1\n")
-    monkeypatch.setattr(runs, "NOTEBOOKS", tmp_path)
+    changed = "".join(cell["source"]).replace("n_prompts = 6", "n_prompts = 9").replace("seed = 0\n", "")
+    path = _notebook_with_parameters(tmp_path, "edited", changed + "\nsurprise = 1\n")
+    assert runs.agreement_with_notebook(runs.MovingSinksRun, path) == [
+        "parameter 'surprise' has no field in MovingSinksRun",
+        "field 'seed' of MovingSinksRun is not a parameter of edited.ipynb",
+        "n_prompts: edited.ipynb says 9, MovingSinksRun 6"]
 
-    edited = dataclasses.dataclass(frozen=True)(runs.parameters_from_notebook(
-        type("Edited", (runs.MovingSinksRun,), {"NOTEBOOK": "edited", "__module__": runs.__name__})))()
-    assert (edited.n_prompts, edited.eps) == (9, 1.5)  # n_prompts is inherited from TracesRun, eps its own
-    with pytest.raises(TypeError, match=r"parameters without a type \['surprise'\], types without a parameter \[\]"):
-        runs.parameters_from_notebook(type("Extra", (runs.MovingSinksRun,), {"NOTEBOOK": "extra"}))
+
+def test_the_run_configs_import_without_the_notebooks(tmp_path):
+    """A config declares its defaults: sinklib.runs imports (and a config is made) where no notebooks/ exists."""
+    import subprocess
+    import sys
+    script = ("import sinklib.paths as p, pathlib; p.NOTEBOOKS = pathlib.Path('/nonexistent');"
+              "from sinklib import runs; print(runs.CarryRun().n_prompts, runs.MaskingRun().ks)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert out.stdout.split() == ["4", "[0,", "1,", "5,", "10]"]
 
 
 @pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.stem)
@@ -87,7 +95,8 @@ def test_saved_artifacts_carry_the_resolved_config_and_the_same_bytes_every_time
         run = runs.MovingSinksRun(models=["tiny-llada"], eps=1.5, figures_dir=str(folder), results_dir=str(folder))
         fig, ax = plt.subplots()
         ax.plot([0, 1], [1, 0])
-        run.save(runs.Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1, 2]})}, texts={"t.md": "x"}))
+        run.save(runs.Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1, 2]})},
+                             layouts={"table": Layout(("k",))}, texts={"t.md": "x"}))
         plt.close(fig)
         return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
@@ -108,6 +117,16 @@ def test_saved_artifacts_carry_the_resolved_config_and_the_same_bytes_every_time
         assert entry["machine"]["threads"] == torch.get_num_threads()
         assert entry["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert pd.read_parquet(tmp_path / "a" / "table.parquet")["k"].tolist() == [1, 2]
+    assert provenance.read_layout(tmp_path / "a" / "table.parquet") == {"keys": ["k"], "scope": "model", "index": False}
+
+
+def test_a_table_without_a_layout_is_refused_before_anything_is_written(tmp_path):
+    import pandas as pd
+
+    run = runs.MovingSinksRun(models=["tiny-llada"], figures_dir=str(tmp_path), results_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"result.tables=\['table'\] is not allowed: every table needs a summary.Layout"):
+        run.save(runs.Result(tables={"table": pd.DataFrame({"k": [1]})}))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_code_only_edit_changes_the_manifest_not_the_artifacts(tmp_path, monkeypatch):
@@ -118,7 +137,8 @@ def test_a_code_only_edit_changes_the_manifest_not_the_artifacts(tmp_path, monke
         run = runs.TracesRun(models=["tiny-arm"], figures_dir=str(folder), results_dir=str(folder))
         fig, ax = plt.subplots()
         ax.plot([0, 1], [1, 0])
-        run.save(runs.Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1.5]})}))
+        run.save(runs.Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1.5]})},
+                             layouts={"table": Layout(("k",))}))
         plt.close(fig)
         return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
