@@ -20,11 +20,11 @@ from sinklib.evaluation import evaluate
 from sinklib.evaluation.table1 import paper_masking
 
 
-def conditions(kind: str) -> dict:
-    """label → intervention for a family of this kind: none, the paper's top-1 sink masking (previous step, as it
+def conditions(family) -> dict:
+    """label → intervention for a model of `family`: none, the paper's top-1 sink masking (previous step, as it
     ran or clean) and one random key."""
-    return {"unmasked": None, "top-1 sinks": paper_masking(kind, 1),
-            "top-1 sinks, clean": paper_masking(kind, 1, source="previous_step_clean"),
+    return {"unmasked": None, "top-1 sinks": paper_masking(family, 1),
+            "top-1 sinks, clean": paper_masking(family, 1, source="previous_step_clean"),
             "1 random key": sinklib.MaskRandomKeys(k=1, seed=0)}
 
 
@@ -41,7 +41,7 @@ def main() -> None:
     for name in ("tiny-llada", "tiny-dream", "tiny-arm"):
         loaded = sinklib.load(name)
         settings = loaded.settings_for("arithmetic")
-        runs = conditions(loaded.family.kind)
+        runs = conditions(loaded.family)
         seconds: dict[str, list[float]] = {label: [] for label in runs}
         accuracy = {}
         evaluate(loaded, "arithmetic", limit=args.batch_size, batch_size=args.batch_size, progress=False, **settings)  # warm-up

@@ -34,6 +34,11 @@ from transformers import GenerationConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
+def is_native(model_or_config: Any) -> bool:
+    """Whether a model (or config) is one of transformers' own classes, not a checkpoint's remote code."""
+    return type(model_or_config).__module__.startswith("transformers.models.")
+
+
 def transformers_major() -> int:
     """The installed transformers' major version (4 or 5)."""
     return int(transformers.__version__.split(".")[0])

@@ -46,6 +46,7 @@ class LoadedModel:
     max_length: int | None = None
     layer_names: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    source: str = "module"  # where it came from (model_source): "zoo", "named", "folder", "hub" or "module"
 
     @property
     def device(self) -> torch.device:
@@ -119,8 +120,7 @@ def infer_family_from_dict(raw: dict[str, Any]) -> str | None:
 
 def _calling_for(model: nn.Module, family: Family) -> str:
     """"native" for transformers' own classes (and every autoregressive model), else "remote": the family's code."""
-    native = type(model).__module__.startswith("transformers.models.")
-    return "native" if native or family.remote_call is None else "remote"
+    return "native" if compat.is_native(model) or family.remote_call is None else "remote"
 
 
 def _offline_hint(name: str) -> str:
@@ -133,9 +133,26 @@ def _offline_hint(name: str) -> str:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
+SOURCES = ("zoo", "named", "folder", "hub", "module")
+
+
+def model_source(name_or_model: str | os.PathLike | nn.Module) -> str:
+    """Where a model comes from, one of SOURCES, decided from the name alone (nothing is loaded or checked): a model
+    object ("module"), a named real model or an adapted one ("named", sinklib.named), a zoo name ("zoo",
+    data/models/), an existing local path ("folder"), else a hub id ("hub")."""
+    if isinstance(name_or_model, nn.Module):
+        return "module"
+    name = str(name_or_model)
+    if name in named.named_names():
+        return "named"
+    if "/" not in name and os.sep not in name and (ZOO_DIR / name).is_dir():
+        return "zoo"
+    return "folder" if Path(name).expanduser().exists() else "hub"
+
+
 def is_default_model(name: str) -> bool:
     """A model of the CPU default: the tiny zoo or a named real model (sinklib.named)."""
-    return (ZOO_DIR / str(name)).is_dir() or str(name) in named.named_names()
+    return model_source(name) in ("zoo", "named")
 
 
 def load_models(names: list[str], device: str | None = None, dtype: str | None = None,
@@ -154,13 +171,13 @@ def resolve_name(name: str) -> str:
     """A zoo name, a local folder or a hub id → what transformers should open, settled offline where it can be:
     a mistyped zoo name, a missing folder or a folder without config.json is refused at once (with "did you
     mean"), never after a minute of hub retries."""
-    if name in named.named_names():
+    source = model_source(name)
+    if source == "named":
         return _resolve_named(name)
-    zoo = ZOO_DIR / name
-    if "/" not in name and os.sep not in name and zoo.is_dir():
-        return str(zoo)
+    if source == "zoo":
+        return str(ZOO_DIR / name)
     path = Path(name).expanduser()
-    if path.exists():
+    if source == "folder":
         if not path.is_dir():
             raise bad_value("name_or_model", name, "a model folder (this is a file), a zoo name or a hub id")
         if not (path / "config.json").is_file():
@@ -272,7 +289,7 @@ def load(
     max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
     return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
                        name=name, calling=_calling_for(model, spec), max_length=max_length,
-                       extra={"compat": fixes, "bidirectional": bidirectional})
+                       extra={"compat": fixes, "bidirectional": bidirectional}, source=model_source(name_or_model))
 
 
 def _resolve_family(family: str | None, config, name: str):
@@ -301,7 +318,7 @@ def _placed(model: nn.Module, device, dtype) -> nn.Module:
 def _bidirectional(model: nn.Module, config, fixes: list[str]) -> bool:
     """Whether a native transformers model is configured bidirectional, making its attention so where this
     transformers version would not (recorded in `fixes`)."""
-    bidirectional = type(model).__module__.startswith("transformers.models.") and compat.is_bidirectional(config)
+    bidirectional = compat.is_native(model) and compat.is_bidirectional(config)
     if bidirectional and compat.make_bidirectional(model) and compat.transformers_major() < 5:
         fixes.append("bidirectional_attention")
     return bidirectional
@@ -338,7 +355,7 @@ def _open_checkpoint(name: str, family: str | None, dtype, trust_remote_code: bo
     if name in named.ADAPTED_MODELS:
         model = named.apply_adapter(named.ADAPTED_MODELS[name], model, tokenizer)
         config = model.config
-    remote = not type(model).__module__.startswith("transformers.models.")
+    remote = not compat.is_native(model)
     if remote and compat.needs_fixes() and compat.uses_default_rope(model):
         fixes.append("default_rope")
     if remote and compat.needs_fixes() and compat.recompute_rotary_inv_freq(model):
@@ -363,8 +380,7 @@ def _load_model(path: str, config, family: str | None, dtype, trust_remote_code:
     # None means float32 on every transformers version: 5.x would otherwise load a checkpoint in the dtype its
     # config declares (Dream: bfloat16) where 4.x loads float32, and the same call would give other numbers.
     kwargs: dict[str, Any] = {"dtype" if compat.transformers_major() >= 5 else "torch_dtype": dtype or torch.float32}
-    native = type(config).__module__.startswith("transformers.models.")
-    if native:
+    if compat.is_native(config):
         kwargs["attn_implementation"] = "sdpa"
         try:
             return transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)

@@ -343,7 +343,7 @@ class CarryRun(TaskPart, TracesRun):
     random keys and against ablating the sinks' values, and step-to-step stability of the top keys."""
     NOTEBOOK = "07_what_sinks_carry"
     n_prompts: Count = 4
-    masking_skip: list[Text] = default_copy(["smollm2-135m-diffusion"])  # models left out of the dose–response
+    masking_skip: list[Text] = default_copy([])  # models left out of the dose–response
     n_problems: Count = 20
     n_problems_by_task: dict[str, Count] = default_copy({"arithmetic-english": 10})
     ks: list[Index] = default_copy([0, 1, 2, 5, 10, 20])

@@ -31,6 +31,7 @@ from sinklib.validation import (Consent, Count, Index, NonNegative, Temperature,
                                 check_value, checked, did_you_mean)
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import paper_masking
+from sinklib.families.base import Family
 from sinklib.generate import generate
 from sinklib.interventions import AblateValues, MaskRandomKeys, make_policy
 from sinklib.loading import load
@@ -64,11 +65,11 @@ def _model_arg(text: str) -> Any:
         return text
 
 
-def _intervention(kind: str, chosen, mask_top_k: int, mask_eps: float, mask_source: str, mask_random_k: int,
+def _intervention(family: Family, chosen, mask_top_k: int, mask_eps: float, mask_source: str, mask_random_k: int,
                   mask_values: str | None, seed: int):
     """The run's intervention from model_args: the paper's masking, the random-key control or the named policy
     (`chosen`), its values ablated instead where mask_values says so; None for none."""
-    keys = (paper_masking(kind, mask_top_k, mask_eps, mask_source) if mask_top_k
+    keys = (paper_masking(family, mask_top_k, mask_eps, mask_source) if mask_top_k
             else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else chosen)
     if mask_values is None:
         return keys
@@ -121,7 +122,7 @@ class SinklibLM(LM):
                                                                  block_length=block_length)
         self.settings["temperature"] = float(temperature)
         self.settings.update({key: value for key, value in (("alg", alg), ("remasking", remasking)) if value is not None})
-        self.intervention = _intervention(self.loaded.family.kind, chosen, mask_top_k, mask_eps, mask_source,
+        self.intervention = _intervention(self.loaded.family, chosen, mask_top_k, mask_eps, mask_source,
                                           mask_random_k, mask_values, seed)
         self.seed = seed
         self._overridden: set[int] = set()

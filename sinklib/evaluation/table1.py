@@ -19,6 +19,7 @@ from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.evaluation.checks import mass_dropped, noop_check
 from sinklib.interventions import AblateValues, MaskRandomKeys, MaskSinks
+from sinklib.families.base import Family
 from sinklib.loading import LoadedModel, is_default_model, load
 from sinklib.registry import Registry
 from sinklib.summary import EVALUATION, EVALUATION_ITEMS, Result, Summary, is_near_tie, label
@@ -141,23 +142,24 @@ class Condition:
     words: str
     policy: Callable[..., Any]
 
-    def intervention(self, family_kind: str, k: int, eps: float, source: str, seed: int):
-        """This condition's intervention with k keys (the registered policy, built by `policy`)."""
-        return self.policy(family_kind=family_kind, k=k, eps=eps, source=source, seed=seed)
+    def intervention(self, family: Family, k: int, eps: float, source: str, seed: int):
+        """This condition's intervention with k keys for a model of `family` (the registered policy, built by
+        `policy`)."""
+        return self.policy(family=family, k=k, eps=eps, source=source, seed=seed)
 
     def in_words(self, k: int) -> str:
         """How a finding names this condition at k."""
         return self.words.format(k=k, s="" if k == 1 else "s")
 
 
-def paper_masking(family_kind: str, top_k: int, eps: float = 3.0, source: str = "previous_step") -> MaskSinks:
-    """The paper's top-k sink masking; an autoregressive model reads its last query row."""
-    return MaskSinks(top_k=top_k, eps=eps, source=source, rows="last" if family_kind == "autoregressive" else "all")
+def paper_masking(family: Family, top_k: int, eps: float = 3.0, source: str = "previous_step") -> MaskSinks:
+    """The paper's top-k sink masking, its sinks read from the query rows the family computes (Family.sink_rows)."""
+    return MaskSinks(top_k=top_k, eps=eps, source=source, rows=family.sink_rows)
 
 
 def _ablated_sinks(mode: str) -> Callable[..., Any]:
-    def policy(family_kind: str, k: int, eps: float, source: str, seed: int):
-        return AblateValues(paper_masking(family_kind, k, eps, source), mode)
+    def policy(family: Family, k: int, eps: float, source: str, seed: int):
+        return AblateValues(paper_masking(family, k, eps, source), mode)
     return policy
 
 
@@ -165,9 +167,9 @@ def _ablated_sinks(mode: str) -> Callable[..., Any]:
 # CONDITIONS.register(name, Condition(...)) (tests/unit/test_extending.py adds one from outside the package).
 CONDITIONS: Registry[Condition] = Registry("condition", {
     "sinks": Condition("sinks", "top", "with its top-{k} sink{s} masked",
-                       lambda family_kind, k, eps, source, seed: paper_masking(family_kind, k, eps, source)),
+                       lambda family, k, eps, source, seed: paper_masking(family, k, eps, source)),
     "random keys": Condition("random keys", "random", "with {k} random key{s} masked",
-                             lambda family_kind, k, eps, source, seed: MaskRandomKeys(k=k, seed=seed)),
+                             lambda family, k, eps, source, seed: MaskRandomKeys(k=k, seed=seed)),
     **{f"sink values ({mode})": Condition(f"sink values ({mode})", "values", "with its top-{k} sinks' values ablated",
                                           _ablated_sinks(mode)) for mode in AblateValues.MODES},
 })
@@ -191,7 +193,7 @@ def _column(condition: str, k: int) -> str:
     return "unmasked" if k == 0 else f"{_condition_of(condition).column}-{k}"
 
 
-def table_conditions(family_kind: str, ks: Sequence[int], random_control: bool, eps: float, source: str,
+def table_conditions(family: Family, ks: Sequence[int], random_control: bool, eps: float, source: str,
                      seed: int, value_ablation: str | None = None,
                      names: Sequence[str] | None = None) -> list[tuple[str, int, Any]]:
     """(condition, k, intervention) in table order: unmasked (k = 0), then per condition its k > 0 columns. `names`:
@@ -204,7 +206,7 @@ def table_conditions(family_kind: str, ks: Sequence[int], random_control: bool, 
     chosen = [CONDITIONS.get(name) for name in names]
     result = [("sinks", 0, None)] if 0 in ks else []
     for condition in chosen:
-        result += [(condition.label, k, condition.intervention(family_kind, k, eps, source, seed)) for k in ks if k]
+        result += [(condition.label, k, condition.intervention(family, k, eps, source, seed)) for k in ks if k]
     return result
 
 
@@ -241,7 +243,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
         run_settings = {**loaded.settings_for(task, steps=steps, gen_length=gen_length, block_length=block_length),
                         **(settings or {})}
         audit = _Audit(loaded, task, task_path, run_settings, seed) if checks else None
-        for condition, k, intervention in table_conditions(loaded.family.kind, ks, random_control, eps, source, seed,
+        for condition, k, intervention in table_conditions(loaded.family, ks, random_control, eps, source, seed,
                                                            value_ablation, conditions):
             out = None
             if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh

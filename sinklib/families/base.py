@@ -53,6 +53,7 @@ class Family:
     remote_call: Callable[..., torch.Tensor] | None = None
 
     kind: ClassVar[str] = ""
+    sink_rows: ClassVar[str] = "all"  # the query rows sinks are read from when they are masked (MaskSinks.rows)
 
     def preset(self, context: str) -> dict[str, Any]:
         """A copy of this family's sampler settings for `context` ("paper", "zoo" or a task name)."""
@@ -132,6 +133,7 @@ class AutoregressiveFamily(Family):
     """The canvas grows by one token a forward (a KV cache holds the rest); positions not yet generated count as
     masked; a row ends at its first end token."""
     kind: ClassVar[str] = "autoregressive"
+    sink_rows: ClassVar[str] = "last"  # a cached step computes only its last query row: sinks are read from it
     uses_cache: ClassVar[bool] = True
 
     def matches_native(self, config: Any) -> bool:

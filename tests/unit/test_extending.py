@@ -73,7 +73,7 @@ def test_the_lm_eval_model_takes_any_registered_policy_by_name(toy_policy):
 
 def test_a_table_1_condition_defined_here_is_a_column_by_name(toy_policy):
     CONDITIONS.register("first keys", Condition("first keys", "first", "with its first {k} key{s} masked",
-                                                lambda family_kind, k, eps, source, seed: make_policy(toy_policy, count=k)))
+                                                lambda family, k, eps, source, seed: make_policy(toy_policy, count=k)))
     try:  # a table names its columns through the registry: read it while the condition is registered
         table = masking_table(["tiny-arm"], ks=[0, 30], conditions=["sinks", "first keys"], limit=6, batch_size=3,
                               progress=False, checks=False, gen_length=12)

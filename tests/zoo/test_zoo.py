@@ -90,3 +90,18 @@ def test_tokenizer_keeps_numbers_whole_and_round_trips():
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
+
+
+def test_where_a_model_comes_from_is_decided_once_in_load(tmp_path):
+    """LoadedModel.source (loading.model_source): a zoo name, the same checkpoint as a folder, a model object, a named
+    model and a hub id; the default models are exactly the zoo and the named ones."""
+    from sinklib.loading import is_default_model, model_source
+
+    by_name = sinklib.load("tiny-arm")
+    by_folder = sinklib.load(str(ZOO_DIR / "tiny-arm"))
+    by_object = sinklib.load(by_name.model, tokenizer=by_name.tokenizer)
+    assert (by_name.source, by_folder.source, by_object.source) == ("zoo", "folder", "module")
+    assert torch.equal(by_name.logits(torch.tensor([[1, 2, 3]])), by_folder.logits(torch.tensor([[1, 2, 3]])))
+    assert [model_source(n) for n in ("smollm2-135m-diffusion", "org/model", str(tmp_path))] == ["named", "hub", "folder"]
+    assert [is_default_model(n) for n in ("tiny-arm", "smollm2-135m-instruct", str(ZOO_DIR / "tiny-arm"), "org/m")] == \
+        [True, True, False, False]
