@@ -34,6 +34,13 @@ def sha256_of(path: Path) -> str:
     return _DIGESTS[key]
 
 
+def fingerprint(path: Path) -> str:
+    """A weights file's fingerprint: the first 16 hex digits of its SHA-256 (which weights a measurement used).
+    (The evaluation runner's model_fingerprint is older and different — size and first MiB per file — and stays so
+    while committed Table 1 runs are keyed by it.)"""
+    return sha256_of(path)[:16]
+
+
 def write_manifest(folder: Path, header: dict[str, Any]) -> dict[str, Any]:
     """Hash every file in `folder` (a flat folder: a subfolder is refused) and write the manifest there, beside them:
     `header` (what made the files) plus {"files": {name: {"size", "sha256"}}}. Returns the manifest written."""

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from sinklib.cache_manifest import sha256_of
 from sinklib.families.base import get_family
 
 
@@ -121,7 +122,7 @@ class Trace:
                 written[name] = _fresh_file(folder, name)
                 write(written[name])
             meta = self._meta(scores)
-            meta["sha256"] = {name: _sha256_file(written[name]) for name in _DATA_FILES}
+            meta["sha256"] = {name: sha256_of(written[name]) for name in _DATA_FILES}
             meta["sha256"]["meta.json"] = _sha256_meta(meta)
             written["meta.json"] = _fresh_file(folder, "meta.json")
             written["meta.json"].write_text(json.dumps(meta, indent=1, sort_keys=True))
@@ -225,8 +226,6 @@ def _fresh_file(folder: Path, name: str) -> Path:
     return Path(temporary)
 
 
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _sha256_meta(meta: dict) -> str:
@@ -245,7 +244,7 @@ def _verify(folder: Path, meta: dict) -> None:
     for name in _DATA_FILES:
         if not (folder / name).exists():
             raise ValueError(f"path={str(folder)!r} is an incomplete Trace: {name} is missing")
-        if _sha256_file(folder / name) != digests.get(name):
+        if sha256_of(folder / name) != digests.get(name):
             raise ValueError(f"path={str(folder)!r} is a damaged Trace: {name} does not match its SHA-256 in meta.json "
                              "(changed or cut after it was written)")
 

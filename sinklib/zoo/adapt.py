@@ -27,7 +27,6 @@ batch of step k, its masks and its annealed attention are functions of the seed 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import platform
@@ -40,6 +39,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sinklib import compat
+from sinklib.cache_manifest import fingerprint
 from sinklib.validation import check_choice, check_int
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
@@ -507,7 +507,7 @@ def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, h
         folder = (CHECKPOINT_ROOT if checkpoint_root is None else Path(checkpoint_root)) / check_choice(name, "names", TWINS)
         for step in tqdm(steps or measured_steps(name), desc=f"measure {name}", disable=not progress):
             state = folder / f"step-{step:05d}" / "state.pt"
-            key = {"model": name, "checkpoint": state.parent.name, "weights": _file_hash(state),
+            key = {"model": name, "checkpoint": state.parent.name, "weights": fingerprint(state),
                    "n_problems": how.n_problems, "n_traces": how.n_traces, "eps": how.eps, "seed": how.seed}
             rows = over_training.read_rows(results)
             if len(rows) and ((rows[list(key)] == pd.Series(key)).all(axis=1)).any():
@@ -523,8 +523,6 @@ def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, h
     return over_training.read_rows(results)
 
 
-def _file_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def machine(threads: int) -> str:

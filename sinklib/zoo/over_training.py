@@ -14,7 +14,6 @@ written after every checkpoint, and a rerun measures only the checkpoints withou
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from sinklib import dynamics
+from sinklib.cache_manifest import fingerprint
 from sinklib.evaluation.table1 import masking_table
 from sinklib.evaluation.tasks import trace_prompts
 from sinklib.generate import collect_traces
@@ -130,7 +130,8 @@ def measure_all(names: list[RecipeName], how: Measurement = Measurement(), count
     rows = read_rows(results)
     for name, path in tqdm(jobs, desc="measure checkpoints", disable=not progress):
         checkpoint = SHIPPED if path.parent == ZOO_DIR else path.name
-        key = {"model": name, "checkpoint": checkpoint, "weights": _fingerprint(path), **dataclasses.asdict(how)}
+        key = {"model": name, "checkpoint": checkpoint, "weights": fingerprint(path / "model.safetensors"),
+               **dataclasses.asdict(how)}
         same = (rows[KEY[:2] + KEY[3:]] == pd.Series({k: key[k] for k in KEY[:2] + KEY[3:]})).all(axis=1)
         if (same & (rows["weights"] == key["weights"])).any():
             continue
@@ -170,9 +171,6 @@ def _checkpoints(folder: Path, name: str, count: int) -> list[Path]:
     return paths
 
 
-def _fingerprint(path: Path) -> str:
-    """The first 16 hex digits of the sha256 of a checkpoint's weights file: which weights a row measured."""
-    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:16]
 
 
 def _training_point(path: Path, name: str, checkpoint: str) -> dict[str, Any]:

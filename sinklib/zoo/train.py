@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -23,6 +22,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from sinklib import compat
+from sinklib.cache_manifest import sha256_of
 from sinklib.validation import Count, checked
 from sinklib.zoo.data import Problem, held_out, problems
 from sinklib.zoo.tokenizer import build_tokenizer, save_tokenizer
@@ -251,12 +251,10 @@ def _save_checkpoint(folder: Path, spec: ZooSpec, model, optimizer, generator: t
     save_tokenizer(scratch)
     torch.save({"spec": asdict(spec), "threads": torch.get_num_threads(), "step": state.step, "curve": state.curve,
                 "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                "weights_sha256": _sha256(scratch / "model.safetensors")}, scratch / "training_state.pt")
+                "weights_sha256": sha256_of(scratch / "model.safetensors")}, scratch / "training_state.pt")
     scratch.rename(final)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def checked_checkpoint(path: Path, name: str, step: int) -> dict:
@@ -278,7 +276,7 @@ def checked_checkpoint(path: Path, name: str, step: int) -> dict:
         raise ValueError(f"checkpoint {str(path)!r} is not allowed: it holds the weights after step {saved['step']}, "
                          f"not {step} (a folder copied or linked under another step's name); {redo}")
     recorded = saved.get("weights_sha256")
-    whole = _sha256(weights) == recorded if recorded else _safetensors_whole(weights)
+    whole = sha256_of(weights) == recorded if recorded else _safetensors_whole(weights)
     if not whole:
         raise ValueError(f"checkpoint {str(path)!r} is not allowed: its model.safetensors is not the file it was saved "
                          f"with (cut or edited); {redo}")
