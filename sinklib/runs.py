@@ -10,7 +10,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, ClassVar, Literal, Mapping
 
 import pandas as pd
 
@@ -18,7 +18,7 @@ from annotated_types import Ge
 
 from sinklib.validation import (Consent, Count, DType, Device, Flag, Folder, Index, Ks, ModelNames, NonNegative,
                                 Text, did_you_mean, validated)
-from sinklib.evaluation.table1 import by_task, masking_table
+from sinklib.evaluation.table1 import MaskingTable, by_task, masking_table
 from sinklib.evaluation.tasks import get_task, task_names, trace_prompts
 from sinklib.explorer import export_pages
 from sinklib.generate import collect_traces, demo_trace
@@ -62,9 +62,24 @@ TASK_PER_MODEL = {"smollm2-135m-instruct": "capitals", "smollm2-135m-diffusion":
                   "smollm2-135m-autoregressive": "arithmetic-english"}
 
 
+RUNS: Registry[type] = Registry("notebook")  # notebook stem → its run config (each registers itself)
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Fields shared by every notebook: where results go, and whether to show progress."""
+    """What every notebook's config can do: be made from the notebook's namespace, check given keys, `collect()` what
+    the notebook analyses (the one verb every config has) and `save` a section's result. A subclass that names its
+    NOTEBOOK registers itself in RUNS, so a notebook needs its file and its config, nothing else."""
+    NOTEBOOK: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "NOTEBOOK" in cls.__dict__:
+            RUNS.register(cls.NOTEBOOK, cls, replace=True)  # a class made again (a reload) replaces the old one
+
+    def collect(self) -> Any:
+        """What the notebook analyses (models and traces, tables, measured rows: each config says)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what its notebook collects")
 
     @classmethod
     def from_namespace(cls, namespace: Mapping[str, Any]) -> "RunConfig":
@@ -252,6 +267,17 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
         _check_task_limits(self)
         _check_consent(self)
 
+    def collect(self) -> dict[str, MaskingTable]:
+        """Table 1, one table per task: each model on its own task (by_task), every (model, condition) resumable under
+        results_dir/table1-<task>/."""
+        return {task: masking_table(group, task, self.ks, self.random_control, self.eps,
+                                    limit=self.n_problems_by_task.get(task, self.n_problems), batch_size=self.batch_size,
+                                    seed=self.seed, out_dir=Path(self.results_dir) / f"table1-{task}",
+                                    allow_code_execution=self.allow_code_execution, progress=self.progress,
+                                    task_path=self.task_path if task == self.task else None, steps=self.steps,
+                                    gen_length=self.gen_length, block_length=self.block_length)
+                for task, group in by_task(self.load(), self.task, self.tasks).items()}
+
 
 @validated
 @dataclass(frozen=True)
@@ -267,7 +293,7 @@ class ExplorerRun(SamplingPart, ModelsPart, RunConfig):
         """Cross-field rules, run when the config is made: gen_length a multiple of block_length."""
         _check_layout(self)
 
-    def explore(self) -> tuple:
+    def collect(self) -> tuple:
         """(the first model loaded, its generation of `prompt`): what the explorer shows."""
         loaded = load(self.models[0], **self._load_options())
         return loaded, demo_trace(loaded, self.prompt, self.seed, self.steps, self.gen_length, self.block_length)
@@ -322,7 +348,7 @@ class TrainingDynamicsRun(RunConfig):
         """How each checkpoint is measured: this run's n_problems, n_traces, eps and seed."""
         return over_training.Measurement(self.n_problems, self.n_traces, self.eps, self.seed)
 
-    def rows(self) -> pd.DataFrame:
+    def collect(self) -> pd.DataFrame:
         """This run's measured rows (retraining and measuring first when `retrain`), one model after another."""
         measurements = over_training.RESULTS_PATH if self.measurements is None else Path(self.measurements)
         checkpoints = over_training.CHECKPOINTS_DIR if self.checkpoints_dir is None else Path(self.checkpoints_dir)
@@ -375,11 +401,6 @@ class CarryRun(TaskPart, TracesRun):
                                     out_dir=Path(self.results_dir) / f"table1-{task}", batch_size=self.batch_size,
                                     seed=self.seed, progress=self.progress, value_ablation=self.value_ablation)
                 for task, group in by_task(loaded, self.task, self.tasks).items()}
-
-
-RUNS: Registry[type] = Registry("notebook", {cls.NOTEBOOK: cls for cls in
-                                             (TracesRun, MovingSinksRun, ThresholdSweepRun, MaskingRun, ExplorerRun,
-                                              TrainingDynamicsRun, CarryRun)})
 
 
 def run_for(notebook: str | Path) -> type:

@@ -306,21 +306,6 @@ def _checked_models(models) -> list:
     return models
 
 
-def masking_tables(run) -> dict[str, MaskingTable]:
-    """Notebook 04's tables (a runs.MaskingRun): one per task, each model on its own task (by_task), every
-    (model, condition) resumable under results_dir/table1-<task>/."""
-    tables = {}
-    for task, group in by_task(run.load(), run.task, run.tasks).items():
-        tables[task] = masking_table(group, task, run.ks, run.random_control, run.eps,
-                                     limit=run.n_problems_by_task.get(task, run.n_problems),
-                                     batch_size=run.batch_size, seed=run.seed,
-                                     out_dir=Path(run.results_dir) / f"table1-{task}",
-                                     allow_code_execution=run.allow_code_execution, progress=run.progress,
-                                     task_path=run.task_path if task == run.task else None, steps=run.steps,
-                                     gen_length=run.gen_length, block_length=run.block_length)
-    return tables
-
-
 def by_task(loaded: dict[str, LoadedModel], task: str, tasks: dict[str, str] | None = None) -> dict[str, list[LoadedModel]]:
     """Models grouped by the task Table 1 runs them on: `tasks` names a task per model (a real instruct model
     cannot answer the zoo's arithmetic format), every other model runs `task`. Groups keep the models' order."""

@@ -193,7 +193,9 @@ def require_code_execution_opt_in(task: Task, allow_code_execution: bool, call: 
 
 
 def register_task(task: Task, *, replace: bool = False) -> None:
-    """Add a task (each model family then needs a preset of that name: Family.presets)."""
+    """Add a task, reachable by name everywhere a task is named. No family needs a preset for it: a model without one
+    samples with its own default settings (LoadedModel.settings_for); a family may add one (Family.presets) where the
+    task needs its own generation length."""
     TASKS.register(task.name, task, replace=replace)
 
 

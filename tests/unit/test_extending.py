@@ -4,7 +4,10 @@ registry call (sinklib/ is not edited; the family's own proof is tests/unit/test
 - an intervention: a class with keys_to_mask, registered in sinklib.interventions.POLICIES, then reached by name —
   by the evaluation runner (make_policy) and by the lm-eval model (model_args policy=NAME,policy.SETTING=VALUE);
 - a Table 1 condition: a Condition registered in sinklib.evaluation.table1.CONDITIONS, a column of masking_table
-  by name beside the paper's.
+  by name beside the paper's;
+- a task: a Task registered with register_task, evaluated and masked by name (no family needs a preset for it);
+- a notebook: the .ipynb and one module holding its run config (which registers itself in sinklib.runs.RUNS) and
+  its section, executed by papermill from a folder outside the package.
 """
 from __future__ import annotations
 
@@ -89,3 +92,116 @@ def test_a_table_1_condition_defined_here_is_a_column_by_name(toy_policy):
     assert "with its first 30 keys masked" in findings[0]
     with pytest.raises(ValueError, match=r"conditions='first keys' is not allowed: conditions must be one of"):
         masking_table(["tiny-arm"], ks=[0, 1], conditions=["first keys"])
+
+
+def _doubling(path=None):
+    """The toy task's samples: "Q: what is twice N ? A:" with the zoo's word-level vocabulary."""
+    from sinklib.evaluation.tasks import Sample
+
+    return [Sample(f"twice-{n}", f"Q: tom has {n} apples . tom gets {n} more apples . how many apples does tom have "
+                   "now ? A:", str(2 * n)) for n in range(1, 7)]
+
+
+def test_a_task_defined_here_is_evaluated_and_masked_by_name_with_no_family_preset():
+    from sinklib.evaluation.tasks import TASKS, Task, register_task, score_final_number
+
+    register_task(Task("doubling", _doubling, chat=False, scorer=score_final_number))
+    try:
+        loaded = sinklib.load("tiny-arm")
+        summary = evaluate(loaded, "doubling", batch_size=3, progress=False)
+        table = masking_table([loaded], "doubling", ks=[0, 1], random_control=False, progress=False, checks=False)
+    finally:
+        TASKS.unregister("doubling")
+    by_hand = [score_final_number(generate_answer, sample)["correct"]
+               for sample, generate_answer in zip(_doubling(), _answers(loaded, _doubling()))]
+    assert summary.n == 6 and summary.accuracy == sum(by_hand) / 6
+    assert table.frame.set_index(["condition", "k"]).loc[("sinks", 0), "accuracy"] == summary.accuracy
+    assert list(table.wide().columns) == ["unmasked", "top-1"]
+
+
+def _answers(loaded, samples):
+    """Each sample answered by sinklib.generate alone, with the settings evaluate gives a zoo model."""
+    from sinklib.generate import generate
+
+    return [generate(loaded, s.prompt, seed=0, chat=False, progress=False, **loaded.settings_for("doubling")).text
+            for s in samples]
+
+
+TOY_MODULE = '''"""The toy notebook's one other file: its run config (registered by naming NOTEBOOK) and its section."""
+from dataclasses import dataclass
+
+import pandas as pd
+
+from sinklib import dynamics
+from sinklib.evaluation.tasks import trace_prompts
+from sinklib.generate import collect_traces
+from sinklib.runs import ModelsPart, OutputsPart, RunConfig, SamplingPart, default_copy
+from sinklib.summary import Layout, Result
+from sinklib.validation import Count, Folder, ModelNames, validated
+
+
+@validated
+@dataclass(frozen=True)
+class ToyRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
+    NOTEBOOK = "99_toy"
+    models: ModelNames = default_copy(["tiny-arm"])
+    n_prompts: Count = 1
+    figures_dir: Folder = "figures"  # beside the notebook, in its own folder
+    results_dir: Folder = "results"
+
+    def collect(self):
+        loaded = self.load()
+        return {name: collect_traces(model, trace_prompts(model.is_zoo, self.n_prompts), seed=self.seed,
+                                     progress=False, **model.settings_for())
+                for name, model in loaded.items()}
+
+
+def strongest_heads(traces) -> Result:
+    rows = [dict(zip(("layer", "head"), dynamics.strongest_head(ts[0])), model=name) for name, ts in traces.items()]
+    result = Result()
+    result.add_table("toy_strongest_heads", pd.DataFrame(rows), Layout(("model",)))
+    result.shown = result.tables["toy_strongest_heads"]
+    return result
+'''
+
+
+def test_a_notebook_defined_here_runs_under_papermill_with_one_other_file(tmp_path):
+    """The notebook and one module, in a folder outside the package: its config registers itself, agrees with the
+    parameters cell, and its table is written with the layout a rerun is compared by."""
+    papermill = pytest.importorskip("papermill")
+    import json
+    import sys
+
+    import nbformat
+
+    from sinklib import provenance, runs
+
+    (tmp_path / "toy_notebook.py").write_text(TOY_MODULE)
+    parameters = nbformat.v4.new_code_cell(
+        'models = ["tiny-arm"]\ntrust_remote_code = False\ndevice = "cpu"\ndtype = None\nsteps = None\n'
+        'gen_length = None\nblock_length = None\nseed = 0\nfigures_dir = "figures"\nresults_dir = "results"\n'
+        'progress = True\nn_prompts = 1', metadata={"tags": ["parameters"]})
+    body = nbformat.v4.new_code_cell("import toy_notebook\nrun = toy_notebook.ToyRun.from_namespace(globals())\n"
+                                     "traces = run.collect()\nrun.save(toy_notebook.strongest_heads(traces)).shown")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 99 · Toy"), parameters, body],
+                                        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                 "language": "python"}})
+    nbformat.write(notebook, tmp_path / "99_toy.ipynb")
+    made = sorted(p.name for p in tmp_path.iterdir())
+    papermill.execute_notebook(str(tmp_path / "99_toy.ipynb"), str(tmp_path / "executed.ipynb"),
+                               parameters={"n_prompts": 2}, cwd=str(tmp_path), progress_bar=False)
+    assert made == ["99_toy.ipynb", "toy_notebook.py"]  # the two files a newcomer writes
+    table = tmp_path / "results" / "toy_strongest_heads.parquet"
+    assert provenance.read_layout(table) == {"keys": ["model"], "scope": "model", "index": False}
+    assert provenance.read_record(table)["config"]["n_prompts"] == 2
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import toy_notebook
+
+        assert runs.run_for("99_toy.ipynb") is toy_notebook.ToyRun
+        assert runs.agreement_with_notebook(toy_notebook.ToyRun, tmp_path / "99_toy.ipynb") == []
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("toy_notebook", None)
+        runs.RUNS.unregister("99_toy")
+    assert json.loads((tmp_path / "executed.ipynb").read_text())["cells"][-1]["outputs"], "the section showed its table"
