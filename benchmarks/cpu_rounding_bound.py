@@ -36,8 +36,8 @@ def _generations(name: str, n: int) -> dict:
     prompts = [sample.prompt for sample in task.samples()[:n]]
     rows, first_logits = [], None
     for start in range(0, n, 25):
-        traces = sinklib.generate(loaded, prompts[start:start + 25], keep_scores=False, progress=False, chat=task.chat,
-                                  **loaded.settings_for())
+        traces = sinklib.generate(loaded, prompts[start:start + 25], loaded.settings_for(), keep_scores=False,
+                                  progress=False, chat=task.chat)
         for trace in traces:
             rows.append({"canvases": trace.tokens.tolist(),
                          "margins": trace.margins.tolist() if trace.margins is not None else None})

@@ -16,7 +16,7 @@ import time
 import torch
 
 import sinklib
-from sinklib.evaluation import evaluate
+from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.table1 import paper_masking
 
 
@@ -40,16 +40,17 @@ def main() -> None:
     print(f"{'model':<11} {'condition':<20} {'samples/s':>10} {'÷ unmasked':>11} {'accuracy':>9}")
     for name in ("tiny-llada", "tiny-dream", "tiny-arm"):
         loaded = sinklib.load(name)
-        settings = loaded.settings_for("arithmetic")
+        settings = loaded.settings_for(get_task("arithmetic"))
         runs = conditions(loaded.family)
         seconds: dict[str, list[float]] = {label: [] for label in runs}
         accuracy = {}
-        evaluate(loaded, "arithmetic", limit=args.batch_size, batch_size=args.batch_size, progress=False, **settings)  # warm-up
+        evaluate(loaded, "arithmetic", limit=args.batch_size, batch_size=args.batch_size, progress=False,
+                 sampler=settings)  # warm-up
         for _ in range(args.rounds):
             for label, intervention in runs.items():
                 began = time.perf_counter()
                 summary = evaluate(loaded, "arithmetic", intervention=intervention, limit=args.limit,
-                                   batch_size=args.batch_size, progress=False, **settings)
+                                   batch_size=args.batch_size, progress=False, sampler=settings)
                 seconds[label].append(time.perf_counter() - began)
                 accuracy[label] = summary.accuracy
         base = args.limit / statistics.median(seconds["unmasked"])

@@ -35,10 +35,19 @@ def sha256_of(path: Path) -> str:
 
 
 def fingerprint(path: Path) -> str:
-    """A weights file's fingerprint: the first 16 hex digits of its SHA-256 (which weights a measurement used).
-    (The evaluation runner's model_fingerprint is older and different — size and first MiB per file — and stays so
-    while committed Table 1 runs are keyed by it.)"""
+    """A weights file's fingerprint: the first 16 hex digits of its SHA-256 (which weights a measurement used)."""
     return sha256_of(path)[:16]
+
+
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """A checkpoint folder's fingerprint: its weight files' names and fingerprints, one "name fingerprint" line
+    each in name order, as one fingerprint (a folder with one weights file: that file's name and SHA-256)."""
+    files = sorted(file for pattern in WEIGHT_FILES for file in Path(folder).glob(pattern))
+    lines = "".join(f"{file.name} {fingerprint(file)}\n" for file in files)
+    return hashlib.sha256(lines.encode()).hexdigest()[:16]
 
 
 def write_manifest(folder: Path, header: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from sinklib.validation import bad_value, check_int, did_you_mean
 from sinklib._version import __version__
 from sinklib.capture import capture, check_intervention
 from sinklib.layers import attention_layers
-from sinklib.families.base import left_pad, option_owners
+from sinklib.families.base import left_pad, option_owners, record
 from sinklib.ties import recording_decisions
 from sinklib.interventions import identity
 from sinklib.loading import LoadedModel, load
@@ -96,8 +96,7 @@ def resolve_settings(loaded: LoadedModel, sampler=None, **options):
                and options.get(f.name) is None]
     if missing:
         raise bad_value(missing[0], None, f"given: an integer >= 1 ({family.name} settings need {missing})")
-    special = {"mask_id": loaded.mask_id, "eos_ids": loaded.eos_ids, "pad_id": loaded.pad_id}
-    return family.make_settings(options, special)
+    return family.make_settings(options, loaded.special_ids())
 
 
 def _is_single(prompt) -> bool:
@@ -269,19 +268,21 @@ def _meta(loaded: LoadedModel, settings, seed: int, intervention, chat: bool) ->
 
 
 def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | None = None, seed: int = 0,
-                   intervention=None, progress: bool = True, **settings) -> list[Trace]:
-    """One trace per prompt (prompt i with seed + i; zoo models read plain text, others their chat template).
+                   intervention=None, progress: bool = True, sampler=None, **options) -> list[Trace]:
+    """One trace per prompt (prompt i with seed + i; zoo models read plain text, others their chat template), with
+    `sampler` (the family's settings, e.g. loaded.settings_for()) and/or options by name, as for generate.
     With `out`, each trace is saved as it finishes (out/trace-0007/) and a rerun loads the finished ones instead
     of generating them again; a trace another configuration wrote there is refused."""
     recorded = identity(intervention) if intervention is not None else None  # refused before any work if unstable
+    settings = resolve_settings(loaded, sampler, **options)
     traces = []
     for index, text in enumerate(tqdm(texts, desc=f"traces {loaded.name}", disable=not progress)):
         folder = Path(out) / f"trace-{index:04d}" if out is not None else None
         if folder is not None and (folder / "meta.json").exists():
             traces.append(_resumed(Trace.load(folder), folder, loaded, text, seed + index, recorded, settings))
             continue
-        trace = generate(loaded, text, seed=seed + index, chat=not loaded.is_zoo, progress=False,
-                         intervention=intervention, **settings)
+        trace = generate(loaded, text, settings, seed=seed + index, chat=not loaded.is_zoo, progress=False,
+                         intervention=intervention)
         if folder is not None:
             trace.save(folder)
         traces.append(trace)
@@ -289,14 +290,14 @@ def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | 
 
 
 def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: int, intervention: str | None,
-             settings: dict) -> Trace:
+             settings) -> Trace:
     """A trace saved by an earlier run is reused only if that run asked for the same thing."""
     meta = trace.meta
     saved = meta.get("settings", {})
     differs = {key: (meta.get(key), want) for key, want in (("model", loaded.name), ("prompt", text), ("seed", seed),
                ("intervention", intervention)) if meta.get(key) != want}
-    differs.update({key: (saved.get(key), value) for key, value in settings.items()
-                    if value is not None and key in saved and saved[key] != value})
+    differs.update({key: (saved.get(key), value) for key, value in record(settings).items()
+                    if key in saved and saved[key] != value})
     if differs:
         raise ValueError(f"out={str(folder.parent)!r} is not allowed: {folder.name} was written by another run "
                          f"(saved vs asked: {differs}); use a new folder or delete it")
@@ -307,5 +308,5 @@ def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, steps: int | Non
                gen_length: int | None = None, block_length: int | None = None) -> Trace:
     """One generation of `prompt` with the model's own settings (LoadedModel.settings_for), as the explorer shows
     it: the zoo reads plain text, real checkpoints get their chat template."""
-    return generate(loaded, prompt, seed=seed, chat=not loaded.is_zoo, progress=False,
-                    **loaded.settings_for(steps=steps, gen_length=gen_length, block_length=block_length))
+    return generate(loaded, prompt, loaded.settings_for(steps=steps, gen_length=gen_length, block_length=block_length),
+                    seed=seed, chat=not loaded.is_zoo, progress=False)

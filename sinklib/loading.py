@@ -9,6 +9,7 @@ import json
 import os
 import re
 import socket
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from transformers.utils import cached_file
 
 from sinklib import compat, mmada_repo, named
 from sinklib.validation import Consent, Index, bad_value, check_choice, checked, did_you_mean
-from sinklib.families.base import Family, family_names, fit_layout, get_family
+from sinklib.families.base import Family, family_names, fit, get_family
 from sinklib.paths import ZOO_DIR
 
 CALLING = ("native", "remote")
@@ -59,22 +60,28 @@ class LoadedModel:
         read the zoo's plain "Q: … A:" text; every other model gets its chat template."""
         return getattr(getattr(self.model, "config", None), "sinklib_family", None) is not None
 
-    def settings_for(self, task: str | None = None, *, steps: int | None = None, gen_length: int | None = None,
-                     block_length: int | None = None) -> dict[str, Any]:
-        """The sampler settings (keyword arguments of generate) this model runs with: the family's preset for
-        `task` where it has one and the model is not of the zoo (Table 1 on a real checkpoint), else a named
-        laptop model's own, the zoo's, or the paper's; steps / gen_length / block_length override by
-        families.base.fit_layout's rule (a gen_length given alone keeps a valid block layout)."""
-        if task is not None and not isinstance(task, str):
-            raise bad_value("task", task, "a task name (str) or None")
-        named_preset = named.sampling(self.name)
-        if task is not None and task not in ("paper", "zoo") and task in self.family.presets and not self.is_zoo:
-            preset = self.family.preset(task)
-        elif named_preset:
-            preset = dict(named_preset)
-        else:
-            preset = self.family.preset("zoo" if self.is_zoo else "paper")
-        return fit_layout(preset, steps, gen_length, block_length)
+    def settings_for(self, task: Any = None, *, steps: int | None = None, gen_length: int | None = None,
+                     block_length: int | None = None):
+        """The settings this model samples with, as its family's settings dataclass (validated, special ids filled
+        in): a named model's own laptop settings, else the family's (the zoo's answer slot for a zoo model, the
+        paper's generation for any other), resized to the generation length `task` (a Task, e.g.
+        sinklib.evaluation.get_task("gsm8k")) declares, if any (not for a zoo model: its slot is fixed).
+        steps / gen_length / block_length given here win; a gen_length keeps a valid block layout
+        (families.base.fit). Override any other field with dataclasses.replace."""
+        if task is not None and not hasattr(task, "gen_length"):
+            raise bad_value("task", task, "a Task (sinklib.evaluation.get_task(name)) or None")
+        settings = self.family.defaults(zoo=self.is_zoo)
+        own = named.sampling(self.name)
+        if own:
+            settings = dataclasses.replace(settings, **own)
+        if gen_length is None and task is not None and not self.is_zoo:
+            gen_length = task.gen_length
+        settings = fit(settings, gen_length=gen_length, steps=steps, block_length=block_length)
+        return self.family.make_settings(dataclasses.asdict(settings), self.special_ids())
+
+    def special_ids(self) -> dict[str, Any]:
+        """The settings fields that come from the model, not the caller: mask_id, eos_ids, pad_id."""
+        return {"mask_id": self.mask_id, "eos_ids": self.eos_ids, "pad_id": self.pad_id}
 
     def logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                position_ids: torch.Tensor | None = None) -> torch.Tensor:

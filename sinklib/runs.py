@@ -213,9 +213,9 @@ class TracesRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
         """(loaded models by name, their traces by name): one generation per prompt with the family's settings."""
         loaded = self.load()
         traces = {name: collect_traces(model, trace_prompts(model.is_zoo, self.n_prompts), seed=self.seed,
-                                       progress=self.progress, **model.settings_for(steps=self.steps,
-                                                                                    gen_length=self.gen_length,
-                                                                                    block_length=self.block_length))
+                                       progress=self.progress,
+                                       sampler=model.settings_for(steps=self.steps, gen_length=self.gen_length,
+                                                                  block_length=self.block_length))
                   for name, model in loaded.items()}
         return loaded, traces
 

@@ -17,9 +17,8 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from sinklib.ties import NEAR_TIE, closest_margin, is_near_tie
+from sinklib.ties import NEAR_TIE, NEAR_TIE_MARK, closest_margin, is_near_tie
 
-NEAR_TIE_MARK = "≈"
 FOOTNOTE = (f"{NEAR_TIE_MARK}: in this run, this model decided some step by a relative margin of at most {NEAR_TIE:g}, "
             "small enough that another CPU's float differences (measured below 7e-5) could decide it the other way, "
             "and these numbers with it.")

@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import torch
 
 NEAR_TIE = 1e-3  # a margin at most this (and above 0) is a decision another CPU could take the other way
+NEAR_TIE_MARK = "≈"  # what a result decided at a near-tie is labelled with ("<model> ≈"), wherever it is shown
 
 
 # --- what counts as a near-tie ----------------------------------------------------------------------------------

@@ -43,4 +43,4 @@ def sample(forward, prompt_ids, prompt_mask, settings: ToySettings, generator=No
 
 
 TOY = DiffusionFamily("toy", sample, ToySettings, default_mask_id=0, description="one end of the answer at a time",
-                      presets={"zoo": dict(steps=4, gen_length=4)}, model_types=("toydiff",))
+                      zoo=ToySettings(steps=4, gen_length=4), model_types=("toydiff",))

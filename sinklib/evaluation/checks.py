@@ -20,7 +20,7 @@ from sinklib.loading import LoadedModel
 
 
 @torch.no_grad()
-def noop_check(loaded: LoadedModel, prompt: str, settings: dict[str, Any], chat: bool, seed: int = 0) -> bool:
+def noop_check(loaded: LoadedModel, prompt: str, settings: Any, chat: bool, seed: int = 0) -> bool:
     """Whether a capture with a policy that masks nothing (MaskSinks(top_k=0)) leaves the model's output bit for bit
     as it is: the logits of one forward over the prompt, and every token of a generation against one made with no
     capture (the sampler's decisions)."""
@@ -28,20 +28,19 @@ def noop_check(loaded: LoadedModel, prompt: str, settings: dict[str, Any], chat:
     plain = loaded.logits(ids)
     with capture(loaded, intervention=MaskSinks(top_k=0)):
         captured = loaded.logits(ids)
-    uncaptured = generate(loaded, prompt, seed=seed, chat=chat, progress=False, keep_scores=False, **settings)
-    watched = generate(loaded, prompt, seed=seed, chat=chat, progress=False, intervention=MaskSinks(top_k=0),
-                       **settings)
+    uncaptured = generate(loaded, prompt, settings, seed=seed, chat=chat, progress=False, keep_scores=False)
+    watched = generate(loaded, prompt, settings, seed=seed, chat=chat, progress=False, intervention=MaskSinks(top_k=0))
     return bool(torch.equal(plain, captured)) and bool(torch.equal(uncaptured.tokens, watched.tokens))
 
 
-def mass_dropped(loaded: LoadedModel, prompt: str, intervention, settings: dict[str, Any], chat: bool,
+def mass_dropped(loaded: LoadedModel, prompt: str, intervention, settings: Any, chat: bool,
                  seed: int = 0) -> dict[str, float]:
     """One generation of `prompt` under `intervention`, audited (interventions.Audited): masked (batch, head, key)
     entries, their summed score with the mask lifted (`masked_score_before`) and as the calls ran
     (`masked_score_after`), and the share of it that stayed (`kept_share`: ~0 for masking, 1 for value ablation;
     NaN when nothing was masked)."""
     audited = Audited(intervention)
-    generate(loaded, prompt, seed=seed, chat=chat, progress=False, intervention=audited, keep_scores=False, **settings)
+    generate(loaded, prompt, settings, seed=seed, chat=chat, progress=False, intervention=audited, keep_scores=False)
     ledger = audited.ledger
     before, after = ledger["before"], ledger["after"]
     return {"masked_entries": ledger["masked"], "masked_score_before": before, "masked_score_after": after,

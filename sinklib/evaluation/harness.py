@@ -31,8 +31,8 @@ from sinklib.validation import (Consent, Count, Index, NonNegative, Temperature,
                                 check_value, checked, did_you_mean)
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import paper_masking
-from sinklib.families.base import Family
-from sinklib.generate import generate
+from sinklib.families.base import Family, fit
+from sinklib.generate import generate, resolve_settings
 from sinklib.interventions import AblateValues, MaskRandomKeys, make_policy
 from sinklib.loading import load
 
@@ -115,13 +115,11 @@ class SinklibLM(LM):
             device = "cpu"
         self.loaded = load(pretrained, family=family, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         self._device = torch.device(self.loaded.device)
-        if gen_length is not None and steps is None and self.loaded.family.kind == "diffusion":
-            steps = gen_length  # one token per denoising step unless told otherwise
         self._layout = (steps, gen_length, block_length)  # as given; a task's max_gen_toks fills gen_length when unset
-        self.settings: dict[str, Any] = self.loaded.settings_for(steps=steps, gen_length=gen_length,
-                                                                 block_length=block_length)
-        self.settings["temperature"] = float(temperature)
-        self.settings.update({key: value for key, value in (("alg", alg), ("remasking", remasking)) if value is not None})
+        # the model's own settings with these options (before any task's length), then fitted to gen_length if given
+        self._own = resolve_settings(self.loaded, self.loaded.settings_for(steps=steps, block_length=block_length),
+                                     temperature=float(temperature), alg=alg, remasking=remasking)
+        self.settings = fit(self._own, steps=steps, gen_length=gen_length, block_length=block_length)
         self.intervention = _intervention(self.loaded.family, chosen, mask_top_k, mask_eps, mask_source,
                                           mask_random_k, mask_values, seed)
         self.seed = seed
@@ -181,9 +179,8 @@ class SinklibLM(LM):
             settings = self.settings_for(max_gen_toks)
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start:start + self.batch_size]
-                traces = generate(self.loaded, [requests[i].args[0] for i in chunk], chat=False, progress=False,
-                                          seed=self.seed, intervention=self.intervention, keep_scores=False,
-                                          **settings)
+                traces = generate(self.loaded, [requests[i].args[0] for i in chunk], settings, chat=False,
+                                  progress=False, seed=self.seed, intervention=self.intervention, keep_scores=False)
                 for index, trace in zip(chunk, traces):
                     text = cut_at_stops(trace.text, stops)
                     outputs[index] = text
@@ -192,11 +189,11 @@ class SinklibLM(LM):
         bar.close()
         return outputs  # type: ignore[return-value]
 
-    def settings_for(self, max_gen_toks: int | None) -> dict[str, Any]:
-        """A task's max_gen_toks is the generation length unless model_args set gen_length, which then wins
-        (said once in the log); the block layout follows LoadedModel.settings_for's rule."""
+    def settings_for(self, max_gen_toks: int | None):
+        """The settings for a task asking max_gen_toks: the task's length is the generation length unless model_args
+        set gen_length, which then wins (said once in the log); the layout follows the one rule (families.base.fit)."""
         steps, gen_length, block_length = self._layout
-        if max_gen_toks is None or max_gen_toks == self.settings["gen_length"]:
+        if max_gen_toks is None or max_gen_toks == self.settings.gen_length:
             return self.settings
         if gen_length is not None:
             if max_gen_toks not in self._overridden:
@@ -204,8 +201,7 @@ class SinklibLM(LM):
                 logger.warning("the task asks for max_gen_toks=%s; model_args gen_length=%s is used instead",
                                max_gen_toks, gen_length)
             return self.settings
-        fitted = self.loaded.settings_for(steps=steps, gen_length=int(max_gen_toks), block_length=block_length)
-        return {**self.settings, **fitted}
+        return fit(self._own, steps=steps, gen_length=int(max_gen_toks), block_length=block_length)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         """Not supported: always raises NotImplementedError (a masked diffusion model has no left-to-right likelihood)."""

@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from tqdm.auto import tqdm
 
-from sinklib.ties import smallest_margin
+from sinklib.ties import NEAR_TIE_MARK, closest_margin, is_near_tie, smallest_margin
 from sinklib.capture import check_intervention
 from sinklib.generate import generate, resolve_settings
 from sinklib.validation import Consent, Count, Index, bad_value, checked
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.interventions import identity
 from sinklib.provenance import as_text, describe
+from sinklib.cache_manifest import weights_fingerprint
+from sinklib.families.base import fit, record
 from sinklib.loading import LoadedModel, load
 
 if TYPE_CHECKING:  # the sandbox loads when HumanEval runs, not with sinklib
@@ -34,7 +36,8 @@ if TYPE_CHECKING:  # the sandbox loads when HumanEval runs, not with sinklib
 @dataclass
 class EvalSummary:
     """One run's result: accuracy over its n samples (strict scoring, as a fraction), its binomial standard error,
-    the flexible-scoring accuracy, and the per-sample records in task order."""
+    the flexible-scoring accuracy, and the per-sample records in task order. Shown as text, a run that decided some
+    step at a near-tie is labelled "<task> ≈" (sinklib.ties): another CPU may score it differently."""
     task: str
     n: int
     accuracy: float
@@ -42,23 +45,23 @@ class EvalSummary:
     accuracy_flexible: float | None  # None where the task has one way of scoring (HumanEval)
     records: list[dict]
 
+    @property
+    def near_tie(self) -> bool:
+        """Whether some generation decided a step by a margin another CPU could decide the other way."""
+        return is_near_tie(closest_margin([r.get("margin") for r in self.records]))
+
     def __str__(self) -> str:
         flexible = "" if self.accuracy_flexible is None else f", flexible {self.accuracy_flexible:.3f}"
-        return f"{self.task}: {self.accuracy:.3f} ± {self.stderr:.3f} (n={self.n}{flexible})"
+        task = f"{self.task} {NEAR_TIE_MARK}" if self.near_tie else self.task
+        return f"{task}: {self.accuracy:.3f} ± {self.stderr:.3f} (n={self.n}{flexible})"
 
 
 def model_fingerprint(model: LoadedModel) -> str:
-    """Identifies the weights: for a local checkpoint the size and first MiB of each weight file (so a retrained
-    zoo model never reuses old records), for a hub checkpoint its commit."""
+    """Identifies the weights (so a retrained zoo model never reuses old records): for a local checkpoint the
+    fingerprint of its weight files (cache_manifest.weights_fingerprint), for a hub checkpoint its commit."""
     source = getattr(getattr(model.model, "config", None), "_name_or_path", "") or ""
-    folder = Path(source)
-    if folder.is_dir():
-        digest = hashlib.sha256()
-        for file in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-            digest.update(f"{file.name}:{file.stat().st_size}:".encode())
-            with file.open("rb") as handle:
-                digest.update(handle.read(2**20))
-        return digest.hexdigest()[:16]
+    if Path(source).is_dir():
+        return weights_fingerprint(Path(source))
     return str(getattr(model.model.config, "_commit_hash", None) or source)
 
 
@@ -67,16 +70,19 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-RECORD_FORMAT = 2  # 2: each record carries its record_sha256 (files of older runs resume under their own hash)
+# 2: each record carries its record_sha256. 3: a run is keyed by every field of its settings (families.base.record)
+# and the weights' SHA-256 (files of older runs resume under their own hash).
+RECORD_FORMAT = 3
 
 
 def run_config(model: LoadedModel, task: str, intervention, limit: int | None, seed: int, batch_size: int,
-               task_path: str | None, sandbox: SandboxLimits | None, settings: dict[str, Any]) -> dict[str, Any]:
-    """Everything a run's records depend on; its config_hash is written into every record."""
+               task_path: str | None, sandbox: SandboxLimits | None, settings) -> dict[str, Any]:
+    """Everything a run's records depend on (settings: the family's settings dataclass the run samples with); its
+    config_hash is written into every record."""
     config = {"records": RECORD_FORMAT, "model": model.name, "weights": model_fingerprint(model),
               "family": model.family.name, "task": task,
               "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
-              "settings": settings, "task_path": task_path}
+              "settings": record(settings), "task_path": task_path}
     if get_task(task).executes_code:
         from sinklib.evaluation.sandbox import SandboxLimits  # noqa: PLC0415  (loaded when HumanEval runs)
 
@@ -238,15 +244,14 @@ def batch_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:7], "little")
 
 
-def sampler_settings(model: LoadedModel, settings: dict[str, Any], task: str | None = None) -> dict[str, Any]:
-    """The settings a run generates with: the given ones, checked now (before any file is written or model run),
-    over the presets for whatever is not given — LoadedModel.settings_for(task): the family's preset for the
-    task on a real checkpoint (GSM8K's 256 tokens, HumanEval's 512, as Table 1 runs them), else the model's own."""
-    if settings.get("gen_length") is None:
-        settings = {**model.settings_for(task, steps=settings.get("steps"), block_length=settings.get("block_length")),
-                    **{k: v for k, v in settings.items() if v is not None}}
-    resolve_settings(model, **settings)  # raises on an unknown option, a bad value or an option of another family
-    return settings
+def sampler_settings(model: LoadedModel, task: str, sampler=None, **options):
+    """The settings a run generates with, checked now (before any file is written or model run): `sampler` (the
+    family's settings dataclass) else LoadedModel.settings_for(the task) — the model's own settings resized to the
+    task's generation length (GSM8K's 256 tokens, HumanEval's 512, as Table 1 runs them) — with options by name
+    over it (steps / gen_length / block_length refit the layout, families.base.fit)."""
+    layout = {name: options.pop(name, None) for name in ("steps", "gen_length", "block_length")}
+    base = resolve_settings(model, sampler) if sampler is not None else model.settings_for(get_task(task))
+    return resolve_settings(model, fit(base, **layout), **options)
 
 
 def _checked(model, task: str, intervention, allow_code_execution: bool, out, task_path):
@@ -287,7 +292,7 @@ class _Run:
     model: LoadedModel
     spec: Any
     intervention: Any
-    settings: dict
+    settings: Any  # the family's settings dataclass
     sandbox: SandboxLimits | None
     digest: str
     seed: int
@@ -298,8 +303,8 @@ class _Run:
         if all(s.id in done for s in batch):
             return
         began = time.perf_counter()
-        traces = generate(self.model, [s.prompt for s in batch], seed=batch_seed(self.seed, index), chat=self.spec.chat,
-                          progress=False, intervention=self.intervention, keep_scores=False, **self.settings)
+        traces = generate(self.model, [s.prompt for s in batch], self.settings, seed=batch_seed(self.seed, index),
+                          chat=self.spec.chat, progress=False, intervention=self.intervention, keep_scores=False)
         seconds = (time.perf_counter() - began) / len(batch)
         for sample, trace in zip(batch, traces):
             if sample.id not in done:  # those finished before an interruption were regenerated only to keep the batch whole
@@ -320,8 +325,9 @@ def _summary(task: str, records: list[dict], limit) -> EvalSummary:
 @checked
 def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Count | None = None, batch_size: Count = 8,
              out: str | Path | None = None, seed: Index = 0, progress: bool = True, task_path: str | None = None,
-             allow_code_execution: Consent = False, sandbox: Any = None, **settings) -> EvalSummary:
-    """Accuracy of `model` on `task` with its own sampler (settings as for sinklib.generate).
+             allow_code_execution: Consent = False, sandbox: Any = None, sampler: Any = None, **options) -> EvalSummary:
+    """Accuracy of `model` on `task` with its own sampler: `sampler` (the family's settings dataclass, default
+    LoadedModel.settings_for(task)) and/or options by name, as for sinklib.generate.
 
     Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
     margin: the generation's closest decision, seconds, config_hash) and resumes from it: batches are fixed slices
@@ -332,7 +338,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
     HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
     process (sinklib.evaluation.sandbox, loaded only then; `sandbox`, a SandboxLimits, sets its limits)."""
     model, spec, samples = _checked(model, task, intervention, allow_code_execution, out, task_path)
-    settings = sampler_settings(model, settings, task)
+    settings = sampler_settings(model, task, sampler, **options)
     samples = samples[:limit]
     if spec.executes_code:
         from sinklib.evaluation.sandbox import SandboxLimits  # noqa: PLC0415  (loaded when HumanEval runs)

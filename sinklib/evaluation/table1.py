@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal, Sequence
 import pandas as pd
 
 from sinklib.validation import Consent, Count, Flag, Index, Ks, NonNegative, bad_value, check_choice, checked
-from sinklib.evaluation.runner import config_hash, evaluate, run_config
+from sinklib.evaluation.runner import config_hash, evaluate, run_config, sampler_settings
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.evaluation.checks import mass_dropped, noop_check
 from sinklib.interventions import AblateValues, MaskRandomKeys, MaskSinks
@@ -216,13 +216,14 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                   source: Literal["previous_step", "previous_step_clean", "same_step"] = "previous_step",
                   limit: Count | None = None, out_dir: str | Path | None = None, batch_size: Count = 8, seed: Index = 0,
                   allow_code_execution: Consent = False, progress: bool = True, task_path: str | None = None,
-                  settings: dict[str, Any] | None = None, steps: Count | None = None, gen_length: Count | None = None,
+                  sampler: Any = None, steps: Count | None = None, gen_length: Count | None = None,
                   block_length: Count | None = None, value_ablation: str | None = None,
                   checks: Flag = True, conditions: Sequence[str] | None = None) -> MaskingTable:
     """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
-    masks the top-k sinks, and with random_control k random keys. `settings` override the sampler settings
-    (default: LoadedModel.settings_for(task)); steps / gen_length / block_length refit each model's layout
-    (families.base.fit_layout; block_length for LLaDA/MMaDA only). Each run is written to
+    masks the top-k sinks, and with random_control k random keys. Each model samples with
+    LoadedModel.settings_for(task), or `sampler` (one family's settings dataclass, for a table of one model);
+    steps / gen_length / block_length refit each model's layout (families.base.fit; block_length for LLaDA/MMaDA
+    only). Each run is written to
     out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
     a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one.
     value_ablation: "zero" or "mean" adds the top-k sinks' value ablation (AblateValues) beside the masking.
@@ -240,8 +241,8 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     rows, items = [], []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)
-        run_settings = {**loaded.settings_for(task, steps=steps, gen_length=gen_length, block_length=block_length),
-                        **(settings or {})}
+        run_settings = sampler_settings(loaded, task, sampler, steps=steps, gen_length=gen_length,
+                                        block_length=block_length)
         audit = _Audit(loaded, task, task_path, run_settings, seed) if checks else None
         for condition, k, intervention in table_conditions(loaded.family, ks, random_control, eps, source, seed,
                                                            value_ablation, conditions):
@@ -252,7 +253,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
                 out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{task}-{_column(condition, k)}-{digest}.jsonl"
             summary = evaluate(loaded, task, intervention=intervention, limit=limit, batch_size=batch_size, out=out,
                                seed=seed, progress=progress, task_path=task_path,
-                               allow_code_execution=allow_code_execution, **run_settings)
+                               allow_code_execution=allow_code_execution, sampler=run_settings)
             rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": summary.accuracy,
                          "stderr": summary.stderr, "n": summary.n, "accuracy_flexible": summary.accuracy_flexible,
                          **(audit.of(intervention, out) if audit else {})})
@@ -268,7 +269,7 @@ class _Audit:
     first sample. A run written to a file keeps its checks beside it (<run>.checks.json), so a finished table is
     read back without running the model."""
 
-    def __init__(self, loaded: LoadedModel, task: str, task_path: str | None, settings: dict, seed: int):
+    def __init__(self, loaded: LoadedModel, task: str, task_path: str | None, settings: Any, seed: int):
         spec = get_task(task)
         self.loaded, self.settings, self.seed, self.chat = loaded, settings, seed, spec.chat
         self.prompt = spec.samples(task_path)[0].prompt

