@@ -5,11 +5,11 @@ only when the caller passes trust_remote_code=True.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import socket
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

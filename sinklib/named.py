@@ -45,7 +45,7 @@ class NamedModel:
     gguf_file: str
     hub_id: str  # the same model unquantised, where the hub is reachable
     caveat: str
-    # sampler settings on a laptop CPU (generate's keywords), replacing the family's "paper" preset
+    # sampler settings on a laptop CPU (fields of the family's settings dataclass), over the family's paper settings
     sampling: Mapping[str, Any] = field(default_factory=dict)
 
 
