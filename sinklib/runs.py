@@ -274,9 +274,21 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
                                     limit=self.n_problems_by_task.get(task, self.n_problems), batch_size=self.batch_size,
                                     seed=self.seed, out_dir=Path(self.results_dir) / f"table1-{task}",
                                     allow_code_execution=self.allow_code_execution, progress=self.progress,
-                                    task_path=self.task_path if task == self.task else None, steps=self.steps,
+                                    task_path=self._task_path(task), steps=self.steps,
                                     gen_length=self.gen_length, block_length=self.block_length)
                 for task, group in by_task(self.load(), self.task, self.tasks).items()}
+
+    def evaluation_of(self, model: str) -> dict[str, Any]:
+        """What collect() evaluates `model` with, as keyword arguments of sinklib.evaluate: its task (and the run's
+        task file where it is the run's own task), the sampler layout, seed, batch size and consent."""
+        task = self.tasks.get(model, self.task)
+        return dict(task=task, task_path=self._task_path(task), steps=self.steps, gen_length=self.gen_length,
+                    block_length=self.block_length, seed=self.seed, batch_size=self.batch_size,
+                    allow_code_execution=self.allow_code_execution)
+
+    def _task_path(self, task: str) -> str | None:
+        """The run's task file belongs to its own task: a model given another task reads that task's own data."""
+        return self.task_path if task == self.task else None
 
 
 @validated

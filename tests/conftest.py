@@ -3,23 +3,12 @@ upstream stand-ins), tests/zoo (the shipped tiny models), tests/notebooks (paper
 tests/install (the wheel, installed into a fresh environment).
 Each test gets its tier as a marker (`pytest -m parity`); the zoo and notebook tiers are also `slow`
 (`pytest -m "not slow"` is the quick loop). `make test` runs every tier."""
-import os
 from pathlib import Path
 
 import pytest
 
 TIERS = ("unit", "parity", "zoo", "notebooks", "install")
 SLOW_TIERS = ("zoo", "notebooks", "install")
-
-
-def pytest_configure(config):
-    """Under pytest-xdist, each worker's torch gets its share of the cores (two workers on two cores: one thread
-    each), so that the workers do not oversubscribe the CPU. Subprocesses (notebooks, reproduce) keep torch's own."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    if workers > 1:
-        import torch  # noqa: PLC0415  (only in a worker: the controller runs no test)
-
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -248,3 +248,16 @@ def test_a_key_the_selected_notebooks_do_not_declare_is_named_as_changing_nothin
     reproduce.check_parameters({"eps": 2.0}, reproduce.notebook_paths(["03"]))
     assert ("note: eps (notebooks 02 04 05 06 07): not a parameter of notebooks 03, so it changes nothing in this run"
             in capsys.readouterr().err)
+
+
+def test_notebook_04_evaluates_one_model_as_its_table_does():
+    """run.evaluation_of(name): the keyword arguments collect() evaluates a model with — its own task, and the run's
+    task file only where that is the run's task."""
+    from sinklib.paths import DATA_DIR
+
+    task_file = str(DATA_DIR / "arithmetic_test.jsonl")
+    run = runs.MaskingRun(models=["tiny-arm", "smollm2-135m-instruct"], task_path=task_file, steps=16, seed=3)
+    own, other = run.evaluation_of("tiny-arm"), run.evaluation_of("smollm2-135m-instruct")
+    assert (own["task"], own["task_path"]) == ("arithmetic", task_file)
+    assert (other["task"], other["task_path"]) == ("capitals", None)
+    assert own["steps"] == 16 and own["seed"] == 3 and own["batch_size"] == run.batch_size
