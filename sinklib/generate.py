@@ -72,11 +72,9 @@ def _vocab_size(loaded: LoadedModel) -> int | None:
     return getattr(embeddings, "num_embeddings", None)
 
 
-def resolve_settings(loaded: LoadedModel, sampler=None, **options):
-    """The family's validated settings dataclass for this model: `sampler` (an instance of the family's settings
-    class, e.g. LLaDASettings) and/or options by name (None = not given), with the model's special ids filled in.
-    An option no family has is refused with "did you mean"; another family's option is refused naming its owner."""
-    family = loaded.family
+def check_options(family, options: dict) -> None:
+    """Refuse an option no family has (with "did you mean", or the new name of a renamed one) and, given a value,
+    an option of another family, naming its owner."""
     owners = option_owners()
     for key, value in options.items():
         if key in RENAMED:
@@ -87,6 +85,14 @@ def resolve_settings(loaded: LoadedModel, sampler=None, **options):
         if value is not None and family.name not in owners[key]:
             raise ValueError(f"{key}={value!r} is not allowed for the {family.name} family: it applies to "
                              f"{'/'.join(owners[key])} only")
+
+
+def resolve_settings(loaded: LoadedModel, sampler=None, **options):
+    """The family's validated settings dataclass for this model: `sampler` (an instance of the family's settings
+    class, e.g. LLaDASettings) and/or options by name (None = not given), with the model's special ids filled in.
+    An option no family has is refused with "did you mean"; another family's option is refused naming its owner."""
+    family = loaded.family
+    check_options(family, options)
     if sampler is not None:
         if not isinstance(sampler, family.settings):
             raise TypeError(f"sampler={sampler!r} is not allowed: the {family.name} family takes a "

@@ -68,7 +68,7 @@ class LoadedModel:
         sinklib.evaluation.get_task("gsm8k")) declares, if any (not for a zoo model: its slot is fixed).
         steps / gen_length / block_length given here win; a gen_length keeps a valid block layout
         (families.base.fit). Override any other field with dataclasses.replace."""
-        if task is not None and not hasattr(task, "gen_length"):
+        if task is not None and not (hasattr(task, "gen_length") and hasattr(task, "samples")):
             raise bad_value("task", task, "a Task (sinklib.evaluation.get_task(name)) or None")
         settings = self.family.defaults(zoo=self.is_zoo)
         own = named.sampling(self.name)

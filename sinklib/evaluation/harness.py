@@ -116,10 +116,10 @@ class SinklibLM(LM):
         self.loaded = load(pretrained, family=family, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         self._device = torch.device(self.loaded.device)
         self._layout = (steps, gen_length, block_length)  # as given; a task's max_gen_toks fills gen_length when unset
-        # the model's own settings with these options (before any task's length), then fitted to gen_length if given
-        self._own = resolve_settings(self.loaded, self.loaded.settings_for(steps=steps, block_length=block_length),
-                                     temperature=float(temperature), alg=alg, remasking=remasking)
-        self.settings = fit(self._own, steps=steps, gen_length=gen_length, block_length=block_length)
+        # the model's own settings with these options; the layout is fitted to the generation length in one go
+        self._own = resolve_settings(self.loaded, self.loaded.settings_for(), temperature=float(temperature), alg=alg,
+                                     remasking=remasking)
+        self.settings = fit(self._own, steps=steps, gen_length=gen_length, block_length=block_length).validate()
         self.intervention = _intervention(self.loaded.family, chosen, mask_top_k, mask_eps, mask_source,
                                           mask_random_k, mask_values, seed)
         self.seed = seed
@@ -201,7 +201,7 @@ class SinklibLM(LM):
                 logger.warning("the task asks for max_gen_toks=%s; model_args gen_length=%s is used instead",
                                max_gen_toks, gen_length)
             return self.settings
-        return fit(self._own, steps=steps, gen_length=int(max_gen_toks), block_length=block_length)
+        return fit(self._own, steps=steps, gen_length=int(max_gen_toks), block_length=block_length).validate()
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         """Not supported: always raises NotImplementedError (a masked diffusion model has no left-to-right likelihood)."""

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from sinklib.ties import NEAR_TIE_MARK, closest_margin, is_near_tie, smallest_margin
 from sinklib.capture import check_intervention
-from sinklib.generate import generate, resolve_settings
+from sinklib.generate import check_options, generate, resolve_settings
 from sinklib.validation import Consent, Count, Index, bad_value, checked
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.interventions import identity
@@ -250,8 +250,10 @@ def sampler_settings(model: LoadedModel, task: str, sampler=None, **options):
     task's generation length (GSM8K's 256 tokens, HumanEval's 512, as Table 1 runs them) — with options by name
     over it (steps / gen_length / block_length refit the layout, families.base.fit)."""
     layout = {name: options.pop(name, None) for name in ("steps", "gen_length", "block_length")}
-    base = resolve_settings(model, sampler) if sampler is not None else model.settings_for(get_task(task))
-    return resolve_settings(model, fit(base, **layout), **options)
+    check_options(model.family, layout)  # block_length on dream / arm is refused, naming its owners
+    if sampler is None:
+        return resolve_settings(model, model.settings_for(get_task(task), **layout), **options)
+    return resolve_settings(model, fit(resolve_settings(model, sampler), **layout), **options)
 
 
 def _checked(model, task: str, intervention, allow_code_execution: bool, out, task_path):
@@ -327,7 +329,8 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
              out: str | Path | None = None, seed: Index = 0, progress: bool = True, task_path: str | None = None,
              allow_code_execution: Consent = False, sandbox: Any = None, sampler: Any = None, **options) -> EvalSummary:
     """Accuracy of `model` on `task` with its own sampler: `sampler` (the family's settings dataclass, default
-    LoadedModel.settings_for(task)) and/or options by name, as for sinklib.generate.
+    LoadedModel.settings_for(task)) and/or options by name over it (steps / gen_length / block_length refit the
+    layout by families.base.fit; another family's option is refused, as by sinklib.generate).
 
     Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
     margin: the generation's closest decision, seconds, config_hash) and resumes from it: batches are fixed slices

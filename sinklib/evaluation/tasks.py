@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
+from sinklib.validation import bad_value, check_int
 from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
                                         strict_answer)
 
@@ -42,6 +43,14 @@ class Task:
     # None: the model's own length. A zoo model always keeps its 16-token answer slot.
     gen_length: int | None = None
     stops: tuple[str, ...] = ()  # the output is scored up to the first of these
+
+    def __post_init__(self) -> None:
+        """Refuse a gen_length that is not None or an integer >= 1, and stops that are not a tuple of non-empty
+        strings (one string would be cut at each of its characters)."""
+        if self.gen_length is not None:
+            check_int(self.gen_length, "gen_length", 1)
+        if not isinstance(self.stops, tuple) or not all(isinstance(stop, str) and stop for stop in self.stops):
+            raise bad_value("stops", self.stops, "a tuple of non-empty strings")
 
     def samples(self, path: str | None = None) -> list[Sample]:
         """The task's samples (from `path` when given), refusing a file with no sample or an id twice (one

@@ -202,14 +202,16 @@ def fit(settings: S, *, gen_length: int | None = None, steps: int | None = None,
     steps per token, rounded up to a multiple of the number of blocks. The given values must be integers >= 1;
     whether the layout they make is valid is the settings' validate()."""
     names = {f.name for f in dataclasses.fields(settings)} - ({"steps"} if getattr(settings, "steps", None) is None else set())
-    given = {"gen_length": gen_length, "steps": steps, "block_length": block_length}
-    changes = {name: check_int(value, name, 1) for name, value in given.items() if value is not None and name in names}
+    given = {name: check_int(value, name, 1) for name, value in
+             (("gen_length", gen_length), ("steps", steps), ("block_length", block_length)) if value is not None}
+    changes = {name: value for name, value in given.items() if name in names}
     gen_length = changes.get("gen_length")
     block = getattr(settings, "block_length", None)
     if gen_length is not None and "block_length" not in changes and block is not None:
         changes["block_length"] = max(d for d in range(1, min(block, gen_length) + 1) if gen_length % d == 0)
-    if gen_length is not None and "steps" not in changes and "steps" in names:
-        blocks = gen_length // (changes.get("block_length") or gen_length)
+    block = changes.get("block_length") or gen_length
+    if gen_length is not None and "steps" not in changes and "steps" in names and gen_length % block == 0:
+        blocks = gen_length // block
         wanted = max(1, -(-gen_length * settings.steps // settings.gen_length))
         changes["steps"] = -(-wanted // blocks) * blocks
     return dataclasses.replace(settings, **changes)

@@ -98,3 +98,27 @@ def test_evaluate_runs_a_real_checkpoint_at_its_tasks_length(llada, monkeypatch)
     monkeypatch.setattr(type(zoo), "settings_for", lambda self, task=None, **kw: asked.append(task) or original(self, task, **kw))
     evaluate(zoo, "arithmetic", limit=1, progress=False)
     assert asked == [get_task("arithmetic")]
+
+
+def test_layout_options_are_checked_on_every_path_and_a_block_above_the_length_is_named(llada):
+    """evaluate refuses another family's layout option and a bad value before any work; the lm-eval model fits
+    steps, gen_length and block_length together; a block longer than the answer is the sampler's clear error."""
+    from sinklib.evaluation.runner import evaluate, sampler_settings
+    from sinklib.evaluation.tasks import Task, score_final_number
+
+    with pytest.raises(ValueError, match=r"block_length=8 is not allowed for the dream family: it applies to llada/mmada"):
+        evaluate("tiny-dream", "arithmetic", limit=1, progress=False, block_length=8)
+    with pytest.raises(ValueError, match=r"steps=-2 is not allowed: steps must be an integer >= 1"):
+        evaluate("tiny-arm", "arithmetic", limit=1, progress=False, steps=-2)
+    # one fit from the model's settings, as settings_for does it: not a refit of the task's 16-token layout
+    assert sampler_settings(llada, "capitals", gen_length=128) == llada.settings_for(get_task("capitals"), gen_length=128)
+    assert sampler_settings(llada, "capitals", gen_length=128).block_length == 32
+    with pytest.raises(ValueError, match=r"gen_length=8 is not allowed: gen_length must be a multiple of block_length=16"):
+        llada.settings_for(gen_length=8, block_length=16).validate()
+    with pytest.raises(ValueError, match=r"stops='\\nclass' is not allowed: stops must be a tuple of non-empty strings"):
+        Task("t", list, chat=False, scorer=score_final_number, stops="\nclass")
+    pytest.importorskip("lm_eval")
+    from sinklib.evaluation.harness import SinklibLM
+
+    lm = SinklibLM(pretrained="tiny-llada", device="cpu", gen_length=64, block_length=32)
+    assert (lm.settings.gen_length, lm.settings.block_length, lm.settings.steps) == (64, 32, 64)
