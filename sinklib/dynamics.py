@@ -17,9 +17,11 @@ from typing import Collection, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from scipy.stats import spearmanr
 
-from sinklib.validation import check_int
+from sinklib.validation import check_eps, check_int
 from sinklib.sinks import find_sinks, single_row_scores
+from sinklib.stats import wilson_interval
 from sinklib.trace import Trace
 
 
@@ -324,3 +326,199 @@ def _moves(trace: Trace, index: int, eps: float) -> pd.DataFrame:
                 & (before["step"] >= first)]
     return pd.DataFrame({"model": trace.meta.get("model", ""), "trace": index, "layer": pairs["layer"],
                          "head": pairs["head"], "moved": (pairs["position"] != before.loc[pairs.index, "position"])})
+
+
+# --- do sinks move? both measures, split by key type ---------------------------------------------------------------
+KEY_TYPES = ("all", "prompt", "decoded", "masked")
+
+STABILITY_COLUMNS = ["model", "key_type", "move_rate", "move_rate_ci_low", "move_rate_ci_high", "pairs_with_sinks",
+                     "jaccard_mean", "jaccard_pairs", "k", "k_used_min", "k_used_max"]
+
+
+
+def key_types(trace: Trace) -> torch.Tensor:
+    """int64 [steps, seq]: each key's type when each step ran, as an index into KEY_TYPES — 1 prompt (position <
+    prompt_len), 2 decoded (a generated position no longer masked), 3 masked (still masked; for an autoregressive
+    trace, not yet written). Never 0: "all" is every key."""
+    types = torch.where(trace.is_masked, 3, 2)
+    types[:, :trace.prompt_len] = 1
+    return types
+
+
+def _pair_candidates(trace: Trace, key_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool [steps−1, layers, heads, seq] twice: the keys each step pair (t−1, t) ranks at t−1 and at t. "all": the
+    keys existing at each step, as topk_overlap and _moves rank them; a type: the keys of that type at t−1 that
+    exist at both steps — one set for both, so a key decoded at t still counts as masked for this pair."""
+    valid = _valid(trace)
+    if key_type == "all":
+        return valid[:-1], valid[1:]
+    of_type = (key_types(trace)[:-1] == KEY_TYPES.index(key_type))[:, None, None, :]
+    both = valid[:-1] & valid[1:] & of_type
+    return both, both
+
+
+def _chosen_top(scores: torch.Tensor, candidates: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+    """bool like scores: each row's `width` best candidates (width [...] varies by row; torch.topk needs one)."""
+    widest = max(int(width.max()), 1) if width.numel() else 1
+    top = scores.masked_fill(~candidates, float("-inf")).topk(widest, dim=-1).indices
+    keep = torch.arange(widest) < width[..., None]
+    return torch.zeros_like(candidates).scatter(-1, top, keep) & candidates
+
+
+def _typed_pairs(trace: Trace, key_type: str, scores: torch.Tensor, sinks: torch.Tensor, k: int) -> pd.DataFrame:
+    """One row per (step pair, layer, head) for one key type: `counted` (the type's top key is an Eq. 3 sink at both
+    steps), `moved` (its position changed), `jaccard` of the type's top-k keys (NaN with no key of the type), `k_used`."""
+    before, after = _pair_candidates(trace, key_type)
+    has_keys = before.any(-1) & after.any(-1)
+    top_before = scores[:-1].masked_fill(~before, float("-inf")).max(-1).indices
+    top_after = scores[1:].masked_fill(~after, float("-inf")).max(-1).indices
+    counted = sinks[:-1].gather(-1, top_before[..., None]).squeeze(-1) & sinks[1:].gather(-1, top_after[..., None]).squeeze(-1)
+    width = before.sum(-1).clamp(max=k)
+    a, b = _chosen_top(scores[:-1], before, width), _chosen_top(scores[1:], after, width)
+    jaccard = (a & b).sum(-1).double() / (a | b).sum(-1).double().clamp(min=1)
+    pairs, layers, heads = width.shape
+    grid = np.meshgrid(np.arange(1, pairs + 1), np.arange(layers), np.arange(heads), indexing="ij")
+    frame = pd.DataFrame({"step": grid[0].ravel(), "layer": grid[1].ravel(), "head": grid[2].ravel(), "key_type": key_type,
+                          "counted": (counted & has_keys).numpy().ravel(), "moved": (top_before != top_after).numpy().ravel(),
+                          "jaccard": jaccard.where(has_keys, torch.nan).numpy().ravel(), "k_used": width.numpy().ravel()})
+    # an autoregressive prefill (column sums over the prompt) and a decoding row are different quantities
+    return frame[frame["step"] > 1] if trace.is_autoregressive else frame
+
+
+def _stability_row(model: str, key_type: str, pairs: pd.DataFrame, k: int) -> dict:
+    moved = pairs.loc[pairs["counted"], "moved"]
+    with_keys = pairs[pairs["jaccard"].notna()]
+    low, high = wilson_interval(int(moved.sum()), len(moved))
+    return {"model": model, "key_type": key_type, "move_rate": float(moved.mean()) if len(moved) else float("nan"),
+            "move_rate_ci_low": low, "move_rate_ci_high": high, "pairs_with_sinks": len(moved),
+            "jaccard_mean": float(with_keys["jaccard"].mean()) if len(with_keys) else float("nan"),
+            "jaccard_pairs": len(with_keys), "k": k,
+            "k_used_min": int(with_keys["k_used"].min()) if len(with_keys) else 0,
+            "k_used_max": int(with_keys["k_used"].max()) if len(with_keys) else 0}
+
+
+def stability_by_key_type(traces: Sequence[Trace], k: int = 5, eps: float = 3.0) -> pd.DataFrame:
+    """Do sinks move between consecutive denoising steps, measured both ways, per (model, key type in KEY_TYPES):
+
+    - `move_rate` (the paper's measure): of the (trace, layer, head, step pair) whose greatest key of that type is an
+      Eq. 3 sink at both steps (`pairs_with_sinks` of them), the share where that key changed position — pooled over
+      pairs. Eq. 3 is judged on the whole row of scores (all keys), only the candidate is restricted to the type.
+      `move_rate_ci_low` / `_high`: a Wilson 95 % interval on that pooled share. Pairs of one head and one trace are
+      not independent, so the interval is optimistic (too narrow).
+    - `jaccard_mean` (the set measure): the mean over (trace, layer, head, step pair) — `jaccard_pairs` of them — of
+      the Jaccard overlap of the head's top-k keys of that type at t−1 and at t. `k` is as asked; each pair caps it
+      at its number of keys of that type (`k_used_min` / `k_used_max` over pairs); pairs with none are skipped.
+
+    A key's type for the pair (t−1, t) is its type at the EARLIER step t−1 (a masked key decoded at t is still a
+    masked key for that pair), and both steps rank the same keys: those of that type at t−1 that exist at both
+    steps. "all" ranks every key existing at each step, as topk_overlap and _moves do, so its row matches
+    stability_by_layer's pooled data — except that k is capped per pair (by the keys existing at t−1, as
+    topk_overlap's docstring says; its code caps at step 0's keys: they differ for an autoregressive trace whose
+    prompt is shorter than k). Scores are comparable_scores (sum units, mean 1 over keys). Autoregressive
+    traces skip the pair (prefill, first decoding row); their masked keys are not written yet (NaN scores), so their
+    "masked" row has no pairs: NaN measures, zero counts. One row per model and key type, models in trace order."""
+    check_int(k, "k", 1)
+    check_eps(eps)
+    frames = []
+    for trace in traces:
+        scores = torch.nan_to_num(comparable_scores(trace), nan=float("-inf"))
+        sinks = sink_mask(trace, eps)
+        model = trace.meta.get("model", "")
+        frames += [_typed_pairs(trace, key_type, scores, sinks, k).assign(model=model) for key_type in KEY_TYPES]
+    if not frames:
+        return pd.DataFrame(columns=STABILITY_COLUMNS)
+    pairs = pd.concat(frames, ignore_index=True)
+    models = list(dict.fromkeys(trace.meta.get("model", "") for trace in traces))
+    rows = [_stability_row(model, key_type, pairs[(pairs["model"] == model) & (pairs["key_type"] == key_type)], k)
+            for model in models for key_type in KEY_TYPES]
+    return pd.DataFrame(rows, columns=STABILITY_COLUMNS)
+
+
+# --- does the greatest sink track the masked canvas (paper Fig. 7, Dream)? ----------------------------------------------
+def _require_diffusion(trace: Trace, param: str) -> None:
+    if trace.is_autoregressive:
+        raise ValueError(f"{param} is not allowed: {param} must be a diffusion trace, but model "
+                         f"{trace.meta.get('model', '')!r} is autoregressive (its canvas has no masked positions, "
+                         f"so no unmasking frontier to track)")
+
+
+def _last_masked(trace: Trace) -> torch.Tensor:
+    """[steps] the rightmost position still masked when each step ran; −1 if none."""
+    index = torch.arange(trace.is_masked.shape[1]).expand_as(trace.is_masked)
+    return torch.where(trace.is_masked, index, torch.full_like(index, -1)).amax(1)
+
+
+FRONTIER_COLUMNS = ["model", "sink_rows", "share_on_rightmost_masked", "share_on_masked", "share_on_prompt",
+                    "share_on_decoded", "spearman_frontier_median", "spearman_rightmost_median", "heads_correlated"]
+
+
+def frontier_tracking(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
+    """One row per (step, layer, head) whose greatest key is an Eq. 3 sink: greatest_sinks' columns, plus
+    `rightmost_masked` (the rightmost position still masked at that step; −1 if none), `key_type` (KEY_TYPES, at that
+    step), `on_rightmost_masked`, `on_masked` (on any still-masked position), `on_frontier` (on the leftmost masked
+    position, first_masked's unmasking frontier) and `distance_to_frontier` (position − frontier, in positions;
+    positive right of it; NaN when nothing is masked). Diffusion traces only (ValueError on an autoregressive one)."""
+    _require_diffusion(trace, "trace")
+    top = greatest_sinks(trace, eps)
+    top = top[top["is_sink"]].drop(columns="is_sink").reset_index(drop=True)
+    steps, positions = top["step"].to_numpy(), top["position"].to_numpy()
+    rightmost = _last_masked(trace).numpy()[steps]
+    has_mask = top["frontier"].to_numpy() >= 0
+    return top.assign(rightmost_masked=rightmost,
+                      key_type=np.asarray(KEY_TYPES)[key_types(trace).numpy()[steps, positions]],
+                      on_rightmost_masked=has_mask & (positions == rightmost),
+                      on_masked=trace.is_masked.numpy()[steps, positions],
+                      on_frontier=has_mask & (positions == top["frontier"].to_numpy()),
+                      distance_to_frontier=np.where(has_mask, positions - top["frontier"].to_numpy(), np.nan))
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation; NaN with fewer than two points or a constant side (it is undefined there)."""
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(spearmanr(x, y)[0])
+
+
+def _head_correlations(rows: pd.DataFrame, column: str) -> np.ndarray:
+    """Spearman of the greatest sink's position against `column`, per (trace, layer, head), over steps with a mask."""
+    masked = rows[rows["frontier"] >= 0]
+    return np.array([_spearman(group["position"].to_numpy(), group[column].to_numpy())
+                     for _, group in masked.groupby(["trace", "layer", "head"])], dtype=float)
+
+
+def _median(values: np.ndarray) -> float:
+    defined = values[~np.isnan(values)]
+    return float(np.median(defined)) if len(defined) else float("nan")
+
+
+def _frontier_row(model: str, rows: pd.DataFrame) -> dict:
+    to_frontier = _head_correlations(rows, "frontier")
+    share = (lambda column: float(column.mean())) if len(rows) else (lambda column: float("nan"))
+    return {"model": model, "sink_rows": len(rows), "share_on_rightmost_masked": share(rows["on_rightmost_masked"]),
+            "share_on_masked": share(rows["on_masked"]), "share_on_prompt": share(rows["key_type"] == "prompt"),
+            "share_on_decoded": share(rows["key_type"] == "decoded"),
+            "spearman_frontier_median": _median(to_frontier),
+            "spearman_rightmost_median": _median(_head_correlations(rows, "rightmost_masked")),
+            "heads_correlated": int((~np.isnan(to_frontier)).sum())}
+
+
+def frontier_summary(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
+    """Per model, over the (trace, step, layer, head) whose greatest key is an Eq. 3 sink (`sink_rows`): the shares
+    on the rightmost masked position, on any masked position, on prompt keys and on decoded keys (the last three sum
+    to 1); and Spearman's correlation, across steps with something masked, between the greatest sink's position and
+    the frontier (first_masked; `spearman_frontier_median`) or the rightmost masked position
+    (`spearman_rightmost_median`), per (trace, layer, head), then the median over those where it is defined
+    (`heads_correlated`: how many, against the frontier). Where masks only shrink (no remasking) the frontier never
+    moves left and the rightmost masked position never moves right: a sink riding the rightmost masked token leftward
+    correlates +1 with that position and ≤ 0 (or undefined) with the frontier. Diffusion traces only (ValueError
+    naming traces[i])."""
+    for index, trace in enumerate(traces):
+        _require_diffusion(trace, f"traces[{index}]")
+    frames = [frontier_tracking(trace, eps).assign(trace=index, model=trace.meta.get("model", ""))
+              for index, trace in enumerate(traces)]
+    if not frames:
+        return pd.DataFrame(columns=FRONTIER_COLUMNS)
+    found = pd.concat(frames, ignore_index=True)
+    rows = [_frontier_row(model, found[found["model"] == model])
+            for model in dict.fromkeys(trace.meta.get("model", "") for trace in traces)]
+    return pd.DataFrame(rows, columns=FRONTIER_COLUMNS)

@@ -90,6 +90,9 @@ ADAPTED_MODELS: dict[str, AdaptedModel] = {
                                            TWIN_CHAT_TEMPLATE, 16, {"steps": 28, "gen_length": 28, "alg": "entropy"}),
     "smollm2-135m-autoregressive": AdaptedModel("smollm2-135m-autoregressive", "smollm2-135m-instruct", "arm", False,
                                                 TWIN_CHAT_TEMPLATE, None, {"gen_length": 28}),
+    # the first diffusion twin (1000 steps from the autoregressive twin; 0.67 held out), where the new one started
+    "smollm2-135m-diffusion-v1": AdaptedModel("smollm2-135m-diffusion-v1", "smollm2-135m-instruct", "dream", True,
+                                              TWIN_CHAT_TEMPLATE, 16, {"steps": 28, "gen_length": 28, "alg": "entropy"}),
 }
 
 

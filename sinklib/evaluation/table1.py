@@ -7,6 +7,7 @@ Every (model, condition) is one resumable run of the evaluation runner, written 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import pandas as pd
 
+from sinklib import stats
 from sinklib.validation import Consent, Count, Flag, Index, Ks, NonNegative, bad_value, check_choice, checked
 from sinklib.evaluation.runner import config_hash, evaluate, run_config, sampler_settings
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
@@ -31,17 +33,20 @@ CHECK_COLUMNS = ["noop_identical", "masked_entries", "masked_score_before", "mas
 
 @dataclass
 class MaskingTable:
-    """frame: one row per (model, condition, k) with accuracy, stderr (binomial standard error) and n. items: one
-    row per (model, condition, k, sample) with its correctness, output and closest decision margin — what lets a
-    rerun on another CPU name a flipped answer as a near-tie (sinklib.agreement)."""
+    """frame: one row per (model, condition, k) with accuracy, stderr (binomial standard error), its Wilson 95 %
+    interval (ci_low, ci_high) and n. items: one row per (model, condition, k, sample) with its correctness, output
+    and closest decision margin — what lets a rerun on another CPU name a flipped answer as a near-tie
+    (sinklib.agreement), and what the paired tests (`paired`, `sinks_against_random`) and the competence-matched
+    table read."""
     frame: pd.DataFrame
     task: str
     items: pd.DataFrame | None = None
 
     def wide(self) -> pd.DataFrame:
-        """Models × conditions, each cell "accuracy ± stderr", columns in the paper's order."""
+        """Models × conditions, each cell "accuracy [95 % Wilson interval]", columns in the paper's order."""
         labels = self.frame.assign(column=[_column(c, k) for c, k in zip(self.frame["condition"], self.frame["k"])],
-                                   cell=[f"{a:.2f} ± {s:.2f}" for a, s in zip(self.frame["accuracy"], self.frame["stderr"])])
+                                   cell=[f"{a:.2f} [{lo:.2f}, {hi:.2f}]" for a, lo, hi in
+                                         zip(self.frame["accuracy"], self.frame["ci_low"], self.frame["ci_high"])])
         order = list(dict.fromkeys(labels["column"]))
         wide = labels.pivot(index="model", columns="column", values="cell")
         return wide.loc[list(dict.fromkeys(labels["model"])), order]
@@ -53,6 +58,60 @@ class MaskingTable:
     def to_latex(self) -> str:
         """The wide table (models × conditions) as a LaTeX tabular."""
         return self.wide().to_latex()
+
+    def paired(self) -> pd.DataFrame:
+        """Each masked condition against the same model unmasked, on the problems both answered: one row per (model,
+        condition, k) with n, lost (right unmasked, wrong masked), gained, the paired difference in accuracy
+        (masked − unmasked) with its 95 % interval (Newcombe) and McNemar's exact p."""
+        rows = []
+        for (model, condition, k), group in self._items_by_run():
+            if k == 0:
+                continue
+            rows.append({"model": model, "condition": condition, "k": k,
+                         **_paired_row(self._correct(model, "sinks", 0), group.set_index("id")["correct"])})
+        return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
+
+    def sinks_against_random(self) -> pd.DataFrame:
+        """The top-k sinks masked against k random keys masked, per model and k, on the same problems: the paired
+        difference (sinks − random: below 0 when the sinks cost more than as many random keys), its 95 % interval
+        and McNemar's exact p. "lost" counts problems right with random keys masked and wrong with the sinks."""
+        rows = []
+        for (model, condition, k), group in self._items_by_run():
+            if condition != "sinks" or k == 0 or ("random keys", k) not in self._runs(model):
+                continue
+            rows.append({"model": model, "condition": "sinks vs random keys", "k": k,
+                         **_paired_row(self._correct(model, "random keys", k), group.set_index("id")["correct"])})
+        return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
+
+    def competence_matched(self, models: Sequence[str] | None = None) -> "MaskingTable":
+        """The table restricted to the problems every one of `models` (default: all the table's) answers right
+        unmasked, so that models of different skill are compared on what each can do: its unmasked column is 1.0
+        by construction, and each masked column is the share of those problems that survive the intervention."""
+        items = self._require_items("competence_matched")
+        models = list(dict.fromkeys(items["model"])) if models is None else list(models)
+        unmasked = items[(items["k"] == 0) & items["model"].isin(models)]
+        solved = unmasked[unmasked["correct"]].groupby("id")["model"].nunique()
+        ids = set(solved[solved == len(models)].index)
+        kept = items[items["model"].isin(models) & items["id"].isin(ids)].reset_index(drop=True)
+        return MaskingTable(accuracy_rows(kept), self.task, kept)
+
+    def _require_items(self, what: str) -> pd.DataFrame:
+        if self.items is None or self.items.empty:
+            raise ValueError(f"{what} needs the table's items (one row per sample); this table has none")
+        return self.items
+
+    def _items_by_run(self):
+        return self._require_items("a paired test").groupby(["model", "condition", "k"], sort=False)
+
+    def _runs(self, model: str) -> set[tuple[str, int]]:
+        rows = self.items[self.items["model"] == model]
+        return set(zip(rows["condition"], rows["k"]))
+
+    def _correct(self, model: str, condition: str, k: int) -> pd.Series:
+        rows = self.items[(self.items["model"] == model) & (self.items["condition"] == condition) & (self.items["k"] == k)]
+        if rows.empty:
+            raise ValueError(f"model={model!r} has no {_column(condition, k)} run in this table to compare with")
+        return rows.set_index("id")["correct"]
 
     def checks(self) -> pd.DataFrame:
         """Per model and condition, the checks its row carries (evaluation.checks): whether a capture that masks
@@ -87,9 +146,9 @@ class MaskingTable:
         and, where the items were decided at near-ties, how many."""
         frame = self.frame[self.frame["model"] == name]
         accuracy = {_column(c, k): a for c, k, a in zip(frame["condition"], frame["k"], frame["accuracy"])}
-        parts = [f"{row[column]} {_in_words(column)}"
-                 + (f" ({accuracy[column] - accuracy['unmasked']:+.2f})"
-                    if column != "unmasked" and "unmasked" in accuracy else "")
+        tests = {} if self.items is None or self.items.empty or "unmasked" not in accuracy else {
+            _column(r.condition, r.k): r for r in self.paired().itertuples() if r.model == name}
+        parts = [f"{row[column]} {_in_words(column)}" + _change(column, accuracy, tests)
                  for column in _headline_columns(list(row.index))]
         text = f"{shown_name} (n = {int(frame['n'].max())}): " + ", ".join(parts)
         if self.items is not None:
@@ -110,6 +169,45 @@ class MaskingTable:
         paths = plots.save_figure(fig, name, folder)
         plots.plt.close(fig)
         return [folder / f"{name}.md", folder / f"{name}.tex", *paths]
+
+
+def _change(column: str, accuracy: dict, tests: dict) -> str:
+    """" (−0.10 [−0.17, −0.04], McNemar p = 0.003)": a masked column's paired change from unmasked, where known."""
+    if column == "unmasked" or "unmasked" not in accuracy:
+        return ""
+    test = tests.get(column)
+    if test is None:
+        return f" ({accuracy[column] - accuracy['unmasked']:+.2f})"
+    return f" ({test.delta:+.2f} [{test.delta_low:+.2f}, {test.delta_high:+.2f}], McNemar p = {test.p_mcnemar:.2g})"
+
+
+PAIRED_COLUMNS = ["model", "condition", "k", "n", "lost", "gained", "delta", "delta_low", "delta_high", "p_mcnemar"]
+
+
+def _paired_row(reference: pd.Series, other: pd.Series) -> dict:
+    """The paired comparison of two runs' correctness (Series by sample id) on the samples both answered."""
+    common = [i for i in reference.index if i in other.index]
+    result = stats.paired([bool(reference[i]) for i in common], [bool(other[i]) for i in common])
+    return {"n": result.n, "lost": result.lost, "gained": result.gained, "delta": result.delta,
+            "delta_low": result.low, "delta_high": result.high, "p_mcnemar": result.p}
+
+
+def accuracy_rows(items: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, condition, k) of `items`: accuracy, its binomial standard error (as the runner computes
+    it), the Wilson 95 % interval and n."""
+    rows = []
+    for (model, condition, k), group in items.groupby(["model", "condition", "k"], sort=False):
+        rows.append({"model": model, "condition": condition, "k": k, **interval_columns(int(group["correct"].sum()),
+                                                                                       len(group))})
+    return pd.DataFrame(rows, columns=["model", "condition", "k", "accuracy", "stderr", "ci_low", "ci_high", "n"])
+
+
+def interval_columns(correct: int, n: int) -> dict:
+    """accuracy, stderr (sqrt(p(1 − p) / (n − 1)), the runner's), ci_low, ci_high (Wilson 95 %) and n."""
+    accuracy = correct / n if n else float("nan")
+    low, high = stats.wilson_interval(correct, n)
+    return {"accuracy": accuracy, "stderr": math.sqrt(accuracy * (1 - accuracy) / max(1, n - 1)) if n else float("nan"),
+            "ci_low": low, "ci_high": high, "n": n}
 
 
 def _headline_columns(columns: list[str]) -> list[str]:
@@ -254,8 +352,9 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
             summary = evaluate(loaded, task, intervention=intervention, limit=limit, batch_size=batch_size, out=out,
                                seed=seed, progress=progress, task_path=task_path,
                                allow_code_execution=allow_code_execution, sampler=run_settings)
-            rows.append({"model": loaded.name, "condition": condition, "k": k, "accuracy": summary.accuracy,
-                         "stderr": summary.stderr, "n": summary.n, "accuracy_flexible": summary.accuracy_flexible,
+            correct = sum(bool(r["correct"]) for r in summary.records)
+            rows.append({"model": loaded.name, "condition": condition, "k": k,
+                         **interval_columns(correct, summary.n), "accuracy_flexible": summary.accuracy_flexible,
                          **(audit.of(intervention, out) if audit else {})})
             items += [{"model": loaded.name, "condition": condition, "k": k, "id": str(r["id"]),
                        "correct": bool(r["correct"]), "output": r["output"], "margin": r.get("margin")}

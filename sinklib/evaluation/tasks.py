@@ -153,6 +153,13 @@ def _arithmetic_english(path: str | None = None) -> list[Sample]:
     return [Sample(s.id, plain(s.prompt), s.target) for s in _arithmetic(path)]
 
 
+def _arithmetic_english_unseen_work(path: str | None = None) -> list[Sample]:
+    """Held out by arithmetic: plain-English problems whose work string (operation and operands) no twin's training
+    saw (data/arithmetic_unseen_work_test.jsonl, written by `python -m sinklib.zoo data`). In the generator's range
+    every single operation is soon seen, so these are two-step problems but for a few subtractions."""
+    return _arithmetic_english(path or str(DATA_DIR / "arithmetic_unseen_work_test.jsonl"))
+
+
 def _capitals(path: str | None = None) -> list[Sample]:
     """Short factual questions in plain English ("What is the capital of France?"), for real instruct models on a
     laptop (the zoo's arithmetic is in the zoo's own format): data/tasks/capitals.jsonl, or a JSONL at `path` with
@@ -190,6 +197,8 @@ def _humaneval(path: str | None = None) -> list[Sample]:
 TASKS: Registry[Task] = Registry("task", {
     "arithmetic": Task("arithmetic", _arithmetic, chat=False, scorer=score_final_number),
     "arithmetic-english": Task("arithmetic-english", _arithmetic_english, chat=True, scorer=score_final_number),
+    "arithmetic-english-unseen-work": Task("arithmetic-english-unseen-work", _arithmetic_english_unseen_work,
+                                           chat=True, scorer=score_final_number),
     "capitals": Task("capitals", _capitals, chat=True, scorer=score_short_answer, gen_length=16),
     # Table 1's lengths: 256 tokens for GSM8K, 512 for HumanEval (cut where lm-eval's humaneval cuts)
     "gsm8k": Task("gsm8k", _gsm8k, chat=True, scorer=score_final_number, gen_length=256),

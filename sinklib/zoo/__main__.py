@@ -1,7 +1,8 @@
 """python -m sinklib.zoo train NAME [--steps N]   retrain a zoo model from its seed, evaluate it, write its card
 python -m sinklib.zoo adapt NAME [--threads N]    adapt SmolLM2 (smollm2-135m-diffusion / -autoregressive): train a
                                                  LoRA adapter (resumes from data/checkpoints/NAME), ship it, write its card
-python -m sinklib.zoo data                       write the held-out test set to data/arithmetic_test.jsonl
+python -m sinklib.zoo data                       write the held-out test sets: data/arithmetic_test.jsonl (new text)
+                                                 and data/arithmetic_unseen_work_test.jsonl (new arithmetic)
 python -m sinklib.zoo over-training [NAME ...]   retrain with checkpoints (data/checkpoints/) and measure each into
                                                  data/over_training/training_dynamics.parquet; both resume"""
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.command == "data":
         write_jsonl(held_out(), DATA_DIR / "arithmetic_test.jsonl")
+        write_jsonl(adapt.work_split(), DATA_DIR / "arithmetic_unseen_work_test.jsonl", prefix="work")
         return
     if args.command == "over-training":
         names = list(dict.fromkeys(args.names or ZOO))  # each once

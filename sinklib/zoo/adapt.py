@@ -44,7 +44,7 @@ from sinklib.validation import check_choice, check_int
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.evaluation.tasks import plain
-from sinklib.zoo.data import Problem, held_out, problems
+from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems
 
 BASE = ADAPTED_MODELS["smollm2-135m-diffusion"].base
 MASK_ID = ADAPTED_MODELS["smollm2-135m-diffusion"].mask_id  # 16, `<empty_output>`: unused by SmolLM2's chat template
@@ -80,6 +80,11 @@ class AdaptSpec:
     # "bfloat16": the forward and loss under CPU autocast (float32 master weights and optimiser, as Dream trains in
     # bf16); 1.5× faster per step on an AVX-512 BF16 CPU, measured side by side in benchmarks/adapt_precision.py
     precision: str = "float32"
+    # Fast-dLLM v2's complementary masks: each problem twice in a batch, masked with m and with its complement, so
+    # every answer token is supervised once per pair (batch_size rows then hold batch_size // 2 problems)
+    complementary: bool = False
+    # hold out by arithmetic too: no training problem shares a work string with data.held_out_by_work's split
+    hold_out_work: bool = False
 
 
 WEIGHTINGS = ("elbo", "elbo-forced", "flat")  # AdaptSpec.weighting: how diffusion_loss weighs the masked tokens
@@ -87,9 +92,14 @@ PRECISIONS = ("float32", "bfloat16")  # AdaptSpec.precision: the training forwar
 
 TWINS = {
     "smollm2-135m-autoregressive": AdaptSpec("smollm2-135m-autoregressive", "arm"),
-    "smollm2-135m-diffusion": AdaptSpec("smollm2-135m-diffusion", "dream", steps=1000, lr=5e-4, warmup=20,
-                                        init_from="smollm2-135m-autoregressive", anneal_steps=150,
-                                        weighting="elbo-forced", precision="bfloat16"),
+    # the first diffusion twin (0.67 of 200 held out), kept under this name while its rows are still shown
+    "smollm2-135m-diffusion-v1": AdaptSpec("smollm2-135m-diffusion-v1", "dream", steps=1000, lr=5e-4, warmup=20,
+                                           init_from="smollm2-135m-autoregressive", anneal_steps=150,
+                                           weighting="elbo-forced", precision="bfloat16"),
+    # the first twin trained on: complementary masks, fresh problems (seed 22), the work split held out
+    "smollm2-135m-diffusion": AdaptSpec("smollm2-135m-diffusion", "dream", seed=22, steps=1600, lr=3e-4, warmup=20,
+                                        init_from="smollm2-135m-diffusion-v1", weighting="elbo",
+                                        precision="bfloat16", complementary=True, hold_out_work=True),
 }
 
 
@@ -138,10 +148,39 @@ def make_batch(items: list[Problem], tokenizer, slot: int) -> Batch:
     return batch
 
 
-def batch_problems(spec: AdaptSpec, step: int, exclude: frozenset[str]) -> list[Problem]:
-    """The problems of optimiser step `step`: a function of the seed and the step alone (a resumed run draws the same)."""
-    stream = problems(spec.seed * 1_000_003 + step, exclude)
+def batch_problems(spec: AdaptSpec, step: int, exclude: frozenset[str],
+                   exclude_work: frozenset[str] = frozenset()) -> list[Problem]:
+    """The problems of optimiser step `step`: a function of the seed and the step alone (a resumed run draws the same),
+    none with a question in `exclude` or a work string in `exclude_work`; with complementary masks each problem
+    twice, side by side."""
+    stream = (p for p in problems(spec.seed * 1_000_003 + step, exclude) if p.work not in exclude_work)
+    if spec.complementary:
+        return [p for p in (next(stream) for _ in range(spec.batch_size // 2)) for _ in range(2)]
     return [next(stream) for _ in range(spec.batch_size)]
+
+
+def seen_work(spec: AdaptSpec) -> frozenset[str]:
+    """Every work string a twin's training saw, its starting adapter's lineage included (init_from, recursively)."""
+    exclude = frozenset(p.question for p in held_out())
+    own = frozenset(p.work for step in range(spec.steps) for p in batch_problems(spec, step, exclude))
+    return own | (seen_work(TWINS[spec.init_from]) if spec.init_from else frozenset())
+
+
+def work_split(n: int = 600) -> list[Problem]:
+    """The held-out split by arithmetic shared by every twin: problems whose work string no twin's training saw (the
+    recipes that hold it out exclude it; the others are in `seen_work`)."""
+    past = frozenset().union(*(seen_work(spec) for spec in TWINS.values() if not spec.hold_out_work))
+    return held_out_by_work(past, n)
+
+
+def training_exclusions(spec: AdaptSpec) -> tuple[frozenset[str], frozenset[str]]:
+    """(questions, work strings) a recipe's training never draws: the text split's questions, and with hold_out_work
+    the work split's questions and work strings."""
+    questions = frozenset(p.question for p in held_out())
+    if not spec.hold_out_work:
+        return questions, frozenset()
+    split = work_split()
+    return questions | {p.question for p in split}, frozenset(p.work for p in split)
 
 
 def _hidden(model, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -164,17 +203,27 @@ def attention_ratio(spec: AdaptSpec, step: int) -> float:
 
 
 def diffusion_loss(model, batch: Batch, generator: torch.Generator, ratio: float = 1.0,
-                   weighting: str = "elbo") -> torch.Tensor:
+                   weighting: str = "elbo", complementary: bool = False) -> torch.Tensor:
     """Dream's shifted masked-diffusion loss on the answer slot (the prompt never masked, as LLaDA's SFT): per row
     t = (i + u) / B (stratified, the same U(0, 1) marginal), each slot token masked with probability t. `weighting`
     "elbo" is LLaDA's unbiased estimator, Σ CE / t over the masked tokens divided by the slot tokens; "flat" is the
     mean CE over the masked tokens; "elbo-forced" masks at least one token per row first. The LM head runs only where
     a masked token is predicted (position − 1).
-    `ratio`: the annealed attention's share of non-causal keys (1: bidirectional)."""
+    `ratio`: the annealed attention's share of non-causal keys (1: bidirectional). `complementary`: rows come in
+    pairs of one problem, the second masked exactly where the first is not (t pairs stratified in (ε, 1 − ε); each
+    row's 1/t is its own masking rate)."""
     rows = batch.ids.shape[0]
-    u = torch.rand(rows, 1, generator=generator)
-    t = MASK_EPS + (1 - MASK_EPS) * (torch.arange(rows, dtype=torch.float32)[:, None] + u) / rows
-    draw = torch.rand(batch.ids.shape, generator=generator)
+    if complementary:  # rows 2i and 2i+1 hold one problem: masked where draw < t, and exactly the rest (rate 1 − t)
+        pairs = rows // 2
+        u = torch.rand(pairs, 1, generator=generator)
+        t_pair = MASK_EPS + (1 - 2 * MASK_EPS) * (torch.arange(pairs, dtype=torch.float32)[:, None] + u) / pairs
+        draw_pair = torch.rand(pairs, batch.ids.shape[1], generator=generator)
+        t = torch.stack([t_pair, 1 - t_pair], 1).reshape(rows, 1)
+        draw = torch.stack([draw_pair, 1 - draw_pair], 1).reshape(rows, -1)
+    else:
+        u = torch.rand(rows, 1, generator=generator)
+        t = MASK_EPS + (1 - MASK_EPS) * (torch.arange(rows, dtype=torch.float32)[:, None] + u) / rows
+        draw = torch.rand(batch.ids.shape, generator=generator)
     masked = batch.slot & (draw < t)
     if weighting == "elbo-forced":  # a row with nothing masked masks its least-drawn slot token
         lowest = draw.masked_fill(~batch.slot, 2.0).argmin(-1)
@@ -325,16 +374,17 @@ def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: i
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.lr, weight_decay=0.0)
     start, curve = _resume(folder, spec, model, optimizer)
-    exclude = frozenset(p.question for p in held_out())
+    exclude, exclude_work = training_exclusions(spec)
     clock = time.perf_counter() - (curve[-1]["seconds"] if curve else 0.0)
     tokens = curve[-1]["tokens"] if curve else 0
     if start == 0:
         _save_checkpoint(folder, spec, model, optimizer, 0, curve)  # the base, bidirectional but untrained
     for step in tqdm(range(start, total), desc=f"adapt {name}", initial=start, total=total, disable=not progress):
-        batch = make_batch(batch_problems(spec, step, exclude), tokenizer, spec.slot)
+        batch = make_batch(batch_problems(spec, step, exclude, exclude_work), tokenizer, spec.slot)
         generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.precision == "bfloat16"):
-            loss = (diffusion_loss(model, batch, generator, attention_ratio(spec, step), spec.weighting)
+            loss = (diffusion_loss(model, batch, generator, attention_ratio(spec, step), spec.weighting,
+                                   spec.complementary)
                     if spec.objective == "dream"
                     else next_token_loss(model, batch))
         lr = learning_rate(spec, step)

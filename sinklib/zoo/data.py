@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -104,12 +105,51 @@ def held_out(n: int = 600, seed: int = 1234) -> list[Problem]:
     raise AssertionError("unreachable")
 
 
-def write_jsonl(items: list[Problem], path: Path) -> None:
-    """Write the problems to `path` (parent folders made), one JSON object a line with an id "arith-NNNN" by position."""
+_EQUATION = re.compile(r"^\s*(-?\d+)\s*([-+*])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
+_OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def work_is_sound(output: str) -> bool | None:
+    """Whether a response in the generator's format ("a + b = c . c - d = e #### e") shows sound work: every
+    equation before "####" is arithmetically right and the last one's result is the final answer. None when the
+    output is not in that format (no "####", or a part that is not "a op b = c"): an answer can be scored right
+    while its work is wrong ("17 + 4 = 11 #### 21"), and this says which."""
+    if "####" not in output:
+        return None
+    work, final = output.split("####", 1)
+    final_match = re.match(r"\s*(-?\d+)", final)
+    parts = [part for part in work.strip().split(" . ") if part.strip()]
+    equations = [_EQUATION.match(part) for part in parts]
+    if final_match is None or not equations or any(e is None for e in equations):
+        return None
+    right = all(_OPERATIONS[e[2]](int(e[1]), int(e[3])) == int(e[4]) for e in equations)
+    return right and int(equations[-1][4]) == int(final_match[1])
+
+
+def held_out_by_work(seen_work: frozenset[str], n: int = 600, seed: int = 4321) -> list[Problem]:
+    """The held-out split by arithmetic: n problems from their own seed, each with a work string (operation and
+    operands, e.g. "7 + 9 = 16 . 16 - 3 = 13") that is in none of `seen_work` (what a model's training saw) and that
+    no other problem of the split shares, and none of held_out()'s questions. In the generator's range every single
+    operation's facts are soon all seen, so such a split is mostly two-step problems: say so wherever it is reported."""
+    text_split = {p.question for p in held_out()}
+    chosen: dict[str, Problem] = {}
+    for drawn, problem in enumerate(problems(seed, text_split)):
+        if problem.work not in seen_work:
+            chosen.setdefault(problem.work, problem)
+            if len(chosen) == n:
+                return list(chosen.values())
+        if drawn > 1000 * n:  # the generator has about 6,900 work strings: far fewer unseen ones never fill n
+            raise ValueError(f"n={n} is not allowed: only {len(chosen)} unseen work strings turned up in {drawn} draws")
+    raise AssertionError("unreachable")
+
+
+def write_jsonl(items: list[Problem], path: Path, prefix: str = "arith") -> None:
+    """Write the problems to `path` (parent folders made), one JSON object a line with an id "<prefix>-NNNN" by
+    position."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as handle:
         for index, problem in enumerate(items):
-            handle.write(json.dumps({"id": f"arith-{index:04d}", **asdict(problem)}) + "\n")
+            handle.write(json.dumps({"id": f"{prefix}-{index:04d}", **asdict(problem)}) + "\n")
 
 
 def read_jsonl(path: Path) -> list[Problem]:

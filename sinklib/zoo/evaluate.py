@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from sinklib.capture.replay import full_pass_scores
@@ -14,7 +15,8 @@ from sinklib.evaluation.runner import evaluate
 from sinklib.generate import generate
 from sinklib.loading import LoadedModel, load
 from sinklib.sinks import find_sinks
-from sinklib.zoo.data import Problem, held_out
+from sinklib.stats import wilson_interval
+from sinklib.zoo.data import Problem, held_out, work_is_sound
 
 
 def accuracy(loaded: LoadedModel, n: int = 600, batch_size: int = 50, progress: bool = True,
@@ -25,6 +27,28 @@ def accuracy(loaded: LoadedModel, n: int = 600, batch_size: int = 50, progress: 
     summary = evaluate(loaded, task, intervention=intervention, limit=n, batch_size=batch_size, out=out,
                        progress=progress)
     return {"accuracy": summary.accuracy, "n": summary.n, "outputs": [record["output"] for record in summary.records]}
+
+
+def by_template(records: list[dict], items: list[Problem]) -> pd.DataFrame:
+    """Per template of the generator (and "all"): n, exact-answer accuracy with its Wilson 95 % interval, the share
+    of answers whose work is sound (every equation right and the last one's result the final answer:
+    data.work_is_sound), and how many answers were scored right on unsound work. `records` are the evaluation
+    runner's (id, output, correct), `items` the task file's problems in id order ("arith-0007" is items[7])."""
+    rows = []
+    for record in records:
+        problem = items[int(str(record["id"]).rsplit("-", 1)[1])]
+        sound = work_is_sound(record["output"])
+        rows.append({"template": problem.template, "correct": bool(record["correct"]), "sound": sound is True})
+    frame = pd.DataFrame(rows, columns=["template", "correct", "sound"])
+    groups = [("all", frame), *frame.groupby("template")]
+    out = []
+    for template, group in groups:
+        n, right = len(group), int(group["correct"].sum())
+        low, high = wilson_interval(right, n)
+        out.append({"template": template, "n": n, "accuracy": right / n if n else float("nan"), "ci_low": low,
+                    "ci_high": high, "sound_work": group["sound"].mean() if n else float("nan"),
+                    "right_on_unsound_work": int((group["correct"] & ~group["sound"]).sum())})
+    return pd.DataFrame(out)
 
 
 def sink_statistics(loaded: LoadedModel, items: list[Problem], eps: float = 3.0, top: int = 5) -> dict[str, Any]:

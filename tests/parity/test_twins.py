@@ -170,3 +170,63 @@ def test_the_diffusion_loss_weighs_the_masked_tokens_as_declared(weighting):
                 total, weights, count = total + ce, weights + ce / t, count + 1
     expected = total / count if weighting == "flat" else weights / int(slot.sum())
     assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("weighting", ["elbo", "flat"])
+def test_complementary_masks_supervise_every_slot_token_once_per_pair(weighting):
+    """Fast-dLLM v2's complementary masks, against the loss written out from their rules: rows 2i and 2i+1 hold one
+    problem; the first is masked where its uniform draw is below t (t stratified over pairs in (ε, 1 − ε)), the second
+    exactly everywhere else, each weighed by its own masking rate (t, 1 − t)."""
+    import peft
+
+    from tests.models import llama
+
+    model = peft.get_peft_model(llama(causal=False), peft.LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=0.0))
+    pairs, width, start = 2, 12, 5
+    ids = (torch.arange(pairs * width).reshape(pairs, width) % 60 + 1).repeat_interleave(2, 0)
+    slot = torch.zeros(2 * pairs, width, dtype=torch.bool)
+    slot[:, start:] = True
+    batch = adapt.Batch(ids, torch.ones(2 * pairs, width, dtype=torch.long), slot, slot.clone())
+    loss = adapt.diffusion_loss(model, batch, torch.Generator().manual_seed(5), 1.0, weighting, complementary=True)
+
+    generator = torch.Generator().manual_seed(5)
+    u = torch.rand(pairs, 1, generator=generator)
+    draw = torch.rand(pairs, width, generator=generator)
+    total, weights, count = 0.0, 0.0, 0
+    with torch.no_grad():
+        for pair in range(pairs):
+            t = adapt.MASK_EPS + (1 - 2 * adapt.MASK_EPS) * (pair + float(u[pair])) / pairs
+            first = [j for j in range(start, width) if draw[pair, j] < t]
+            second = [j for j in range(start, width) if j not in first]
+            assert sorted(first + second) == list(range(start, width))
+            for masked, rate in ((first, t), (second, 1 - t)):
+                noisy = ids[2 * pair].clone()
+                noisy[masked] = adapt.MASK_ID
+                logits = model(input_ids=noisy[None]).logits[0]
+                for j in masked:
+                    ce = float(torch.nn.functional.cross_entropy(logits[j - 1][None].float(), ids[2 * pair, j][None]))
+                    total, weights, count = total + ce, weights + ce / rate, count + 1
+    expected = total / count if weighting == "flat" else weights / int(slot.sum())
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_work_split_is_held_out_by_arithmetic_from_every_twin():
+    """No problem of the arithmetic split shares its work string with any problem a twin trained on (a recipe that
+    holds it out never draws one; the others' lineages never saw one), nor with the text split's questions; complementary
+    batches hold each problem twice, side by side."""
+    split = adapt.work_split()
+    work = {p.work for p in split}
+    assert len(work) == len(split) == 600
+    held = {p.question for p in held_out()}
+    assert not {p.question for p in split} & held
+    for name, spec in adapt.TWINS.items():
+        if spec.hold_out_work:
+            questions, works = adapt.training_exclusions(spec)
+            assert works == work
+            seen = {p.work for step in (0, 1, 777) for p in adapt.batch_problems(spec, step, questions, works)}
+            assert not seen & work
+        else:
+            assert not adapt.seen_work(spec) & work, name
+    spec = adapt.TWINS[DIFFUSION]
+    batch = adapt.batch_problems(spec, 3, *adapt.training_exclusions(spec))
+    assert spec.complementary and len(batch) == spec.batch_size and batch[0::2] == batch[1::2]

@@ -1,0 +1,91 @@
+"""Intervals and paired tests for accuracies: what every number about a model carries (its n and a 95 % interval),
+and what a comparison of two conditions on the same problems carries (a paired test).
+
+- `wilson_interval`: the Wilson score interval of a share (scipy's binomtest), which keeps its coverage near 0 and 1
+  where the normal ("± 1.96 stderr") interval collapses to a point.
+- `mcnemar_exact`: McNemar's exact test of two conditions on the same problems: under "no difference" the
+  problems that only one condition got right split 50/50 (a two-sided binomial test on the discordant pairs).
+- `paired_difference`: the difference of two paired shares with Newcombe's (1998) hybrid score interval (his
+  method 10): Wilson intervals of both shares, combined with the pairs' correlation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from scipy.stats import binomtest
+
+Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """(low, high) of the Wilson score interval for `successes` of `n` (95 % by default); (nan, nan) when n = 0."""
+    if n == 0:
+        return math.nan, math.nan
+    if z == Z95:
+        interval = binomtest(successes, n).proportion_ci(0.95, method="wilson")
+        return float(interval.low), float(interval.high)
+    share = successes / n
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mcnemar_exact(lost: int, gained: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant pairs: `lost` problems right under the first condition
+    only, `gained` right under the second only. 1.0 when there are none."""
+    if lost + gained == 0:
+        return 1.0
+    return float(binomtest(lost, lost + gained, 0.5).pvalue)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Two conditions on the same n problems: both right, right under the first only (`lost` when the second is an
+    intervention), under the second only (`gained`), neither; the difference second − first with its 95 %
+    interval (Newcombe's method 10) and McNemar's exact p."""
+    both: int
+    lost: int
+    gained: int
+    neither: int
+    delta: float
+    low: float
+    high: float
+    p: float
+
+    @property
+    def n(self) -> int:
+        """The problems both conditions answered."""
+        return self.both + self.lost + self.gained + self.neither
+
+
+def paired(first: Sequence[bool], second: Sequence[bool]) -> Paired:
+    """The paired comparison of two conditions' correctness on the same problems, in the same order."""
+    if len(first) != len(second):
+        raise ValueError(f"second has {len(second)} problems, first {len(first)}: a paired comparison needs the same "
+                         "problems in the same order")
+    both = sum(a and b for a, b in zip(first, second))
+    lost = sum(a and not b for a, b in zip(first, second))
+    gained = sum(b and not a for a, b in zip(first, second))
+    neither = len(first) - both - lost - gained
+    delta, low, high = paired_difference(both, lost, gained, neither)
+    return Paired(both, lost, gained, neither, delta, low, high, mcnemar_exact(lost, gained))
+
+
+def paired_difference(both: int, lost: int, gained: int, neither: int) -> tuple[float, float, float]:
+    """(difference, low, high): the second condition's share minus the first's, (gained − lost) / n, with Newcombe's
+    hybrid score 95 % interval for paired shares (Statistics in Medicine 17:873, 1998, method 10)."""
+    n = both + lost + gained + neither
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    first, second = (both + lost) / n, (both + gained) / n
+    low1, high1 = wilson_interval(both + lost, n)
+    low2, high2 = wilson_interval(both + gained, n)
+    margins = (both + lost) * (gained + neither) * (both + gained) * (lost + neither)
+    phi = 0.0 if margins == 0 else (both * neither - lost * gained) / math.sqrt(margins)
+    delta = second - first
+    # the difference's lower end pairs the second share's low end with the first's high end, and vice versa
+    down = math.sqrt(max(0.0, (second - low2) ** 2 - 2 * phi * (second - low2) * (high1 - first) + (high1 - first) ** 2))
+    up = math.sqrt(max(0.0, (high2 - second) ** 2 - 2 * phi * (high2 - second) * (first - low1) + (first - low1) ** 2))
+    return delta, max(-1.0, delta - down), min(1.0, delta + up)

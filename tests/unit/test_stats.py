@@ -1,0 +1,88 @@
+"""Intervals and paired tests (sinklib.stats) against independent references, and Table 1's paired views on a
+hand-made table."""
+import math
+import random
+
+import pandas as pd
+import pytest
+
+from sinklib import stats
+from sinklib.evaluation.table1 import MaskingTable, accuracy_rows
+
+
+def _wilson_by_hand(successes, n, z=1.959963984540054):
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+@pytest.mark.parametrize("successes,n", [(0, 20), (7, 20), (20, 20), (134, 200), (1, 1)])
+def test_wilson_interval_is_the_score_interval(successes, n):
+    low, high = stats.wilson_interval(successes, n)
+    expected = _wilson_by_hand(successes, n)
+    assert low == pytest.approx(max(0.0, expected[0]), abs=1e-12)
+    assert high == pytest.approx(min(1.0, expected[1]), abs=1e-12)
+    assert low <= successes / n <= high
+
+
+def test_mcnemar_exact_is_the_two_sided_binomial_on_discordant_pairs():
+    for lost, gained in [(8, 2), (2, 8), (0, 5), (14, 14), (3, 0)]:
+        n, smaller = lost + gained, min(lost, gained)
+        tail = sum(math.comb(n, i) for i in range(smaller + 1)) / 2 ** n
+        assert stats.mcnemar_exact(lost, gained) == pytest.approx(min(1.0, 2 * tail), rel=1e-9)
+    assert stats.mcnemar_exact(0, 0) == 1.0
+
+
+def test_paired_difference_covers_the_true_difference_about_95_percent_of_the_time():
+    # a joint distribution of (first right, second right) with a true difference of −0.15
+    cells = {(True, True): 0.55, (True, False): 0.20, (False, True): 0.05, (False, False): 0.20}
+    truth = cells[(False, True)] - cells[(True, False)]
+    rng = random.Random(0)
+    keys, weights = list(cells), list(cells.values())
+    covered, runs = 0, 600
+    for _ in range(runs):
+        draws = rng.choices(keys, weights, k=120)
+        result = stats.paired([a for a, _ in draws], [b for _, b in draws])
+        covered += result.low <= truth <= result.high
+    assert 0.92 <= covered / runs <= 0.98  # ±3 standard errors of a 95 % coverage at 600 runs
+
+
+def test_paired_counts_and_direction():
+    first = [True, True, True, False, False, True]
+    second = [True, False, False, True, False, True]
+    result = stats.paired(first, second)
+    assert (result.both, result.lost, result.gained, result.neither) == (2, 2, 1, 1)
+    assert result.delta == pytest.approx((1 - 2) / 6)
+    assert result.low < result.delta < result.high
+    with pytest.raises(ValueError, match="second has 2 problems, first 3"):
+        stats.paired([True] * 3, [True] * 2)
+
+
+def _items():
+    rows = []
+    outcomes = {("a", "sinks", 0): [1, 1, 1, 1, 0, 1], ("a", "sinks", 1): [1, 0, 0, 1, 0, 1],
+                ("a", "random keys", 1): [1, 1, 1, 1, 0, 0],
+                ("b", "sinks", 0): [1, 1, 0, 1, 1, 1], ("b", "sinks", 1): [0, 0, 0, 0, 0, 0],
+                ("b", "random keys", 1): [1, 1, 0, 1, 1, 1]}
+    for (model, condition, k), correct in outcomes.items():
+        rows += [{"model": model, "condition": condition, "k": k, "id": f"p{i}", "correct": bool(c), "output": "",
+                  "margin": 1.0} for i, c in enumerate(correct)]
+    return pd.DataFrame(rows)
+
+
+def test_table1_paired_views_count_each_problem_once():
+    items = _items()
+    table = MaskingTable(accuracy_rows(items), "arithmetic", items)
+    paired = table.paired().set_index(["model", "condition", "k"])
+    assert tuple(paired.loc[("a", "sinks", 1), ["n", "lost", "gained"]]) == (6, 2, 0)
+    assert tuple(paired.loc[("a", "random keys", 1), ["lost", "gained"]]) == (1, 0)
+    assert paired.loc[("b", "sinks", 1), "delta"] == pytest.approx(-5 / 6)
+    against = table.sinks_against_random().set_index("model")
+    assert tuple(against.loc["a", ["lost", "gained"]]) == (2, 1)  # right with random keys only: p1, p2; sinks only: p5
+    matched = table.competence_matched()
+    assert sorted(matched.items["id"].unique()) == ["p0", "p1", "p3", "p5"]  # both models right unmasked
+    accuracy = matched.frame.set_index(["model", "condition", "k"])["accuracy"]
+    assert accuracy[("a", "sinks", 0)] == 1.0 and accuracy[("b", "sinks", 0)] == 1.0
+    assert accuracy[("a", "sinks", 1)] == pytest.approx(3 / 4)
+    assert "[" in table.wide().loc["a", "top-1"]  # cells carry their interval
