@@ -210,6 +210,47 @@ def greatest_sink_positions(traces: Traces, eps: float) -> Result:
                   layouts={"fig07_greatest_sink": Layout(("model", "step"), "first")})
 
 
+def paper_layout(traces: Mapping[str, Sequence[Trace]], eps: float, k: int = 5) -> Result:
+    """Sinks under the paper's layout (long canvases: 128 tokens, one per step; LLaDA in blocks of 32): `traces` by
+    layout label ("tiny-llada, 128 tokens, blocks of 32"). Per label, where the greatest sinks sit — on the rightmost
+    still-masked token (the paper's Dream: "originate at the rightmost masked token and shift leftward"), on any
+    masked token, on prompt or decoded keys — how the greatest sink's position follows the frontier and the rightmost
+    masked position across steps (Spearman), and both stability measures (dynamics.stability_by_key_type); Fig. 7
+    for each label's busiest head, with the first and the rightmost still-masked positions."""
+    rows, panels, frames = [], {}, []
+    for name, layout_traces in traces.items():
+        where = dynamics.frontier_summary(list(layout_traces), eps).iloc[0].drop("model")
+        moving = dynamics.stability_by_key_type(list(layout_traces), k, eps).set_index("key_type")
+        rows.append({"layout": name, "model": layout_traces[0].meta.get("model", ""), "n_traces": len(layout_traces),
+                     "steps": layout_traces[0].n_steps, **where.to_dict(),
+                     **{f"{column}_{kind}": moving.loc[kind, column] for kind in ("all", "masked")
+                        for column in ("move_rate", "pairs_with_sinks", "jaccard_mean")}})
+        top = dynamics.frontier_tracking(layout_traces[0], eps)
+        every = dynamics.greatest_sinks(layout_traces[0], eps)
+        layer, head = dynamics.busiest_head(every)
+        frame = every[(every["layer"] == layer) & (every["head"] == head)].merge(
+            top[["step", "layer", "head", "rightmost_masked"]], on=["step", "layer", "head"], how="left")
+        panels[f"{name}\nlayer {layer}, head {head}"] = frame
+        frames.append(frame.assign(layout=name))
+    table = pd.DataFrame(rows)
+    findings = [f"{row.layout} ({row.n_traces} generations, {row.steps} steps): the greatest sink sits on the rightmost "
+                f"masked token in {significant(row.share_on_rightmost_masked)} of sink-bearing heads × steps, on any masked "
+                f"token in {significant(row.share_on_masked)}, on the prompt in {significant(row.share_on_prompt)}; "
+                f"its position follows the rightmost masked position with median Spearman "
+                f"{significant(row.spearman_rightmost_median)}; it moves in {significant(row.move_rate_all)} of "
+                f"{int(row.pairs_with_sinks_all)} step pairs (top-{k} Jaccard {significant(row.jaccard_mean_all)})."
+                for row in table.itertuples()]
+    findings.append("Paper (Fig. 7): Dream's sinks originate at the rightmost masked token and shift leftward as tokens "
+                    "are unmasked; LLaDA's move right as blocks complete; MMaDA's mostly stay.")
+    return Result(figures={"fig07_paper_layout": plots.greatest_sink_positions(panels)},
+                  tables={"paper_layout": table, "paper_layout_greatest_sink": pd.concat(frames, ignore_index=True)},
+                  layouts={"paper_layout": Layout(("layout",), "none"),
+                           "paper_layout_greatest_sink": Layout(("layout", "step"), "none")},
+                  shown=Summary(table.set_index("layout")[["share_on_rightmost_masked", "share_on_masked",
+                                                          "share_on_prompt", "spearman_rightmost_median",
+                                                          "move_rate_all", "jaccard_mean_all"]], findings))
+
+
 # --- notebook 03 ---------------------------------------------------------------------------------------------
 def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]) -> Result:
     """Fig. 10: the share of tokens Eq. 3 selects at each eps. Diffusion models over every step's scores; an
@@ -292,6 +333,32 @@ def step_stability(traces: Traces, k: int, eps: float) -> Result:
     return Result(figures={"fig_step_stability": plots.stability_plot(frame)}, tables={"step_stability": frame},
                   layouts={"step_stability": Layout(("model", "layer"))},
                   shown=Summary.by_model(summary, flagged, findings))
+
+
+def stability_by_key_type(traces: Traces, k: int, eps: float) -> Result:
+    """"Do sinks move?" both ways (dynamics.stability_by_key_type): the paper's measure, how often the greatest sink
+    changes position between consecutive steps, and the set measure, the top-k Jaccard overlap, each over all keys
+    and over the prompt, decoded and still-masked keys alone; one finding per model says which measure calls its
+    attention moving."""
+    frame = dynamics.stability_by_key_type([t for ts in traces.values() for t in ts], k, eps)
+    flagged = near_tie_models(traces)
+    findings = []
+    for name, rows in frame.groupby("model", sort=False):
+        rows = rows.set_index("key_type")
+        parts = [f"{kind} keys: moves {significant(rows.loc[kind, 'move_rate'])} "
+                 f"[{significant(rows.loc[kind, 'move_rate_ci_low'])}, {significant(rows.loc[kind, 'move_rate_ci_high'])}] "
+                 f"of {int(rows.loc[kind, 'pairs_with_sinks'])} pairs, top-{k} Jaccard "
+                 f"{significant(rows.loc[kind, 'jaccard_mean'])}"
+                 for kind in rows.index if rows.loc[kind, "pairs_with_sinks"] or rows.loc[kind, "jaccard_pairs"]]
+        findings.append(f"{label(name, flagged)}: " + "; ".join(parts) + ".")
+    findings.append("Paper: the greatest sink moves in diffusion models and stays in an autoregressive one; papers that "
+                    "track the top-k set (Sparse-dLLM, SparseD, MaskKV, MAGE) find attention stable across steps. "
+                    "Intervals treat step pairs as independent (they are not): read them as a lower bound on the spread.")
+    return Result(figures={"fig_stability_by_key_type": plots.key_type_stability_plot(frame)},
+                  tables={"stability_by_key_type": frame}, layouts={"stability_by_key_type": Layout(("model", "key_type"))},
+                  shown=Summary(frame.assign(model=[label(m, flagged) for m in frame["model"]]).set_index(
+                      ["model", "key_type"])[["move_rate", "move_rate_ci_low", "move_rate_ci_high", "pairs_with_sinks",
+                                              "jaccard_mean"]], findings))
 
 
 def carry_against_masking(carried: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> list[str]:

@@ -116,6 +116,10 @@ def greatest_sink_positions(frames: Mapping[str, pd.DataFrame]) -> plt.Figure:
         if len(frontier):
             ax.plot(frontier["step"], frontier["frontier"], color="black", linestyle="--", linewidth=0.8,
                     label="first masked position")
+        if "rightmost_masked" in frame:
+            rightmost = frame[frame["rightmost_masked"] >= 0]
+            ax.plot(rightmost["step"], rightmost["rightmost_masked"], color="black", linestyle=":", linewidth=0.8,
+                    label="last masked position")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("denoising step")
         ax.set_ylabel("position")
@@ -315,6 +319,33 @@ def stability_plot(frame: pd.DataFrame) -> plt.Figure:
     for ax in (left, right):
         ax.set_xlabel("layer (relative depth)")
         ax.set_ylim(-0.05, 1.05)
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def key_type_stability_plot(frame: pd.DataFrame) -> plt.Figure:
+    """"Do sinks move?" both ways, by key type: left, the greatest sink's move rate between consecutive steps (the
+    paper's measure) with its Wilson 95 % interval; right, the mean top-k Jaccard overlap (the set measure). One group
+    of bars per key type (all keys, prompt, decoded, still masked), one bar per model. `frame`:
+    dynamics.stability_by_key_type rows."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    models = list(dict.fromkeys(frame["model"]))
+    types = list(dict.fromkeys(frame["key_type"]))
+    width = 0.8 / max(1, len(models))
+    for index, name in enumerate(models):
+        rows = frame[frame["model"] == name].set_index("key_type").reindex(types)
+        x = np.arange(len(types)) + (index - (len(models) - 1) / 2) * width
+        colour = PALETTE[index % len(PALETTE)]
+        rate = rows["move_rate"].to_numpy(dtype=float)
+        error = np.vstack([rate - rows["move_rate_ci_low"].to_numpy(dtype=float),
+                           rows["move_rate_ci_high"].to_numpy(dtype=float) - rate])
+        left.bar(x, np.nan_to_num(rate), width, yerr=np.nan_to_num(error), color=colour, capsize=2, label=name)
+        right.bar(x, np.nan_to_num(rows["jaccard_mean"].to_numpy(dtype=float)), width, color=colour, label=name)
+    for ax, ylabel in ((left, "greatest sink's move rate (paper)"), (right, "top-k overlap (Jaccard), t−1 → t")):
+        ax.set_xticks(np.arange(len(types)), [f"{t} keys" for t in types])
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, 1.05)
     left.legend(fontsize=7)
     fig.tight_layout()
     return fig

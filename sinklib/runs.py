@@ -62,6 +62,11 @@ TASK_PER_MODEL = {"smollm2-135m-instruct": "capitals", "smollm2-135m-diffusion":
                   "smollm2-135m-autoregressive": "arithmetic-english"}
 
 
+# Fig. 7 under the paper's layout: 128 tokens decoded one per step (Dream, and LLaDA in blocks of 32)
+PAPER_LAYOUTS = {"smollm2-135m-diffusion": {"gen_length": 128, "steps": 128},
+                 "tiny-llada": {"gen_length": 128, "steps": 128, "block_length": 32},
+                 "tiny-dream": {"gen_length": 128, "steps": 128}}
+
 RUNS: Registry[type] = Registry("notebook")  # notebook stem → its run config (each registers itself)
 
 
@@ -226,11 +231,39 @@ class MovingSinksRun(TracesRun):
     """Notebook 02: sink tokens, dynamics and moving sinks, with the Eq. 3 threshold eps (sum units)."""
     NOTEBOOK = "02_moving_sinks"
     eps: NonNegative = 3.0  # Eq. 3 threshold, sum units
+    # the paper's layout (Fig. 7): long canvases, one token per step, LLaDA in blocks of 32 — model → its layout
+    paper_layouts: dict[str, dict[str, Count]] = default_copy(PAPER_LAYOUTS)
+    paper_layout_prompts: Count = 2
+    top_k: Count = 5  # the set measure of "do sinks move": each head's top-k keys, step to step
+
+    def check(self) -> None:
+        """TracesRun's rules, and layouts that name only steps, gen_length and block_length."""
+        super().check()
+        allowed = {"steps", "gen_length", "block_length"}
+        for name, layout in self.paper_layouts.items():
+            if not layout or set(layout) - allowed:
+                raise ValueError(f"paper_layouts[{name!r}]={layout!r} is not allowed: a layout is a non-empty dict of "
+                                 f"{sorted(allowed)}")
 
     @property
     def rule(self) -> SinkRule:
         """The sink rule (Eq. 3) with this run's eps, in sum units."""
         return SinkRule(self.eps)
+
+
+    def collect_paper_layouts(self, loaded: Mapping[str, Any]) -> dict[str, list]:
+        """Traces under the paper's layout, by label ("tiny-llada, 128 tokens in 128 steps, blocks of 32"): each model
+        of `paper_layouts` (loaded here unless in `loaded`) on the first paper_layout_prompts prompts of its task."""
+        traces = {}
+        for name, layout in self.paper_layouts.items():
+            model = loaded[name] if name in loaded else load(name, device=self.device, dtype=self.dtype,
+                                                              trust_remote_code=self.trust_remote_code)
+            settings = model.settings_for(**layout)
+            blocks = f", blocks of {layout['block_length']}" if layout.get("block_length") else ""
+            label = f"{name}, {settings.gen_length} tokens in {settings.steps} steps{blocks}"
+            traces[label] = collect_traces(model, trace_prompts(model.is_zoo, self.paper_layout_prompts),
+                                           seed=self.seed, progress=self.progress, sampler=settings)
+        return traces
 
 
 @validated
