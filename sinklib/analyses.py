@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
-from sinklib import carry, dynamics, plots
+from sinklib import carry, dynamics, lens, plots
 from sinklib.capture.replay import full_pass_scores, replay_map
 from sinklib.evaluation.table1 import MaskingTable
 from sinklib.loading import LoadedModel
@@ -217,6 +218,8 @@ def paper_layout(traces: Mapping[str, Sequence[Trace]], eps: float, k: int = 5) 
     masked token, on prompt or decoded keys — how the greatest sink's position follows the frontier and the rightmost
     masked position across steps (Spearman), and both stability measures (dynamics.stability_by_key_type); Fig. 7
     for each label's busiest head, with the first and the rightmost still-masked positions."""
+    if not traces:
+        return Result(shown="paper_layouts is empty: no long canvas was generated.")
     rows, panels, frames = [], {}, []
     for name, layout_traces in traces.items():
         where = dynamics.frontier_summary(list(layout_traces), eps).iloc[0].drop("model")
@@ -359,6 +362,55 @@ def stability_by_key_type(traces: Traces, k: int, eps: float) -> Result:
                   shown=Summary(frame.assign(model=[label(m, flagged) for m in frame["model"]]).set_index(
                       ["model", "key_type"])[["move_rate", "move_rate_ci_low", "move_rate_ci_high", "pairs_with_sinks",
                                               "jaccard_mean"]], findings))
+
+
+def what_sinks_store(models: Models, traces: Traces, eps: float, names: Sequence[str], n_traces: int = 2) -> Result:
+    """The paper's open question (§7), with a logit lens (sinklib.lens): for each model of `names` (native
+    transformers models only) and its first n_traces generations, every layer's residual stream read through the
+    final norm and unembedding at every position and step. Figure: by layer, the share of still-masked positions whose
+    lens already names their final token, sinks against the other masked positions; and the same at the sink
+    positions of any kind. Table: per model, the masked sink and other masked groups (lens.sink_vs_other_masked) and
+    what the sink positions decode to at the last layer (their most frequent lens tokens)."""
+    if not names:
+        return Result(shown="lens_models is empty: no model was read by the logit lens.")
+    rows, curves, findings = [], [], []
+    for name in names:
+        chosen = list(traces[name])[:n_traces]
+        frames = [lens.logit_lens(models[name], trace) for trace in chosen]
+        groups = lens.sink_vs_other_masked(None, chosen, eps, frames=frames)
+        rows += [{"model": name, **row} for row in groups.to_dict("records")]
+        for index, (trace, frame) in enumerate(zip(chosen, frames)):
+            sinks = lens.sink_positions(trace, eps)[["step", "position"]].assign(is_sink=True)
+            frame = frame.merge(sinks, on=["step", "position"], how="left")
+            is_sink = frame["is_sink"].eq(True).to_numpy()
+            # "masked" as lens.masked_position_table has it: the read and the predicted position both still masked
+            masked = ((frame["state"] == "masked") & (frame["position_state"] == "masked")).to_numpy()
+            frame["group"] = np.select([is_sink & masked, masked, is_sink],
+                                       ["masked sink", "other masked", "sink, not masked"], "other")
+            curves.append(frame.assign(model=name, trace=index)[["model", "trace", "layer", "group", "top_is_final",
+                                                                 "top_token", "position_state"]])
+        by_group = groups.set_index("group")
+        last = pd.concat(curves)
+        last = last[(last["model"] == name) & (last["layer"] == last["layer"].max()) & (last["group"] != "other")
+                    & (last["group"] != "other masked")]
+        decoded = ", ".join(f"{token!r} {share:.2f}" for token, share in
+                            last["top_token"].value_counts(normalize=True).head(3).items())
+        sink, other = by_group.loc["sink"], by_group.loc["other masked"]
+        findings.append(f"{name}: masked sinks name their final token at the last layer in {sink['share_final_at_last']:.2f} "
+                        f"of {int(sink['n'])} (position, step) cases, from layer {sink['mean_first_correct_layer']:.1f} on "
+                        f"average; other masked positions in {other['share_final_at_last']:.2f} of {int(other['n'])}, "
+                        f"from layer {other['mean_first_correct_layer']:.1f}; the sink positions decode at the last layer "
+                        f"to {decoded or 'nothing'}.")
+    curve = (pd.concat(curves).groupby(["model", "group", "layer"], sort=False)["top_is_final"].agg(["mean", "size"])
+             .reset_index().rename(columns={"mean": "share_final", "size": "n"}))
+    findings.append("Paper §7 asks what the sinks on future positions store, e.g. with the logit lens. A sink that "
+                    "predicts its final token earlier than other masked positions would be storing a plan for it.")
+    table = pd.DataFrame(rows)
+    return Result(figures={"fig_what_sinks_store": plots.lens_plot(curve)},
+                  tables={"what_sinks_store": table, "what_sinks_store_by_layer": curve},
+                  layouts={"what_sinks_store": Layout(("model", "group")),
+                           "what_sinks_store_by_layer": Layout(("model", "group", "layer"))},
+                  shown=Summary(table.set_index(["model", "group"]), findings))
 
 
 def carry_against_masking(carried: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> list[str]:

@@ -349,3 +349,28 @@ def key_type_stability_plot(frame: pd.DataFrame) -> plt.Figure:
     left.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def lens_plot(curve: pd.DataFrame) -> plt.Figure:
+    """What sinks store (logit lens): by layer (relative depth), the share of positions whose lens argmax is already
+    the token the generation ends with there, one panel per model, one line per group (masked sinks, other masked
+    positions, sinks on decoded or prompt keys). `curve`: analyses.what_sinks_store's by-layer table."""
+    models = list(dict.fromkeys(curve["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.6), squeeze=False)
+    styles = {"masked sink": ("tab:red", "-"), "other masked": ("tab:blue", "-"), "sink, not masked": ("tab:red", ":"),
+              "other": ("grey", ":")}
+    for ax, name in zip(axes[0], models):
+        rows = curve[curve["model"] == name]
+        for group, (colour, line) in styles.items():
+            part = rows[rows["group"] == group]
+            if len(part):
+                depth = part["layer"] / max(1, rows["layer"].max())
+                ax.plot(depth, part["share_final"], color=colour, linestyle=line, marker="o", markersize=3,
+                        label=f"{group} (n = {int(part['n'].iloc[-1])} per layer)")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("layer (relative depth)")
+        ax.set_ylabel("lens names the final token")
+        ax.set_ylim(-0.05, 1.05)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -420,6 +420,8 @@ class CarryRun(TaskPart, TracesRun):
     ks: list[Index] = default_copy([0, 1, 2, 5, 10, 20])
     ks_by_task: dict[str, list[Index]] = default_copy({"arithmetic-english": [0, 1, 5, 20]})
     value_ablation: Literal["zero", "mean"] = "zero"
+    lens_models: list[Text] = default_copy(["smollm2-135m-diffusion", "tiny-llada"])  # read by the logit lens
+    lens_traces: Count = 2  # generations per model the logit lens reads, every step and layer
     top_k: Count = 5
     eps: NonNegative = 3.0
     batch_size: Count = 20
@@ -428,10 +430,17 @@ class CarryRun(TaskPart, TracesRun):
         """TracesRun's rules; ks distinct, with 0 (the unmasked baseline) among them."""
         super().check()
         _check_task_limits(self)
+        self.check_lens_models()
         for name, ks in {"ks": self.ks, **{f"ks_by_task[{t!r}]": k for t, k in self.ks_by_task.items()}}.items():
             if 0 not in ks or len(set(ks)) != len(ks):
                 raise ValueError(f"{name}={ks!r} is not allowed: {name} must be distinct integers >= 0 and include 0 "
                                  "(unmasked)")
+
+    def check_lens_models(self) -> None:
+        """The logit lens reads models this run generates with: each of lens_models must be one of models."""
+        missing = [name for name in self.lens_models if name not in self.models]
+        if missing:
+            raise ValueError(f"lens_models={self.lens_models!r} is not allowed: {missing} are not in models={self.models!r}")
 
     def dose_response(self, loaded: dict) -> dict:
         """Table 1 per task over this run's ks for every model not in masking_skip: the top-k sinks masked, k random
