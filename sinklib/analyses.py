@@ -449,3 +449,29 @@ def masking_checks(tables: Mapping[str, MaskingTable]) -> Summary:
     three significant digits like every other table."""
     frame = pd.concat([table.checks() for table in tables.values()], ignore_index=True)
     return Summary(frame.set_index(["model", "condition", "k"]))
+
+
+def masking_tests(tables: Mapping[str, MaskingTable], matched: Sequence[str] = ()) -> Summary:
+    """Table 1's paired tests, every task: each masked column against the same model unmasked (MaskingTable.paired)
+    and the top-k sinks against k random keys (sinks_against_random), each with n, the problems lost and gained, the
+    paired difference with its 95 % interval and McNemar's exact p. With `matched` (models that answer the same task),
+    the findings add the competence-matched table: on the problems all of them solve unmasked, the share each keeps
+    with its top-1 sink masked."""
+    frames = [frame for table in tables.values() for frame in (table.paired(), table.sinks_against_random())]
+    frame = pd.concat(frames, ignore_index=True).set_index(["model", "condition", "k"])
+    findings = []
+    for table in tables.values():
+        present = [name for name in matched if name in set(table.items["model"])]
+        if len(present) < 2:
+            continue
+        kept = table.competence_matched(present)
+        accuracy = kept.frame.set_index(["model", "condition", "k"])
+        n = int(accuracy["n"].max())
+        parts = [f"{name} keeps {accuracy.loc[(name, 'sinks', 1), 'accuracy']:.2f} "
+                 f"[{accuracy.loc[(name, 'sinks', 1), 'ci_low']:.2f}, {accuracy.loc[(name, 'sinks', 1), 'ci_high']:.2f}]"
+                 for name in present if (name, "sinks", 1) in accuracy.index]
+        findings.append(f"Competence-matched ({table.task}: the {n} problems {', '.join(present)} all solve unmasked), "
+                        f"with the top-1 sink masked: " + "; ".join(parts) + ".")
+    findings.append("delta is masked − unmasked (for 'sinks vs random keys': sinks − random keys); lost counts problems "
+                    "right before and wrong after. McNemar's exact test uses only the problems that changed.")
+    return Summary(frame, findings)

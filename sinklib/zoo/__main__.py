@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     adapt_cmd = sub.add_parser("adapt", help="adapt SmolLM2 into a twin (resumable), ship its adapter and card")
     adapt_cmd.add_argument("name", choices=sorted(adapt.TWINS))
     adapt_cmd.add_argument("--threads", type=positive_int, default=1)
-    adapt_cmd.add_argument("--eval-n", type=positive_int, default=200)
+    adapt_cmd.add_argument("--eval-n", type=positive_int, default=500)
     sub.add_parser("data", help="write the held-out JSONL")
     dynamics_cmd = sub.add_parser("over-training", help="retrain with checkpoints and measure every checkpoint")
     dynamics_cmd.add_argument("names", nargs="*", choices=[*ZOO, *VARIANTS], metavar="NAME",

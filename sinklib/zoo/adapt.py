@@ -44,7 +44,7 @@ from sinklib.validation import check_choice, check_int
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.evaluation.tasks import plain
-from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems
+from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl
 
 BASE = ADAPTED_MODELS["smollm2-135m-diffusion"].base
 MASK_ID = ADAPTED_MODELS["smollm2-135m-diffusion"].mask_id  # 16, `<empty_output>`: unused by SmolLM2's chat template
@@ -436,25 +436,40 @@ def _sort_target_modules(config: Path) -> None:
     config.write_text(json.dumps(settings, indent=2, sort_keys=True))
 
 
-def write_card(name: str, eval_n: int = 200, checkpoints: Path | None = None, progress: bool = True,
+# the held-out splits a twin's card reports: new text (the problems' questions never in training) and new arithmetic
+# (their work strings never in any twin's training: mostly two-step problems, as data.held_out_by_work says)
+CARD_SPLITS = {"text": ("arithmetic-english", "arithmetic_test.jsonl"),
+               "work": ("arithmetic-english-unseen-work", "arithmetic_unseen_work_test.jsonl")}
+
+
+def write_card(name: str, eval_n: int = 500, checkpoints: Path | None = None, progress: bool = True,
                results: Path | None = None) -> dict:
-    """Measure the shipped adapter's held-out accuracy with sinklib (the arithmetic-english task, the model's own
-    sampler at temperature 0, batches of 50) and write card.json, README.md and loss_curve.csv beside it. `results`:
-    the evaluation's per-problem file, resumed where an earlier run of the same configuration wrote it (Table 1's
-    unmasked run of eval_n problems is one)."""
+    """Measure the shipped adapter on both held-out splits (CARD_SPLITS; the model's own sampler at temperature 0,
+    batches of 50): accuracy with its Wilson 95 % interval, per template, and how many answers were scored right on
+    unsound work; write card.json, README.md and loss_curve.csv beside it. `results`: a folder for the evaluations'
+    per-problem files (<split>.jsonl), resumed where an earlier run of the same configuration wrote them."""
     from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
-    from sinklib.zoo.evaluate import accuracy  # noqa: PLC0415  (the evaluation runner: heavy, only for the card)
+    from sinklib.zoo.evaluate import accuracy, by_template  # noqa: PLC0415  (the evaluation runner: heavy)
 
     spec = TWINS[name]
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     curve = json.loads((folder / "curve.json").read_text())
     saved = _checkpoints(folder)
     threads = torch.load(saved[max(saved)] / "state.pt", weights_only=True)["threads"]
-    result = accuracy(load(name), eval_n, progress=progress, task="arithmetic-english", out=results)
+    loaded = load(name)
+    splits = {}
+    for split, (task, file) in CARD_SPLITS.items():
+        out = None if results is None else Path(results) / f"{split}.jsonl"
+        result = accuracy(loaded, eval_n, progress=progress, task=task, out=out)
+        table = by_template(result["records"], read_jsonl(DATA_DIR / file))
+        splits[split] = {"task": task, "rows": table.to_dict("records")}
+    overall = splits["text"]["rows"][0]
     card = {"name": name, "base": BASE, "spec": asdict(spec), "train_steps": len(curve), "tokens_seen": curve[-1]["tokens"],
-            "problems_seen": len(curve) * spec.batch_size, "final_loss": curve[-1]["loss"],
-            "wall_seconds": curve[-1]["seconds"], "machine": machine(threads), "accuracy": result["accuracy"],
-            "accuracy_n": eval_n, "adapter_parameters": _adapter_parameters(ZOO_DIR / name)}
+            "problems_seen": sum(len(set(p.question for p in batch_problems(spec, step, *training_exclusions(spec))))
+                                 for step in range(len(curve))),
+            "final_loss": curve[-1]["loss"], "wall_seconds": curve[-1]["seconds"], "machine": machine(threads),
+            "accuracy": overall["accuracy"], "accuracy_n": overall["n"], "held_out": splits,
+            "adapter_parameters": _adapter_parameters(ZOO_DIR / name)}
     target = ZOO_DIR / name
     (target / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
     (target / "README.md").write_text(render_card(card))
@@ -462,6 +477,20 @@ def write_card(name: str, eval_n: int = 200, checkpoints: Path | None = None, pr
                                               for r in curve]
     (target / "loss_curve.csv").write_text("\n".join(rows) + "\n")
     return card
+
+
+def _held_out_table(splits: dict) -> str:
+    """The card's held-out section: per split and template, n, accuracy [Wilson 95 %], sound work, right on unsound work."""
+    lines = ["", "Held out, per split and template (accuracy with its 95 % Wilson interval; *sound work*: every equation "
+             "right and the last one's result the final answer; the score reads only `#### N`):", "",
+             "| split | template | n | accuracy | sound work | right on unsound work |", "|---|---|---|---|---|---|"]
+    names = {"text": "new text (questions never trained on)", "work": "new arithmetic (work strings never trained on)"}
+    for split, entry in splits.items():
+        for row in entry["rows"]:
+            lines.append(f"| {names.get(split, split)} | {row['template']} | {row['n']} | {row['accuracy']:.3f} "
+                         f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}] | {row['sound_work']:.3f} | "
+                         f"{row['right_on_unsound_work']} |")
+    return "\n".join(lines) + "\n"
 
 
 def _adapter_parameters(folder: Path) -> int:
@@ -488,6 +517,7 @@ def render_card(card: dict) -> str:
               f"seed {spec['seed']}")
     wall = f"{card['wall_seconds'] / 60:.0f} min on {card['machine']}"
     score = f"{card['accuracy']:.3f} on {card['accuracy_n']} problems (task `arithmetic-english`)"
+    held_out = _held_out_table(card["held_out"]) if "held_out" in card else ""
     return f"""# {card['name']}
 
 SmolLM2-135M-Instruct (`{card['base']}`, the offline Q4_1 GGUF dequantised to float32) with a LoRA adapter trained
@@ -503,7 +533,7 @@ chat template without its default system turn, answered as `a + b = c #### c`. L
 | wall time | {wall} |
 | final training loss | {card['final_loss']:.4f} |
 | held-out exact-answer accuracy (temperature 0, own sampler) | {score} |
-
+{held_out}
 Reported as measured. Retrain with `python -m sinklib.zoo adapt {card['name']}` (resumes from its checkpoints in
 `data/checkpoints/`); the loss curve is in `loss_curve.csv`.
 """

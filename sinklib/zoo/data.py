@@ -133,13 +133,16 @@ def held_out_by_work(seen_work: frozenset[str], n: int = 600, seed: int = 4321) 
     operation's facts are soon all seen, so such a split is mostly two-step problems: say so wherever it is reported."""
     text_split = {p.question for p in held_out()}
     chosen: dict[str, Problem] = {}
-    for drawn, problem in enumerate(problems(seed, text_split)):
-        if problem.work not in seen_work:
-            chosen.setdefault(problem.work, problem)
+    since_new = 0
+    for problem in problems(seed, text_split):
+        since_new += 1
+        if problem.work not in seen_work and problem.work not in chosen:
+            chosen[problem.work], since_new = problem, 0
             if len(chosen) == n:
                 return list(chosen.values())
-        if drawn > 1000 * n:  # the generator has about 6,900 work strings: far fewer unseen ones never fill n
-            raise ValueError(f"n={n} is not allowed: only {len(chosen)} unseen work strings turned up in {drawn} draws")
+        if since_new > 50_000:  # the generator has about 6,900 work strings: the unseen ones are used up
+            raise ValueError(f"n={n} is not allowed: only {len(chosen)} unseen work strings exist (none new in "
+                             f"{since_new} draws)")
     raise AssertionError("unreachable")
 
 

@@ -26,7 +26,8 @@ def accuracy(loaded: LoadedModel, n: int = 600, batch_size: int = 50, progress: 
     "#### N" extractor, as Table 1 scores them; `out`: the runner's resumable per-problem file."""
     summary = evaluate(loaded, task, intervention=intervention, limit=n, batch_size=batch_size, out=out,
                        progress=progress)
-    return {"accuracy": summary.accuracy, "n": summary.n, "outputs": [record["output"] for record in summary.records]}
+    return {"accuracy": summary.accuracy, "n": summary.n, "outputs": [record["output"] for record in summary.records],
+            "records": summary.records}
 
 
 def by_template(records: list[dict], items: list[Problem]) -> pd.DataFrame:

@@ -1,0 +1,45 @@
+"""The held-out splits and what a twin's card reports of them: the split held out by arithmetic, the sound-work check
+and the per-template table, against answers worked out by hand."""
+import pytest
+
+from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems, work_is_sound
+from sinklib.zoo.evaluate import by_template
+
+
+@pytest.mark.parametrize("output,sound", [
+    ("17 + 4 = 21 #### 21", True),
+    ("17 + 4 = 11 #### 21", False),  # scored right by "#### N", but the equation is wrong
+    ("2 + 8 = 10 . 10 - 5 = 5 #### 5", True),
+    ("2 + 8 = 10 . 10 - 5 = 5 #### 6", False),  # the last result is not the final answer
+    ("3 * 4 = 12 #### 12<|im_end|>", True),
+    ("6 + 6 = 1 #### 1", False),
+    ("the answer is 5", None),
+    ("5 - 3 = 2 ####", None),
+    ("5 - 3 = two #### 2", None),
+])
+def test_work_is_sound_checks_every_equation_and_the_final_answer(output, sound):
+    assert work_is_sound(output) is sound
+
+
+def test_the_work_split_shares_no_work_string_with_what_was_seen_and_none_among_itself():
+    stream = problems(11)
+    seen = frozenset(next(stream).work for _ in range(3000))
+    split = held_out_by_work(seen, n=50, seed=3)
+    works = [p.work for p in split]
+    assert len(set(works)) == 50 and not set(works) & seen
+    assert not {p.question for p in split} & {p.question for p in held_out()}
+    with pytest.raises(ValueError, match=r"n=100000 is not allowed: only \d+ unseen work strings exist"):
+        held_out_by_work(seen, n=100000, seed=3)
+
+
+def test_by_template_counts_accuracy_and_unsound_work_per_template():
+    items = [Problem("Q1", "1 + 2 = 3", 3, "add"), Problem("Q2", "5 - 3 = 2", 2, "subtract"),
+             Problem("Q3", "4 + 4 = 8", 8, "add")]
+    records = [{"id": "arith-0000", "output": "1 + 2 = 3 #### 3", "correct": True},
+               {"id": "arith-0001", "output": "5 - 3 = 1 #### 2", "correct": True},  # right on unsound work
+               {"id": "arith-0002", "output": "4 + 4 = 9 #### 9", "correct": False}]
+    table = by_template(records, items).set_index("template")
+    assert table.loc["all", ["n", "right_on_unsound_work"]].tolist() == [3, 1]
+    assert table.loc["all", "accuracy"] == pytest.approx(2 / 3)
+    assert table.loc["add", "sound_work"] == pytest.approx(0.5) and table.loc["subtract", "sound_work"] == 0.0
+    assert table.loc["add", "ci_low"] < 0.5 < table.loc["add", "ci_high"]
