@@ -40,7 +40,8 @@ from tqdm.auto import tqdm
 
 from sinklib import compat
 from sinklib.cache_manifest import fingerprint
-from sinklib.validation import check_choice, check_int
+from sinklib.validation import (Count, Flag, Index, Positive, Text, bad_value, check_choice, check_int,
+                                validated)
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.evaluation.tasks import plain
@@ -55,24 +56,25 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 CHECKPOINT_ROOT = DATA_DIR / "checkpoints"  # not committed: a run's resumable state
 
 
+@validated
 @dataclass(frozen=True)
 class AdaptSpec:
     """One adapted SmolLM2's recipe: objective ("dream": masked diffusion, shifted; "arm": next token), seed, optimiser
     steps and batch, the LoRA adapter's rank and scale, and the answer slot's length in tokens (answer, `<|im_end|>`,
     then `<|im_end|>` padding)."""
-    name: str
+    name: Text
     objective: str
-    seed: int = 21
-    steps: int = 600
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup: int = 30
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    slot: int = 28
-    checkpoint_every: int = 50  # optimiser steps between resumable checkpoints
+    seed: Index = 21
+    steps: Count = 600
+    batch_size: Count = 16
+    lr: Positive = 1e-3
+    warmup: Index = 30
+    lora_rank: Count = 16
+    lora_alpha: Count = 32
+    slot: Count = 28
+    checkpoint_every: Count = 50  # optimiser steps between resumable checkpoints
     init_from: str | None = None  # a twin whose shipped adapter this one starts from (Dream: from a trained AR model)
-    anneal_steps: int = 0  # DiffuLLaMA's attention annealing (0: bidirectional from the first step)
+    anneal_steps: Index = 0  # DiffuLLaMA's attention annealing (0: bidirectional from the first step)
     # "elbo": LLaDA's SFT estimator, Σ CE / t over the masked tokens ÷ the slot tokens (a row may mask none);
     # "elbo-forced": the same with at least one token masked per row (the shipped twin's recipe: its rows at small t
     # then weigh 1/t each, and dominate the clipped gradient); "flat": the mean CE over the masked tokens (no 1/t)
@@ -82,11 +84,23 @@ class AdaptSpec:
     precision: str = "float32"
     # Fast-dLLM v2's complementary masks: each problem twice in a batch, masked with m and with its complement, so
     # every answer token is supervised once per pair (batch_size rows then hold batch_size // 2 problems)
-    complementary: bool = False
+    complementary: Flag = False
     # hold out by arithmetic too: no training problem shares a work string with data.held_out_by_work's split
-    hold_out_work: bool = False
+    hold_out_work: Flag = False
+
+    def check(self) -> None:
+        """The choices by name (objective, weighting, precision; "did you mean"), and complementary masks only for a
+        diffusion objective with an even batch (each problem twice)."""
+        check_choice(self.objective, "objective", OBJECTIVES)
+        check_choice(self.weighting, "weighting", WEIGHTINGS)
+        check_choice(self.precision, "precision", PRECISIONS)
+        if self.complementary and (self.objective != "dream" or self.batch_size % 2):
+            raise bad_value("complementary", self.complementary,
+                            f"False unless objective='dream' and batch_size is even (got {self.objective!r}, "
+                            f"{self.batch_size})")
 
 
+OBJECTIVES = ("dream", "arm")  # AdaptSpec.objective: masked diffusion (Dream's shifted loss) or next token
 WEIGHTINGS = ("elbo", "elbo-forced", "flat")  # AdaptSpec.weighting: how diffusion_loss weighs the masked tokens
 PRECISIONS = ("float32", "bfloat16")  # AdaptSpec.precision: the training forward's compute dtype
 

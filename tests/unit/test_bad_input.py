@@ -573,6 +573,13 @@ def _runs():
      r"precision='float8' is not allowed: precision must be one of \['float32', 'bfloat16'\]"),
     (lambda: _adapt().train("smollm2-135m-diffusion", spec=_adapt().AdaptSpec("x", "dream", weighting="elbo2")),
      r"weighting='elbo2' is not allowed: weighting must be one of \['elbo', 'elbo-forced', 'flat'\] \(did you mean"),
+    (lambda: _adapt().AdaptSpec("x", "bogus"), r"objective='bogus' is not allowed: objective must be one of \['dream', 'arm'\]"),
+    (lambda: _adapt().AdaptSpec("x", "dream", anneal_steps=-5),
+     r"anneal_steps=-5 is not allowed: anneal_steps must be an integer >= 0"),
+    (lambda: _adapt().AdaptSpec("x", "dream", checkpoint_every=0),
+     r"checkpoint_every=0 is not allowed: checkpoint_every must be an integer >= 1"),
+    (lambda: _adapt().AdaptSpec("x", "arm", complementary=True),
+     r"complementary=True is not allowed: complementary must be False unless objective='dream' and batch_size is even"),
     (lambda: _runs().MaskingRun(task_path="no/such/file.jsonl"),
      r"task_path='no/such/file.jsonl' is not allowed: task_path must be an existing file"),
 ])
