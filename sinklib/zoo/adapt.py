@@ -456,27 +456,20 @@ CARD_SPLITS = {"text": ("arithmetic-english", "arithmetic_test.jsonl"),
                "work": ("arithmetic-english-unseen-work", "arithmetic_unseen_work_test.jsonl")}
 
 
-def write_card(name: str, eval_n: int = 500, checkpoints: Path | None = None, progress: bool = True,
+def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path | None = None, progress: bool = True,
                results: Path | None = None) -> dict:
     """Measure the shipped adapter on both held-out splits (CARD_SPLITS; the model's own sampler at temperature 0,
     batches of 50): accuracy with its Wilson 95 % interval, per template, and how many answers were scored right on
     unsound work; write card.json, README.md and loss_curve.csv beside it. `results`: a folder for the evaluations'
     per-problem files (<split>.jsonl), resumed where an earlier run of the same configuration wrote them."""
     from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
-    from sinklib.zoo.evaluate import accuracy, by_template  # noqa: PLC0415  (the evaluation runner: heavy)
 
     spec = TWINS[name]
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     curve = json.loads((folder / "curve.json").read_text())
     saved = _checkpoints(folder)
     threads = torch.load(saved[max(saved)] / "state.pt", weights_only=True)["threads"]
-    loaded = load(name)
-    splits = {}
-    for split, (task, file) in CARD_SPLITS.items():
-        out = None if results is None else Path(results) / f"{split}.jsonl"
-        result = accuracy(loaded, eval_n, progress=progress, task=task, out=out)
-        table = by_template(result["records"], read_jsonl(DATA_DIR / file))
-        splits[split] = {"task": task, "rows": table.to_dict("records")}
+    splits = measure_held_out(load(name), eval_n, progress, results)
     overall = splits["text"]["rows"][0]
     card = {"name": name, "base": BASE, "spec": asdict(spec), "train_steps": len(curve), "tokens_seen": curve[-1]["tokens"],
             "problems_seen": sum(len(set(p.question for p in batch_problems(spec, step, *training_exclusions(spec))))
@@ -490,6 +483,39 @@ def write_card(name: str, eval_n: int = 500, checkpoints: Path | None = None, pr
     rows = ["step,loss,lr,tokens,seconds"] + [f"{r['step']},{r['loss']!r},{r['lr']!r},{r['tokens']},{r['seconds']}"
                                               for r in curve]
     (target / "loss_curve.csv").write_text("\n".join(rows) + "\n")
+    return card
+
+
+def measure_held_out(loaded, eval_n: int | dict[str, int], progress: bool = True, results: Path | None = None) -> dict:
+    """The card's held-out section: for each split of CARD_SPLITS, its task and by_template's rows (accuracy with
+    Wilson intervals per template, sound work) on its first eval_n problems (one number, or one per split name),
+    the model's own sampler at temperature 0.
+    `results`: a folder for the per-problem files (<split>.jsonl), resumed where a run of the same configuration
+    wrote them."""
+    from sinklib.zoo.evaluate import accuracy, by_template  # noqa: PLC0415  (the evaluation runner: heavy)
+
+    splits = {}
+    for split, (task, file) in CARD_SPLITS.items():
+        out = None if results is None else Path(results) / f"{split}.jsonl"
+        n = eval_n[split] if isinstance(eval_n, dict) else eval_n
+        result = accuracy(loaded, n, progress=progress, task=task, out=out)
+        table = by_template(result["records"], read_jsonl(DATA_DIR / file))
+        splits[split] = {"task": task, "rows": table.to_dict("records")}
+    return splits
+
+
+def remeasure_card(name: str, eval_n: int | dict[str, int] = 500, progress: bool = True, results: Path | None = None) -> dict:
+    """Re-measure a shipped twin's held-out section (both splits, per template) and rewrite its card.json and
+    README.md; the training record already on the card is kept (a twin's checkpoints need not be on this machine)."""
+    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
+
+    target = ZOO_DIR / check_choice(name, "name", TWINS)
+    card = json.loads((target / "card.json").read_text())
+    card["held_out"] = measure_held_out(load(name), eval_n, progress, results)
+    overall = card["held_out"]["text"]["rows"][0]  # the text split, all templates
+    card["accuracy"], card["accuracy_n"] = overall["accuracy"], overall["n"]
+    (target / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
+    (target / "README.md").write_text(render_card(card))
     return card
 
 
