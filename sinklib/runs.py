@@ -423,7 +423,8 @@ class CarryRun(TaskPart, TracesRun):
     ks: list[Index] = default_copy([0, 1, 2, 5, 10, 20])
     ks_by_task: dict[str, list[Index]] = default_copy({"arithmetic-english": [0, 1, 5, 20]})
     value_ablation: Literal["zero", "mean"] = "zero"
-    lens_models: list[Text] = default_copy(["smollm2-135m-diffusion", "tiny-llada"])  # read by the logit lens
+    # read by the logit lens; None: every diffusion model of the run on transformers' own code (not remote code)
+    lens_models: list[Text] | None = None
     lens_traces: Count = 2  # generations per model the logit lens reads, every step and layer
     top_k: Count = 5
     eps: NonNegative = 3.0
@@ -441,9 +442,16 @@ class CarryRun(TaskPart, TracesRun):
 
     def check_lens_models(self) -> None:
         """The logit lens reads models this run generates with: each of lens_models must be one of models."""
-        missing = [name for name in self.lens_models if name not in self.models]
+        missing = [name for name in self.lens_models or () if name not in self.models]
         if missing:
             raise ValueError(f"lens_models={self.lens_models!r} is not allowed: {missing} are not in models={self.models!r}")
+
+    def lens_names(self, loaded: Mapping[str, Any]) -> list[str]:
+        """The models the logit lens reads: lens_models, or every diffusion model of `loaded` that runs on
+        transformers' own code (sinklib.lens cannot read remote modelling code's hidden states)."""
+        if self.lens_models is not None:
+            return list(self.lens_models)
+        return [name for name, model in loaded.items() if model.family.kind == "diffusion" and model.calling == "native"]
 
     def dose_response(self, loaded: dict) -> dict:
         """Table 1 per task over this run's ks for every model not in masking_skip: the top-k sinks masked, k random
