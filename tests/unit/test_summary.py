@@ -2,6 +2,7 @@
 with a near-tie marked, and nbval's sanitizer masking exactly those rows."""
 import math
 from pathlib import Path
+import re
 from types import SimpleNamespace
 
 import pandas as pd
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from sinklib.ties import NEAR_TIE
-from sinklib.evaluation.table1 import MaskingTable
+from sinklib import stats
+from sinklib.evaluation.table1 import MaskingTable, accuracy_rows
 from sinklib.summary import FOOTNOTE, Summary, caption, near_tie_models, significant
 
 SANITIZE = Path(__file__).resolve().parents[1] / "notebooks" / "nbval_sanitize.cfg"
@@ -63,16 +65,20 @@ def test_nbval_masks_the_numbers_of_a_marked_row_and_compares_every_other_line()
 
 
 def test_table1_marks_a_model_whose_samples_had_a_near_tie():
-    frame = pd.DataFrame({"model": ["m", "m", "n", "n"], "condition": ["sinks", "sinks", "sinks", "sinks"],
-                          "k": [0, 1, 0, 1], "accuracy": [0.9, 0.1, 0.8, 0.8], "stderr": [0.03, 0.03, 0.04, 0.04],
-                          "n": [100] * 4})
-    items = pd.DataFrame({"model": ["m", "n"], "condition": ["sinks"] * 2, "k": [1, 1], "id": ["1", "1"],
-                          "correct": [True, True], "output": ["1", "1"], "margin": [NEAR_TIE / 2, 0.2]})
-    summary = MaskingTable(frame, "arithmetic", items).summary()
+    rows = []
+    for model, k, right in (("m", 0, 90), ("m", 1, 10), ("n", 0, 80), ("n", 1, 80)):
+        rows += [{"model": model, "condition": "sinks", "k": k, "id": str(i), "correct": i < right, "output": "1",
+                  "margin": NEAR_TIE / 2 if (model, k, i) == ("m", 1, 0) else 0.2} for i in range(100)]
+    items = pd.DataFrame(rows)
+    summary = MaskingTable(accuracy_rows(items), "arithmetic", items).summary()
     assert list(summary.table.index) == ["m ≈", "n"]
-    assert "n (n = 100): 0.80 ± 0.04 unmasked, 0.80 ± 0.04 with its top-1 sink masked (+0.00)." in summary.findings
-    assert summary.findings[0].startswith("m ≈ (n = 100): 0.90 ± 0.03 unmasked, 0.10 ± 0.03 with its top-1 sink masked "
-                                          "(-0.80); answers whose generation passed a near-tie: 1 of 1")
+    low, high = stats.wilson_interval(80, 100)
+    assert (f"n (n = 100): 0.80 [{low:.2f}, {high:.2f}] unmasked, 0.80 [{low:.2f}, {high:.2f}] with its top-1 sink "
+            "masked (+0.00 [") in summary.findings[1]
+    assert summary.findings[1].endswith("McNemar p = 1).")
+    assert re.match(r"m ≈ \(n = 100\): 0\.90 \[0\.\d\d, 0\.\d\d\] unmasked, 0\.10 \[0\.\d\d, 0\.\d\d\] with its top-1 "
+                    r"sink masked \(-0\.80 \[-0\.\d\d, -0\.\d\d\], McNemar p = .*\); answers whose generation passed a "
+                    r"near-tie: 1 of 200", summary.findings[0])
 
 
 def _widget(text):
