@@ -21,7 +21,7 @@ from sinklib.validation import (Consent, Count, DType, Device, Flag, Folder, Ind
 from sinklib.evaluation.table1 import MaskingTable, by_task, masking_table
 from sinklib.evaluation.tasks import get_task, task_names, trace_prompts
 from sinklib.explorer import export_pages
-from sinklib.generate import collect_traces, demo_trace
+from sinklib.generate import collect_traces, demo_trace, encode
 from sinklib.loading import load, load_models
 from sinklib.paths import NOTEBOOKS
 from sinklib.plots import save_figure
@@ -61,12 +61,6 @@ MODELS = ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct", "smol
 TASK_PER_MODEL = {"smollm2-135m-instruct": "capitals", "smollm2-135m-diffusion": "arithmetic-english",
                   "smollm2-135m-autoregressive": "arithmetic-english"}
 
-
-# Fig. 7 under the paper's layout: long canvases decoded one token per step (LLaDA in blocks): 128 tokens for the
-# diffusion twin, 64 (blocks of 16) for the zoo, whose models handle 128 positions in all
-PAPER_LAYOUTS = {"smollm2-135m-diffusion": {"gen_length": 128, "steps": 128},
-                 "tiny-llada": {"gen_length": 64, "steps": 64, "block_length": 16},
-                 "tiny-dream": {"gen_length": 64, "steps": 64}}
 
 RUNS: Registry[type] = Registry("notebook")  # notebook stem → its run config (each registers itself)
 
@@ -232,19 +226,22 @@ class MovingSinksRun(TracesRun):
     """Notebook 02: sink tokens, dynamics and moving sinks, with the Eq. 3 threshold eps (sum units)."""
     NOTEBOOK = "02_moving_sinks"
     eps: NonNegative = 3.0  # Eq. 3 threshold, sum units
-    # the paper's layout (Fig. 7): long canvases, one token per step, LLaDA in blocks of 32 — model → its layout
-    paper_layouts: dict[str, dict[str, Count]] = default_copy(PAPER_LAYOUTS)
-    paper_layout_prompts: Count = 2
+    # Fig. 7 under the paper's layout, model → {gen_length, steps, block_length}; None: every diffusion model of the
+    # run with its family's paper layout (128 tokens in 128 steps, LLaDA in blocks of 32), halved until it fits
+    paper_layouts: dict[str, dict[str, Count]] | None = None
+    paper_layout_prompts: Count = 1
     top_k: Count = 5  # the set measure of "do sinks move": each head's top-k keys, step to step
 
     def check(self) -> None:
         """TracesRun's rules, and layouts that name only steps, gen_length and block_length."""
         super().check()
         allowed = {"steps", "gen_length", "block_length"}
-        for name, layout in self.paper_layouts.items():
+        for name, layout in (self.paper_layouts or {}).items():
             if not layout or set(layout) - allowed:
                 raise ValueError(f"paper_layouts[{name!r}]={layout!r} is not allowed: a layout is a non-empty dict of "
                                  f"{sorted(allowed)}")
+            if name not in self.models:
+                raise ValueError(f"paper_layouts[{name!r}] is not allowed: {name!r} is not one of models={self.models!r}")
 
     @property
     def rule(self) -> SinkRule:
@@ -253,18 +250,35 @@ class MovingSinksRun(TracesRun):
 
 
     def collect_paper_layouts(self, loaded: Mapping[str, Any]) -> dict[str, list]:
-        """Traces under the paper's layout, by label ("tiny-llada, 128 tokens in 128 steps, blocks of 32"): each model
-        of `paper_layouts` (loaded here unless in `loaded`) on the first paper_layout_prompts prompts of its task."""
+        """Traces under the paper's layout, by label ("tiny-llada, 64 tokens in 64 steps, blocks of 16"): each model of
+        `paper_layouts` (default: every diffusion model of `loaded`, its family's paper layout fitted by
+        fitted_paper_layout) on the first paper_layout_prompts prompts of its task."""
         traces = {}
-        for name, layout in self.paper_layouts.items():
-            model = loaded[name] if name in loaded else load(name, device=self.device, dtype=self.dtype,
-                                                              trust_remote_code=self.trust_remote_code)
+        for name, model in loaded.items():
+            prompts = trace_prompts(model.is_zoo, self.paper_layout_prompts)
+            layout = (self.paper_layouts.get(name) if self.paper_layouts is not None
+                      else fitted_paper_layout(model, prompts))
+            if layout is None:
+                continue
             settings = model.settings_for(**layout)
             blocks = f", blocks of {layout['block_length']}" if layout.get("block_length") else ""
             label = f"{name}, {settings.gen_length} tokens in {settings.steps} steps{blocks}"
-            traces[label] = collect_traces(model, trace_prompts(model.is_zoo, self.paper_layout_prompts),
-                                           seed=self.seed, progress=self.progress, sampler=settings)
+            traces[label] = collect_traces(model, prompts, seed=self.seed, progress=self.progress, sampler=settings)
         return traces
+
+
+def fitted_paper_layout(model: Any, prompts: list[str]) -> dict[str, int] | None:
+    """A diffusion model's family's paper layout (gen_length, steps and, for LLaDA / MMaDA, block_length), halved
+    until the longest prompt and the canvas fit the positions the model handles; None for an autoregressive model."""
+    if model.family.kind != "diffusion" or model.family.paper is None:
+        return None
+    paper = model.family.paper
+    layout = {"gen_length": paper.gen_length, "steps": paper.steps,
+              **({"block_length": paper.block_length} if getattr(paper, "block_length", None) else {})}
+    longest = max(len(encode(model, prompt, chat=not model.is_zoo)) for prompt in prompts)
+    while model.max_length is not None and longest + layout["gen_length"] > model.max_length and layout["gen_length"] > 1:
+        layout = {key: max(1, value // 2) for key, value in layout.items()}
+    return layout
 
 
 @validated
