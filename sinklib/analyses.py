@@ -459,6 +459,7 @@ def masking_tests(tables: Mapping[str, MaskingTable], matched: Sequence[str] = (
     with its top-1 sink masked."""
     frames = [frame for table in tables.values() for frame in (table.paired(), table.sinks_against_random())]
     frame = pd.concat(frames, ignore_index=True).set_index(["model", "condition", "k"])
+    frame["p_mcnemar"] = [f"{p:.2g}" for p in frame["p_mcnemar"]]  # shown as 3.4e-24: three decimals would say 0.000
     findings = []
     for table in tables.values():
         present = [name for name in matched if name in set(table.items["model"])]
