@@ -136,6 +136,13 @@ def test_a_twin_checkpoint_is_read_only_as_what_it_says_it_is(tmp_path):
         checked_state(tmp_path, "smollm2-135m-diffusion", 400)
 
 
+def _answer_slot_batch(ids: torch.Tensor, start: int):
+    """(a Batch of `ids` whose answer slot is every position from `start`, no padding; the slot mask)."""
+    slot = torch.zeros(ids.shape, dtype=torch.bool)
+    slot[:, start:] = True
+    return adapt.Batch(ids, torch.ones(ids.shape, dtype=torch.long), slot, slot.clone()), slot
+
+
 @pytest.mark.parametrize("weighting", ["elbo", "elbo-forced", "flat"])
 def test_the_diffusion_loss_weighs_the_masked_tokens_as_declared(weighting):
     """diffusion_loss against the loss written out from its rules on a tiny bidirectional Llama behind a LoRA: the
@@ -147,9 +154,7 @@ def test_the_diffusion_loss_weighs_the_masked_tokens_as_declared(weighting):
     model = peft.get_peft_model(llama(causal=False), peft.LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=0.0))
     rows, width, start = 4, 12, 5
     ids = torch.arange(rows * width).reshape(rows, width) % 60 + 1
-    slot = torch.zeros(rows, width, dtype=torch.bool)
-    slot[:, start:] = True
-    batch = adapt.Batch(ids, torch.ones(rows, width, dtype=torch.long), slot, slot.clone())
+    batch, slot = _answer_slot_batch(ids, start)
     loss = adapt.diffusion_loss(model, batch, torch.Generator().manual_seed(3), 1.0, weighting)
 
     generator = torch.Generator().manual_seed(3)
@@ -184,9 +189,7 @@ def test_complementary_masks_supervise_every_slot_token_once_per_pair(weighting)
     model = peft.get_peft_model(llama(causal=False), peft.LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=0.0))
     pairs, width, start = 2, 12, 5
     ids = (torch.arange(pairs * width).reshape(pairs, width) % 60 + 1).repeat_interleave(2, 0)
-    slot = torch.zeros(2 * pairs, width, dtype=torch.bool)
-    slot[:, start:] = True
-    batch = adapt.Batch(ids, torch.ones(2 * pairs, width, dtype=torch.long), slot, slot.clone())
+    batch, slot = _answer_slot_batch(ids, start)
     loss = adapt.diffusion_loss(model, batch, torch.Generator().manual_seed(5), 1.0, weighting, complementary=True)
 
     generator = torch.Generator().manual_seed(5)
