@@ -7,6 +7,7 @@ import pytest
 import sinklib
 from sinklib.evaluation.table1 import masking_table
 from sinklib.interventions import MaskRandomKeys, MaskSinks
+from sinklib.stats import wilson_interval
 from sinklib.zoo.data import held_out
 
 N = 6
@@ -32,9 +33,12 @@ def test_cells_equal_the_zoo_accuracy_under_the_same_interventions(models, tmp_p
         reference = _reference_accuracy(loaded, items, intervention)
         assert row.accuracy == pytest.approx(reference), row
         assert row.stderr == pytest.approx((row.accuracy * (1 - row.accuracy) / (N - 1)) ** 0.5) and row.n == N
+        assert (row.ci_low, row.ci_high) == pytest.approx(wilson_interval(round(row.accuracy * N), N))
     wide = table.wide()
     assert list(wide.columns) == ["unmasked", "top-1", "random-1"] and list(wide.index) == ["tiny-llada", "tiny-arm"]
-    assert "±" in table.to_markdown() and "\\begin{tabular}" in table.to_latex()
+    first = frame.iloc[0]
+    assert f"{first.accuracy:.2f} [{first.ci_low:.2f}, {first.ci_high:.2f}]" in table.to_markdown()
+    assert "\\begin{tabular}" in table.to_latex()
     written = table.save(tmp_path / "figures")
     assert sorted(p.suffix for p in written) == [".md", ".pdf", ".png", ".tex"] and all(p.stat().st_size for p in written)
 
