@@ -10,8 +10,8 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 SHIPPED = {  # checkout folder → the files of it an install needs (data/checkpoints, executed notebooks: not)
-    "data": ["models/*/*", "tasks/*.jsonl", "arithmetic_test.jsonl", "over_training/*", "results/*.parquet",
-             "results/PROVENANCE.json", "results/table1-arithmetic-english/*"],
+    "data": ["models/*/*", "tasks/*.jsonl", "arithmetic_test.jsonl", "arithmetic_unseen_work_test.jsonl",
+             "over_training/*", "results/*.parquet", "results/PROVENANCE.json", "results/table1-arithmetic-english/*"],
     "notebooks": ["[0-9][0-9]_*.ipynb", "params/*.yaml"],
     "figures": ["*.*"],
 }
