@@ -466,6 +466,9 @@ def masking_tests(tables: Mapping[str, MaskingTable], matched: Sequence[str] = (
         if len(present) < 2:
             continue
         kept = table.competence_matched(present)
+        if kept.items.empty:
+            findings.append(f"Competence-matched ({table.task}): no problem is solved unmasked by all of {present}.")
+            continue
         accuracy = kept.frame.set_index(["model", "condition", "k"])
         n = int(accuracy["n"].max())
         parts = [f"{name} keeps {accuracy.loc[(name, 'sinks', 1), 'accuracy']:.2f} "

@@ -83,7 +83,11 @@ def paired_difference(both: int, lost: int, gained: int, neither: int) -> tuple[
     low1, high1 = wilson_interval(both + lost, n)
     low2, high2 = wilson_interval(both + gained, n)
     margins = (both + lost) * (gained + neither) * (both + gained) * (lost + neither)
-    phi = 0.0 if margins == 0 else (both * neither - lost * gained) / math.sqrt(margins)
+    # the pairs' correlation, shrunk towards 0 by n/2 when positive (Newcombe's rule, as Altman et al.'s "Statistics
+    # with Confidence" and Fagerland et al. (2014) compute it): a positive correlation narrows the interval
+    cross = both * neither - lost * gained
+    cross = cross - n / 2 if cross > n / 2 else 0.0 if cross >= 0 else cross
+    phi = 0.0 if margins == 0 else cross / math.sqrt(margins)
     delta = second - first
     # the difference's lower end pairs the second share's low end with the first's high end, and vice versa
     down = math.sqrt(max(0.0, (second - low2) ** 2 - 2 * phi * (second - low2) * (high1 - first) + (high1 - first) ** 2))

@@ -94,10 +94,11 @@ class AdaptSpec:
         check_choice(self.objective, "objective", OBJECTIVES)
         check_choice(self.weighting, "weighting", WEIGHTINGS)
         check_choice(self.precision, "precision", PRECISIONS)
-        if self.complementary and (self.objective != "dream" or self.batch_size % 2):
+        if self.complementary and (self.objective != "dream" or self.batch_size % 2 or self.weighting == "elbo-forced"):
             raise bad_value("complementary", self.complementary,
-                            f"False unless objective='dream' and batch_size is even (got {self.objective!r}, "
-                            f"{self.batch_size})")
+                            f"False unless objective='dream', batch_size is even and weighting is not 'elbo-forced' "
+                            f"(a forced token would be masked in both rows of a pair; got {self.objective!r}, "
+                            f"{self.batch_size}, {self.weighting!r})")
 
 
 OBJECTIVES = ("dream", "arm")  # AdaptSpec.objective: masked diffusion (Dream's shifted loss) or next token
@@ -194,6 +195,11 @@ def training_exclusions(spec: AdaptSpec) -> tuple[frozenset[str], frozenset[str]
     if not spec.hold_out_work:
         return questions, frozenset()
     split = work_split()
+    shipped = read_jsonl(DATA_DIR / "arithmetic_unseen_work_test.jsonl")
+    if split != shipped:  # work_split depends on every recipe in TWINS: a new or edited one would move it
+        raise ValueError(f"recipe {spec.name!r} holds out data/arithmetic_unseen_work_test.jsonl, but work_split() no "
+                         "longer computes it (a twin recipe was added or edited): a resumed run would train on other "
+                         "problems; restore the recipes, or rewrite the split (python -m sinklib.zoo data) and retrain")
     return questions | {p.question for p in split}, frozenset(p.work for p in split)
 
 
@@ -472,8 +478,7 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
     splits = measure_held_out(load(name), eval_n, progress, results)
     overall = splits["text"]["rows"][0]
     card = {"name": name, "base": BASE, "spec": asdict(spec), "train_steps": len(curve), "tokens_seen": curve[-1]["tokens"],
-            "problems_seen": sum(len(set(p.question for p in batch_problems(spec, step, *training_exclusions(spec))))
-                                 for step in range(len(curve))),
+            "problems_seen": _problems_seen(spec, len(curve)),
             "final_loss": curve[-1]["loss"], "wall_seconds": curve[-1]["seconds"], "machine": machine(threads),
             "accuracy": overall["accuracy"], "accuracy_n": overall["n"], "held_out": splits,
             "adapter_parameters": _adapter_parameters(ZOO_DIR / name)}
@@ -484,6 +489,12 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
                                               for r in curve]
     (target / "loss_curve.csv").write_text("\n".join(rows) + "\n")
     return card
+
+
+def _problems_seen(spec: AdaptSpec, steps: int) -> int:
+    """Problems a recipe's first `steps` steps drew (with complementary masks, half its rows)."""
+    exclusions = training_exclusions(spec)
+    return sum(len(batch_problems(spec, step, *exclusions)) // (2 if spec.complementary else 1) for step in range(steps))
 
 
 def measure_held_out(loaded, eval_n: int | dict[str, int], progress: bool = True, results: Path | None = None) -> dict:
@@ -552,7 +563,9 @@ def render_card(card: dict) -> str:
                f"({card['adapter_parameters']:,} parameters), `peft`"
                + (f"; started from `{spec['init_from']}`'s adapter (Dream's route: a trained autoregressive model "
                   "adapted to diffusion)" if spec.get("init_from") else ""))
-    budget = (f"{card['train_steps']} × {spec['batch_size']} problems ({card['problems_seen']:,} problems, "
+    rows = (f"{spec['batch_size']} rows ({spec['batch_size'] // 2} problems, each with complementary masks)"
+            if spec.get("complementary") else f"{spec['batch_size']} problems")
+    budget = (f"{card['train_steps']} × {rows} ({card['problems_seen']:,} problems, "
               f"{card['tokens_seen']:,} tokens seen), AdamW lr {spec['lr']} (warm-up {spec['warmup']}, cosine to 10 %), "
               f"seed {spec['seed']}")
     wall = f"{card['wall_seconds'] / 60:.0f} min on {card['machine']}"

@@ -579,7 +579,7 @@ def _runs():
     (lambda: _adapt().AdaptSpec("x", "dream", checkpoint_every=0),
      r"checkpoint_every=0 is not allowed: checkpoint_every must be an integer >= 1"),
     (lambda: _adapt().AdaptSpec("x", "arm", complementary=True),
-     r"complementary=True is not allowed: complementary must be False unless objective='dream' and batch_size is even"),
+     r"complementary=True is not allowed: complementary must be False unless objective='dream', batch_size is even"),
     (lambda: _runs().MaskingRun(task_path="no/such/file.jsonl"),
      r"task_path='no/such/file.jsonl' is not allowed: task_path must be an existing file"),
 ])

@@ -48,6 +48,16 @@ def test_paired_difference_covers_the_true_difference_about_95_percent_of_the_ti
     assert 0.92 <= covered / runs <= 0.98  # ±3 standard errors of a 95 % coverage at 600 runs
 
 
+@pytest.mark.parametrize("cells,expected", [
+    ((1, 1, 7, 12), (0.2857, 0.0256, 0.5069)),
+    ((20, 5, 1, 174), (-0.0200, -0.0507, 0.0080)),
+])
+def test_paired_difference_matches_newcombes_method_10_as_published_implementations_give_it(cells, expected):
+    """Reference values as biostatUZH's confIntPairedProportion and contingencytables'
+    Newcombe_square_and_add_CI_paired_2x2 compute them (the correlation shrunk by n/2 when positive)."""
+    assert stats.paired_difference(*cells) == pytest.approx(expected, abs=1e-4)
+
+
 def test_paired_counts_and_direction():
     first = [True, True, True, False, False, True]
     second = [True, False, False, True, False, True]
