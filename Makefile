@@ -5,8 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 VENV4 ?= .venv-tf4
 PY4 := $(VENV4)/bin/python
-# The unit and parity tiers also run on the last transformers 4.x the remote-code checkpoints were written for.
-UNIT_ON_TF4 := tests/unit tests/parity --ignore=tests/unit/test_explorer.py
+# What depends on the transformers version (the parity tier: remote code, samplers, capture, loading; and the unit
+# tests marked `transformers`, which run models) also runs on the last transformers 4.x the remote-code
+# checkpoints were written for.
+ON_TF4 := -m "parity or transformers" tests/unit tests/parity --ignore=tests/unit/test_explorer.py
 
 .PHONY: setup browser test test-unit test-parity test-zoo test-notebooks test-quick figures check benchmark
 
@@ -39,7 +41,7 @@ $(VENV4)/.installed: pyproject.toml
 # Every tier (tests/conftest.py): `make test` is what CI runs.
 test: setup
 	$(PY) -m pytest
-	$(PY4) -m pytest $(UNIT_ON_TF4)
+	$(PY4) -m pytest $(ON_TF4)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit
@@ -54,9 +56,9 @@ test-zoo: setup
 test-notebooks: setup
 	$(PY) -m pytest tests/notebooks
 
-# the quick loop while editing: everything not marked slow
+# the quick loop while editing (about a minute): no slow tier, no test that starts a process (tests/conftest.py)
 test-quick: setup
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not process"
 
 figures: $(VENV)/.installed
 	$(PY) -m sinklib.reproduce

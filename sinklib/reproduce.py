@@ -14,6 +14,7 @@ file is compared with the committed one (sinklib.agreement); the exit status say
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -25,7 +26,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -160,7 +161,10 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
         given["results_dir"] = str(Path(results_dir).resolve())
     out = NOTEBOOKS if in_place else Path(out or NOTEBOOKS / "executed")
     out.mkdir(parents=True, exist_ok=True)
-    return [execute(path, out / path.name, parameters_for(path, given), progress) for path in paths]
+    # `make figures` (every notebook, in place) makes the stores again; any other run reads them
+    remade = regenerated_stores(DATA_DIR / "results") if in_place and not only else contextlib.nullcontext()
+    with remade:
+        return [execute(path, out / path.name, parameters_for(path, given), progress) for path in paths]
 
 
 def run_tutorial(path: Path = TUTORIAL, progress: bool = True) -> Path:
@@ -243,22 +247,56 @@ def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:
     return (NOTEBOOKS / results).resolve(), (NOTEBOOKS / figures).resolve()
 
 
-# Per-problem runs that are read, not recomputed, wherever the notebooks run into a fresh folder: the SmolLM2 twins'
-# Table 1 and dose-response (the diffusion twin makes 28 forwards of its whole canvas per answer: half an hour on 2
-# cores). A run whose configuration changed writes a file of its own beside them, so nothing stale is read.
+# Long per-problem runs, read (resumed) wherever the notebooks run and recomputed only when their configuration
+# changes (a run whose configuration changed writes a file of its own beside them, so nothing stale is read): the
+# SmolLM2 twins' Table 1 at n = 200 and dose-response (the diffusion twin makes 28 forwards of its whole canvas per
+# answer: about 7 s a problem on one core, hours per model).
 COMMITTED_RUNS = ("table1-arithmetic-english",)
+# What the notebooks analyse that takes minutes to make: the traces (sinklib.trace_store) and the tiny zoo's and
+# SmolLM2's Table 1 runs. Committed and read by every run but `make figures` (the default run, every notebook),
+# which makes them again (regenerated_stores) — so nbval and a reader opening a notebook read them in seconds.
+STORED = ("traces", "table1-arithmetic", "table1-capitals")
 
 
-def seed_committed_runs(results_dir: Path, committed: Path = DATA_DIR / "results") -> None:
-    """Copy the committed long runs (COMMITTED_RUNS) into a results folder, where the notebooks resume them. A file
-    already there is left as it is: it may be the user's own run, resumed further (never overwritten)."""
-    for name in COMMITTED_RUNS:
+def seed_committed_runs(results_dir: Path, committed: Path = DATA_DIR / "results",
+                        names: tuple[str, ...] = COMMITTED_RUNS + STORED) -> None:
+    """Copy the committed runs and stores `names` (default: COMMITTED_RUNS and STORED) into a results folder, where
+    the notebooks read and resume them. A file already there is left as it is: it may be the user's own run, resumed
+    further (never overwritten)."""
+    for name in names:
         source = committed / name
         for path in sorted(source.rglob("*")) if source.is_dir() else []:
             target = Path(results_dir) / name / path.relative_to(source)
             if path.is_file() and not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target)
+
+
+@contextlib.contextmanager
+def regenerated_stores(results_dir: Path, names: tuple[str, ...] = STORED) -> Iterator[None]:
+    """Make the stores `names` of results_dir again: each is moved aside (to .<name>.previous) while the notebooks
+    run, deleted once they all succeeded and moved back if one failed (what the failed run wrote in its place is
+    removed: it made it). A .previous folder left by a run that was killed is refused, naming it, rather than
+    guessed at."""
+    results_dir = Path(results_dir)
+    moved = []
+    for name in names:
+        store, previous = results_dir / name, results_dir / f".{name}.previous"
+        if previous.exists():
+            raise ValueError(f"results_dir={str(results_dir)!r} is not allowed: {previous.name} is left from a run that "
+                             f"was stopped; move it back to {name} (or delete it) and run again")
+        if store.exists():
+            store.rename(previous)
+            moved.append((store, previous))
+    try:
+        yield
+    except BaseException:
+        for store, previous in moved:
+            shutil.rmtree(store, ignore_errors=True)
+            previous.rename(store)
+        raise
+    for _, previous in moved:
+        shutil.rmtree(previous)
 
 
 def committed_version(folder: Path, into: Path, root: Path = ROOT) -> tuple[Path, str]:
@@ -293,7 +331,7 @@ def check(params: dict[str, Any] | None = None, only: list[str] | None = None, p
         scratch = Path(scratch)
         results, results_source = committed_version(results, scratch / "committed")
         figures, figures_source = committed_version(figures, scratch / "committed")
-        seed_committed_runs(scratch / "results", results)
+        seed_committed_runs(scratch / "results", results, COMMITTED_RUNS)  # the stores are made again
         run(params, out=scratch / "executed", only=only, figures_dir=scratch / "figures",
             results_dir=scratch / "results", progress=progress)
         report = agreement.compare_folders(results, scratch / "results", rerun_only=bool(only),

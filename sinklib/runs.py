@@ -21,7 +21,7 @@ from sinklib.validation import (Consent, Count, DType, Device, Flag, Folder, Ind
 from sinklib.evaluation.table1 import MaskingTable, by_task, masking_table
 from sinklib.evaluation.tasks import get_task, task_names, trace_prompts
 from sinklib.explorer import export_pages
-from sinklib.generate import collect_traces, demo_trace, encode
+from sinklib.generate import demo_trace, encode
 from sinklib.loading import load, load_models
 from sinklib.paths import NOTEBOOKS
 from sinklib.plots import save_figure
@@ -29,6 +29,7 @@ from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
 from sinklib.summary import Result
+from sinklib.trace_store import stored_traces
 from sinklib.zoo import over_training
 
 
@@ -212,12 +213,18 @@ class TracesRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
     def collect(self) -> tuple[dict, dict]:
         """(loaded models by name, their traces by name): one generation per prompt with the family's settings."""
         loaded = self.load()
-        traces = {name: collect_traces(model, trace_prompts(model.is_zoo, self.n_prompts), seed=self.seed,
-                                       progress=self.progress,
-                                       sampler=model.settings_for(steps=self.steps, gen_length=self.gen_length,
-                                                                  block_length=self.block_length))
+        traces = {name: stored_traces(model, trace_prompts(model.is_zoo, self.n_prompts), self.trace_store,
+                                      seed=self.seed, progress=self.progress,
+                                      sampler=model.settings_for(steps=self.steps, gen_length=self.gen_length,
+                                                                 block_length=self.block_length))
                   for name, model in loaded.items()}
         return loaded, traces
+
+    @property
+    def trace_store(self) -> Path:
+        """Where this run's traces are kept, read by every notebook that asks for the same generations (and by a
+        rerun): results_dir/traces (sinklib.trace_store)."""
+        return Path(self.results_dir) / "traces"
 
 
 @validated
@@ -263,7 +270,8 @@ class MovingSinksRun(TracesRun):
             settings = model.settings_for(**layout)
             blocks = f", blocks of {layout['block_length']}" if layout.get("block_length") else ""
             label = f"{name}, {settings.gen_length} tokens in {settings.steps} steps{blocks}"
-            traces[label] = collect_traces(model, prompts, seed=self.seed, progress=self.progress, sampler=settings)
+            traces[label] = stored_traces(model, prompts, self.trace_store, seed=self.seed, progress=self.progress,
+                                          sampler=settings)
         return traces
 
 

@@ -1,14 +1,24 @@
-"""Test tiers: tests/unit (pure logic, seconds), tests/parity (numbers against independent references and the
+"""Test tiers: tests/unit (pure logic in one process), tests/parity (numbers against independent references and the
 upstream stand-ins), tests/zoo (the shipped tiny models), tests/notebooks (papermill, nbval, the browser),
 tests/install (the wheel, installed into a fresh environment).
-Each test gets its tier as a marker (`pytest -m parity`); the zoo and notebook tiers are also `slow`
-(`pytest -m "not slow"` is the quick loop). `make test` runs every tier."""
+Each test gets its tier as a marker (`pytest -m parity`); the zoo, notebook and install tiers are also `slow`.
+A test that starts a process (a CLI, a sandboxed sample, papermill, ruff, a browser) is marked `process`, and one
+that is not marked and starts one fails saying so: `pytest -m "not slow and not process"` (`make test-quick`) is the
+loop that runs in about a minute. `make test` runs every tier."""
+import os
+import platform
+import subprocess
 from pathlib import Path
 
 import pytest
 
 TIERS = ("unit", "parity", "zoo", "notebooks", "install")
 SLOW_TIERS = ("zoo", "notebooks", "install")
+MARKED_PROCESSES = ("process", "browser", "notebooks", "install")  # markers of tests that may start processes
+# short queries libraries make to describe the machine or the checkout (platform.processor runs `uname -p`, lm-eval
+# `git describe`, reproduce reads git HEAD): not the processes the marker is about
+INCIDENTAL = ("uname", "git")
+platform.processor()  # its `uname -p` runs now, not inside the first test that records a machine
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,3 +30,48 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
         if tier in SLOW_TIERS:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _a_test_that_starts_a_process_is_marked(request, monkeypatch):
+    """Hold the tiers honest: a test not marked `process` (or browser, notebooks, install) that starts a process fails,
+    naming the command, so the quick loop never starts one."""
+    if any(request.node.get_closest_marker(name) for name in MARKED_PROCESSES):
+        yield
+        return
+    execute_child, fork = subprocess.Popen._execute_child, os.fork
+
+    def refuse(command) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a process ({command}) but is not marked "
+                             "@pytest.mark.process: mark it, so that `make test-quick` leaves it out")
+
+    def checked_child(self, args, *rest, **kwargs):
+        program = Path(str(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0])).name
+        if program not in INCIDENTAL:
+            refuse(" ".join(map(str, args)) if isinstance(args, (list, tuple)) else args)
+        return execute_child(self, args, *rest, **kwargs)
+
+    def checked_fork():
+        refuse("os.fork()")
+        return fork()
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", checked_child)
+    monkeypatch.setattr(os, "fork", checked_fork)
+    yield
+
+
+_TIER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Add each test's setup, call and teardown time to its tier's."""
+    tier = next((name for name in TIERS if name in report.keywords), "other")
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The time each tier took, after the slowest tests (--durations in pyproject's addopts): where the time goes."""
+    if _TIER_SECONDS:
+        terminalreporter.write_sep("=", "seconds per tier")
+        for tier, seconds in sorted(_TIER_SECONDS.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{tier:>10}  {seconds:8.1f} s")

@@ -87,6 +87,7 @@ def test_remote_code_is_never_trusted_silently(folders, mmada_env):
             sinklib.load(folders[0][family])
 
 
+@pytest.mark.process
 def test_mmada_needs_only_the_repositorys_text_files(folders, mmada_env):
     # the repository's package __init__ imports the image tokenizer and its missing dependency, as MMaDA's does
     # (the stand-in's missing module is sinklib_tests_absent_image_dependency; the real repository's, einops or diffusers)
@@ -174,6 +175,7 @@ FAILURE_WITHOUT = {
 }
 
 
+@pytest.mark.process
 @NEEDS_5
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llada", "dream", "mmada"])

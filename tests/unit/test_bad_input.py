@@ -286,6 +286,7 @@ def test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path,
     assert "error:" in last and param in last, last
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", ["reproduce model typo", "zoo steps"])
 def test_each_command_exits_2_naming_the_parameter_in_its_own_process(name, tmp_path):
     """The commands as a user types them: `python -m ...` reaches the same main and exits 2 without a traceback."""

@@ -4,6 +4,7 @@ input is the value vector itself."""
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 import torch
 
 import sinklib
@@ -11,6 +12,8 @@ from sinklib import carry, compat, dynamics
 from sinklib.interventions import MaskKeys
 from sinklib.trace import Trace
 from tests.models import diffusion_llama
+
+pytestmark = pytest.mark.transformers  # runs transformers models: the transformers-4.56 tier runs it too
 
 IDS = torch.tensor([5, 9, 2, 33, 17, 8, 41, 3])
 

@@ -6,12 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import sinklib
 
 PACKAGE = Path(sinklib.__file__).parent
 ROOT = PACKAGE.parent
 
 
+@pytest.mark.process
 def test_ruff_finds_nothing():
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)], capture_output=True,
                           text=True, cwd=ROOT, timeout=300)
@@ -62,6 +65,7 @@ EXTRAS = ("matplotlib", "seaborn", "papermill", "nbformat", "lm_eval", "human_ev
           "gguf", "accelerate")
 
 
+@pytest.mark.process
 def test_the_core_imports_without_any_extra():
     """With only the core dependencies (each extra made unimportable), the package, capture, generation, the
     evaluation runner, Table 1's numbers and the zoo's measurements import; what needs an extra says so."""

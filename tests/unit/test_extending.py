@@ -168,6 +168,7 @@ def strongest_heads(traces) -> Result:
 '''
 
 
+@pytest.mark.process
 def test_a_notebook_defined_here_runs_under_papermill_with_one_other_file(tmp_path):
     """The notebook and one module, in a folder outside the package: its config registers itself, agrees with the
     parameters cell, and its table is written with the layout a rerun is compared by."""

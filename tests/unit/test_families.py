@@ -11,6 +11,8 @@ from sinklib.loading import infer_family_from_dict
 from sinklib.registry import Registry
 from tests.models import MASK_ID, diffusion_llama
 
+pytestmark = pytest.mark.transformers  # runs transformers models: the transformers-4.56 tier runs it too
+
 
 @pytest.fixture
 def toy():

@@ -13,6 +13,8 @@ from sinklib.families.llada import LLaDASettings
 from sinklib.named import NAMED_MODELS
 from tests.standin import StandInLLaDA
 
+pytestmark = pytest.mark.transformers  # runs transformers models: the transformers-4.56 tier runs it too
+
 
 @pytest.fixture(scope="module")
 def llada():

@@ -12,6 +12,8 @@ import torch
 import sinklib
 from sinklib.lens import first_correct_layer, layer_logits, logit_lens, sink_vs_other_masked
 
+pytestmark = pytest.mark.transformers  # runs transformers models: the transformers-4.56 tier runs it too
+
 PROMPT = "Q: tom has 4 marbles . tom gives away 4 marbles . how many marbles does tom have left ? A:"
 # how far ahead each zoo model's output predicts, written down here, not asked of sinklib: Dream's output i is token
 # i + 1 (its sampler shifts logits right by one), LLaDA's is token i

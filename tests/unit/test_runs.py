@@ -64,6 +64,7 @@ def test_a_notebook_that_disagrees_with_its_config_is_named_line_by_line(tmp_pat
         "n_prompts: edited.ipynb says 9, MovingSinksRun 6"]
 
 
+@pytest.mark.process
 def test_the_run_configs_import_without_the_notebooks(tmp_path):
     """A config declares its defaults: sinklib.runs imports (and a config is made) where no notebooks/ exists."""
     import subprocess

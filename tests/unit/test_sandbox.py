@@ -12,6 +12,8 @@ from sinklib.evaluation.sandbox import SandboxLimits, protections, run_python, r
 from sinklib.evaluation.extract import cut_at_stops  # noqa: E402
 from sinklib.evaluation.tasks import humaneval_program  # noqa: E402
 
+pytestmark = pytest.mark.process  # every test runs a sample in a sandboxed process
+
 LAYERS = protections()
 needs = {name: pytest.mark.skipif(not LAYERS[name], reason=f"this machine has no {name} layer")
          for name in ("landlock_filesystem", "landlock_network", "landlock_signals", "process_limit", "no_sockets",

@@ -9,6 +9,8 @@ import sinklib
 from sinklib.dynamics import sink_mask
 from tests.models import MASK_ID, diffusion_llama, llama
 
+pytestmark = pytest.mark.transformers  # runs transformers models: the transformers-4.56 tier runs it too
+
 PROMPT = [5, 9, 2, 33, 17, 8]
 
 
@@ -281,6 +283,7 @@ print(sorted(os.listdir(folder + "/trace")))
 """
 
 
+@pytest.mark.process
 def test_saving_over_a_trace_on_a_full_disk_keeps_the_old_one(tmp_path):
     """Before: the new scores.parquet overwrote the old one, then the disk filled, and neither trace was left.
     On a 2 MB tmpfs of its own (a mount namespace: needs root and unshare; skipped elsewhere)."""

@@ -1,0 +1,142 @@
+"""A folder of traces keyed by everything that made them, so notebooks read a generation instead of making it again.
+
+Notebooks 01, 02, 03 and 07 analyse the same generations (each model on the first prompts of its task, its own
+settings, seed + i for prompt i). Each trace is kept in `store/<model>/<key>/` (Trace.save's files), where the key
+is the SHA-256 of every input that shaped it: the weights' fingerprint (evaluation.runner.model_fingerprint), the
+family and every field of its settings, the prompt, the seed, the chat template flag, the intervention, the source
+of every sinklib module generation runs (generation_code), and the sinklib and transformers versions. A trace
+is read only under its own key, so nothing made from other inputs is ever reused; a folder whose files were
+changed is refused by Trace.load (each file's SHA-256 is in its meta.json), one whose recorded key differs from its
+name is refused here.
+
+The committed store (data/results/traces/) is what lets a reader who opens a notebook get its figures in seconds,
+and nbval check every notebook's analysis against its committed outputs without generating; `make figures`
+regenerates it (sinklib.reproduce).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import transformers
+from tqdm.auto import tqdm
+
+from sinklib._version import __version__
+from sinklib.evaluation.runner import model_fingerprint
+from sinklib.families.base import record
+from sinklib.generate import generate, resolve_settings
+from sinklib.interventions import identity
+from sinklib.loading import LoadedModel
+from sinklib.trace import Trace
+
+STORE_FORMAT = 1
+PACKAGE = Path(__file__).resolve().parent
+
+
+@functools.cache
+def generation_code() -> str:
+    """A fingerprint of the code that makes a trace: the source of every module of generation_modules(). A change to
+    any of them makes every stored trace another key's, so no trace made by other code is read."""
+    digest = hashlib.sha256()
+    for name, path in sorted(generation_modules().items()):
+        digest.update(f"{name}\n".encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def generation_modules(module: str = "sinklib.generate") -> dict[str, Path]:
+    """The sinklib modules a trace's generation runs, by name: `module` and every sinklib module it imports at
+    module level, followed transitively (the capture, loading, the interventions, …), and every family (registered
+    by import path in families.base, so no import statement leads to them)."""
+    seen: dict[str, Path] = {}
+    todo = [module, *(f"sinklib.families.{path.stem}" for path in (PACKAGE / "families").glob("*.py"))]
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if name in seen or path is None:
+            continue
+        seen[name] = path
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("sinklib"):
+                # `from sinklib import compat` reads compat, not the package's __init__ (which imports everything)
+                todo += [node.module] if node.module != "sinklib" else []
+                todo += [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names if alias.name.startswith("sinklib.")]
+    return seen
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of a sinklib module or package (None for a name that is not one, e.g. an imported function)."""
+    parts = name.split(".")[1:]
+    if not parts:
+        return None
+    for candidate in (PACKAGE.joinpath(*parts[:-1], parts[-1] + ".py"), PACKAGE.joinpath(*parts, "__init__.py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def trace_key(loaded: LoadedModel, prompt: str, settings: Any, seed: int, chat: bool, intervention=None) -> dict:
+    """Every input a trace depends on (a JSON-able dict): what its folder's name is the hash of."""
+    return {"store": STORE_FORMAT, "model": loaded.name, "weights": model_fingerprint(loaded),
+            "family": loaded.family.name, "settings": record(settings), "prompt": prompt, "seed": seed, "chat": chat,
+            "intervention": identity(intervention) if intervention is not None else None,
+            "sinklib": __version__, "code": generation_code(), "transformers": transformers.__version__}
+
+
+def _canonical(key: Any) -> str:
+    """`key` as key-sorted JSON (a tuple and a list of the same items are the same key, as when read back)."""
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def key_digest(key: dict) -> str:
+    """The first 16 hex digits of the SHA-256 of `key` as key-sorted JSON."""
+    return hashlib.sha256(_canonical(key).encode()).hexdigest()[:16]
+
+
+def trace_folder(store: str | Path, key: dict) -> Path:
+    """Where the trace of `key` lives in `store`: <model name, made a folder name>/<key_digest>."""
+    model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(key["model"]).strip("/")) or "model"
+    return Path(store) / model / key_digest(key)
+
+
+def stored_traces(loaded: LoadedModel, texts: Sequence[str], store: str | Path, seed: int = 0, intervention=None,
+                  progress: bool = True, sampler=None, **options) -> list[Trace]:
+    """One trace per prompt as sinklib.generate.collect_traces makes them (prompt i with seed + i; zoo models read
+    plain text, others their chat template; `sampler` and/or options by name), each read from `store` when a trace of
+    the same inputs is there (trace_key) and otherwise generated and saved there as it finishes."""
+    settings = resolve_settings(loaded, sampler, **options)
+    chat = not loaded.is_zoo
+    traces = []
+    made = 0
+    with tqdm(total=len(texts), desc=f"traces {loaded.name}", disable=not progress) as bar:
+        for index, text in enumerate(texts):
+            key = trace_key(loaded, text, settings, seed + index, chat, intervention)
+            folder = trace_folder(store, key)
+            if (folder / "meta.json").exists():
+                traces.append(_read(folder, key))
+            else:
+                trace = generate(loaded, text, settings, seed=seed + index, chat=chat, progress=False,
+                                 intervention=intervention)
+                trace.meta["store_key"] = key
+                trace.save(folder)
+                traces.append(trace)
+                made += 1
+            bar.update(1)
+        bar.set_postfix_str(f"{len(texts) - made} read, {made} generated")
+    return traces
+
+
+def _read(folder: Path, key: dict) -> Trace:
+    """The stored trace, refused if the key it records is not the one its folder is named by."""
+    trace = Trace.load(folder)
+    if _canonical(trace.meta.get("store_key")) != _canonical(key):
+        raise ValueError(f"store={str(folder.parent.parent)!r} is not allowed: {folder.relative_to(folder.parent.parent)} "
+                         f"holds a trace of other inputs (its store_key is {trace.meta.get('store_key')!r}, its name "
+                         f"says {key!r}); delete that folder to generate it again")
+    return trace

@@ -1,0 +1,93 @@
+"""The trace store: a trace is read back only under the inputs that made it, and reads what generation makes."""
+import json
+
+import pytest
+import torch
+
+import sinklib
+from sinklib import reproduce, trace_store
+from sinklib.generate import collect_traces
+
+PROMPTS = ["Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:",
+           "Q: 3 + 4 = ? A:"]
+
+
+@pytest.fixture(scope="module")
+def llada():
+    return sinklib.load("tiny-llada")
+
+
+def _folders(store):
+    return sorted(p.relative_to(store) for p in store.glob("*/*") if p.is_dir())
+
+
+def test_stored_traces_equal_a_fresh_generation_and_are_read_back_without_generating(llada, tmp_path, monkeypatch):
+    settings = llada.settings_for()
+    made = trace_store.stored_traces(llada, PROMPTS, tmp_path, seed=3, progress=False, sampler=settings)
+    reference = collect_traces(llada, PROMPTS, seed=3, progress=False, sampler=settings)
+    assert len(_folders(tmp_path)) == 2
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("a stored trace was generated again")
+
+    monkeypatch.setattr(trace_store, "generate", no_generation)
+    read = trace_store.stored_traces(llada, PROMPTS, tmp_path, seed=3, progress=False, sampler=settings)
+    for fresh, saved, again in zip(reference, made, read):
+        assert torch.equal(fresh.tokens, again.tokens) and torch.equal(saved.tokens, again.tokens)
+        assert torch.equal(fresh.scores, again.scores) and torch.equal(fresh.is_masked, again.is_masked)
+        assert fresh.text == again.text and again.prompt_len == fresh.prompt_len
+
+
+@pytest.mark.parametrize("change", ["seed", "steps", "prompt", "intervention"])
+def test_a_trace_of_other_inputs_is_never_read(llada, tmp_path, change):
+    base = dict(seed=0, sampler=llada.settings_for(), intervention=None)
+    trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, **base)
+    other = {**base, "seed": 1} if change == "seed" else \
+        {**base, "sampler": llada.settings_for(steps=8)} if change == "steps" else \
+        {**base, "intervention": sinklib.MaskSinks(top_k=1)} if change == "intervention" else base
+    prompts = PROMPTS[1:] if change == "prompt" else PROMPTS[:1]
+    trace = trace_store.stored_traces(llada, prompts, tmp_path, progress=False, **other)[0]
+    assert len(_folders(tmp_path)) == 2, "the other inputs got a folder of their own"
+    assert trace.meta["store_key"] != json.loads((tmp_path / _folders(tmp_path)[0] / "meta.json").read_text())
+
+
+def test_the_key_holds_the_weights_and_the_code(llada):
+    key = trace_store.trace_key(llada, PROMPTS[0], llada.settings_for(), 0, chat=False)
+    assert key["weights"] and key["code"] == trace_store.generation_code()
+    modules = trace_store.generation_modules()
+    # the capture, every family (registered by import path), loading; not the plots or the notebooks' runs
+    assert {"sinklib.capture.attend", "sinklib.families.dream", "sinklib.families.llada", "sinklib.loading",
+            "sinklib.interventions", "sinklib.trace"} <= set(modules)
+    assert not {"sinklib.plots", "sinklib.runs", "sinklib.analyses"} & set(modules)
+
+
+def test_a_folder_holding_a_trace_of_other_inputs_is_refused(llada, tmp_path):
+    settings = llada.settings_for()
+    [trace] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, sampler=settings)
+    wanted = trace_store.trace_key(llada, PROMPTS[1], settings, 0, chat=False)
+    trace.save(trace_store.trace_folder(tmp_path, wanted))  # prompt 0's trace (and key) under prompt 1's name
+    with pytest.raises(ValueError, match=r"store=.* is not allowed: .* holds a trace of other inputs"):
+        trace_store.stored_traces(llada, PROMPTS[1:], tmp_path, progress=False, sampler=settings)
+
+
+def test_make_figures_remakes_the_stores_and_puts_them_back_if_a_notebook_fails(tmp_path):
+    (tmp_path / "traces" / "m").mkdir(parents=True)
+    (tmp_path / "traces" / "m" / "old").write_text("committed")
+    with pytest.raises(RuntimeError, match="a notebook failed"):
+        with reproduce.regenerated_stores(tmp_path, ("traces",)):
+            assert not (tmp_path / "traces").exists()
+            (tmp_path / "traces").mkdir()
+            (tmp_path / "traces" / "half-made").write_text("partial")
+            raise RuntimeError("a notebook failed")
+    assert [p.name for p in (tmp_path / "traces").rglob("*") if p.is_file()] == ["old"]
+    with reproduce.regenerated_stores(tmp_path, ("traces",)):
+        (tmp_path / "traces").mkdir()
+        (tmp_path / "traces" / "new").write_text("remade")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["new", "traces"]
+
+
+def test_a_store_left_aside_by_a_killed_run_is_refused_not_guessed_at(tmp_path):
+    (tmp_path / ".traces.previous").mkdir()
+    with pytest.raises(ValueError, match=r"results_dir=.* is not allowed: \.traces\.previous is left from a run"):
+        with reproduce.regenerated_stores(tmp_path, ("traces",)):
+            pass
