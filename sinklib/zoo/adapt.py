@@ -39,7 +39,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sinklib import compat
-from sinklib.cache_manifest import fingerprint
+from sinklib.cache_manifest import fingerprint, weights_fingerprint
 from sinklib.validation import (Count, Flag, Index, Positive, Text, bad_value, check_choice, check_int,
                                 validated)
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
@@ -54,6 +54,7 @@ END_ID = 2  # `<|im_end|>`: the end of an answer, and the slot's padding
 MASK_EPS = 1e-3
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CHECKPOINT_ROOT = DATA_DIR / "checkpoints"  # not committed: a run's resumable state
+HELD_OUT_RESULTS = DATA_DIR / "results" / "held-out"  # committed: the cards' and learning curves' per-problem records
 
 
 @validated
@@ -467,10 +468,12 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
     """Measure the shipped adapter on both held-out splits (CARD_SPLITS; the model's own sampler at temperature 0,
     batches of 50): accuracy with its Wilson 95 % interval, per template, and how many answers were scored right on
     unsound work; write card.json, README.md and loss_curve.csv beside it. `results`: a folder for the evaluations'
-    per-problem files (<split>.jsonl), resumed where an earlier run of the same configuration wrote them."""
+    per-problem files (<split>.jsonl; default HELD_OUT_RESULTS/<name>/<the adapter's weights fingerprint>), resumed
+    where an earlier run of the same configuration wrote them."""
     from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
 
     spec = TWINS[name]
+    results = HELD_OUT_RESULTS / name / weights_fingerprint(ZOO_DIR / name) if results is None else results
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     curve = json.loads((folder / "curve.json").read_text())
     saved = _checkpoints(folder)
@@ -655,6 +658,28 @@ def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, h
                                                                 what="SmolLM2's adaptation"))
     return over_training.read_rows(results)
 
+
+
+def learning_curve(name: str, steps: tuple[int, ...], n: int = 200, split: str = "text",
+                   results: Path | None = None, checkpoints: Path | None = None, progress: bool = True) -> pd.DataFrame:
+    """Held-out accuracy of a twin's checkpoints: for each of `steps`, the checkpoint (checkpoint_model) on the first
+    n problems of one card split (CARD_SPLITS: "text" or "work"), the model's own sampler at temperature 0, scored as
+    the card scores them (by_template's "all" row: accuracy with its Wilson 95 % interval, sound work).
+    `results`: a folder for per-problem files (<name>-step-NNNNN-<split>.jsonl; default HELD_OUT_RESULTS/<name>) that
+    an interrupted run resumes from (the evaluation runner's key holds the checkpoint's name and every setting). One
+    row per step."""
+    from sinklib.zoo.evaluate import accuracy, by_template  # noqa: PLC0415  (the evaluation runner: heavy)
+
+    task, file = CARD_SPLITS[check_choice(split, "split", CARD_SPLITS)]
+    check_int(n, "n", 1)
+    items = read_jsonl(DATA_DIR / file)
+    rows = []
+    for step in steps:
+        out = (HELD_OUT_RESULTS / name if results is None else Path(results)) / f"{name}-step-{step:05d}-{split}.jsonl"
+        result = accuracy(checkpoint_model(name, step, checkpoints), n, progress=progress, task=task, out=out)
+        overall = by_template(result["records"], items).iloc[0].to_dict()
+        rows.append({"model": name, "step": step, "split": split, **overall})
+    return pd.DataFrame(rows)
 
 
 
