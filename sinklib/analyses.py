@@ -3,6 +3,7 @@ top moving-sink event, ...) and returns a summary.Result — figures, tables and
 The picking rules live here and in sinklib.dynamics, where they are unit-tested, not in the notebooks."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -16,6 +17,7 @@ from sinklib.loading import LoadedModel
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
 from sinklib.summary import Layout, Result, Summary, is_near_tie, label, near_tie_models, significant
 from sinklib.trace import Trace
+from sinklib.trace_store import stored_measurement
 
 Traces = Mapping[str, Sequence[Trace]]
 Models = Mapping[str, LoadedModel]
@@ -364,19 +366,22 @@ def stability_by_key_type(traces: Traces, k: int, eps: float) -> Result:
                                               "jaccard_mean"]], findings))
 
 
-def what_sinks_store(models: Models, traces: Traces, eps: float, names: Sequence[str], n_traces: int = 2) -> Result:
+def what_sinks_store(models: Models, traces: Traces, eps: float, names: Sequence[str], n_traces: int = 2,
+                     store: str | Path | None = None) -> Result:
     """The paper's open question (§7), with a logit lens (sinklib.lens): for each model of `names` (native
     transformers models only) and its first n_traces generations, every layer's residual stream read through the
     final norm and unembedding at every position and step. Figure: by layer, the share of still-masked positions whose
     lens already names their final token, sinks against the other masked positions; and the same at the sink
     positions of any kind. Table: per model, the masked sink and other masked groups (lens.sink_vs_other_masked) and
-    what the sink positions decode to at the last layer (their most frequent lens tokens)."""
+    what the sink positions decode to at the last layer (their most frequent lens tokens). `store`: the trace store the
+    traces came from, where each trace's lens is kept once read (trace_store.stored_measurement)."""
     if not names:
         return Result(shown="lens_models is empty: no model was read by the logit lens.")
     rows, curves, findings = [], [], []
     for name in names:
         chosen = list(traces[name])[:n_traces]
-        frames = [lens.logit_lens(models[name], trace) for trace in chosen]
+        frames = [stored_measurement(store, trace, "logit_lens", {"top": 1}, "sinklib.lens",
+                                     functools.partial(lens.logit_lens, models[name], trace)) for trace in chosen]
         groups = lens.sink_vs_other_masked(None, chosen, eps, frames=frames)
         rows += [{"model": name, **row} for row in groups.to_dict("records")]
         for index, (trace, frame) in enumerate(zip(chosen, frames)):

@@ -486,7 +486,8 @@ class CarryRun(TaskPart, TracesRun):
         return {task: masking_table(group, task, self.ks_by_task.get(task, self.ks), True, self.eps,
                                     limit=self.n_problems_by_task.get(task, self.n_problems),
                                     out_dir=Path(self.results_dir) / f"table1-{task}", batch_size=self.batch_size,
-                                    seed=self.seed, progress=self.progress, value_ablation=self.value_ablation)
+                                    seed=self.seed, progress=self.progress, value_ablation=self.value_ablation,
+                                    steps=self.steps, gen_length=self.gen_length, block_length=self.block_length)
                 for task, group in by_task(loaded, self.task, self.tasks).items()}
 
 

@@ -19,9 +19,12 @@ import ast
 import functools
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+import pandas as pd
 
 import transformers
 from tqdm.auto import tqdm
@@ -42,10 +45,7 @@ PACKAGE = Path(__file__).resolve().parent
 def generation_code() -> str:
     """A fingerprint of the code that makes a trace: the source of every module of generation_modules(). A change to
     any of them makes every stored trace another key's, so no trace made by other code is read."""
-    digest = hashlib.sha256()
-    for name, path in sorted(generation_modules().items()):
-        digest.update(f"{name}\n".encode() + path.read_bytes())
-    return digest.hexdigest()[:16]
+    return _module_code("sinklib.generate")
 
 
 def generation_modules(module: str = "sinklib.generate") -> dict[str, Path]:
@@ -140,3 +140,33 @@ def _read(folder: Path, key: dict) -> Trace:
                          f"holds a trace of other inputs (its store_key is {trace.meta.get('store_key')!r}, its name "
                          f"says {key!r}); delete that folder to generate it again")
     return trace
+
+
+def stored_measurement(store: str | Path | None, trace: Trace, what: str, params: dict, module: str,
+                       measure: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """A measurement of one stored trace that costs forwards (the logit lens: one forward and a softmax over the
+    vocabulary per step and layer), kept beside the trace as measured/<what>-<key>.parquet, the key the hash of
+    `params`, `what` and the code of `module` (generation_modules(module): the module computing it and everything it
+    imports). Read back when it is there; otherwise `measure()` and write it. With `store` None, or a trace that is
+    not from a store (no store_key in its meta), it is measured and not kept."""
+    key = trace.meta.get("store_key")
+    if store is None or key is None:
+        return measure()
+    digest = key_digest({"what": what, "params": params, "code": _module_code(module)})
+    path = trace_folder(store, key) / "measured" / f"{what}-{digest}.parquet"
+    if path.is_file():
+        return pd.read_parquet(path)
+    frame = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")  # written whole, then moved into place
+    frame.to_parquet(partial)
+    os.replace(partial, path)
+    return frame
+
+
+@functools.cache
+def _module_code(module: str) -> str:
+    digest = hashlib.sha256()
+    for name, path in sorted(generation_modules(module).items()):
+        digest.update(f"{name}\n".encode() + path.read_bytes())
+    return digest.hexdigest()[:16]

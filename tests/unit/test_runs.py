@@ -262,3 +262,20 @@ def test_notebook_04_evaluates_one_model_as_its_table_does():
     assert (own["task"], own["task_path"]) == ("arithmetic", task_file)
     assert (other["task"], other["task_path"]) == ("capitals", None)
     assert own["steps"] == 16 and own["seed"] == 3 and own["batch_size"] == run.batch_size
+
+
+@pytest.mark.transformers
+def test_notebook_07s_dose_response_samples_with_the_runs_layout_as_notebook_04s_table_does(tmp_path):
+    """steps / gen_length / block_length reach the dose-response's evaluations (a paper parameter file sets them: 04's
+    Table 1 and 07's dose-response must then run the same generation)."""
+    import json
+
+    import sinklib
+
+    run = runs.CarryRun(models=["tiny-llada"], gen_length=8, steps=4, block_length=4, n_problems=2, ks=[0, 1],
+                        results_dir=str(tmp_path), figures_dir=str(tmp_path), progress=False)
+    run.dose_response({"tiny-llada": sinklib.load("tiny-llada")})
+    [config] = [next(iter(json.loads(p.read_text()).values()))["config"]
+                for p in (tmp_path / "table1-arithmetic").glob("tiny-llada-arithmetic-unmasked-*.provenance.json")]
+    assert {key: config["settings"][key] for key in ("steps", "gen_length", "block_length")} == \
+        {"steps": 4, "gen_length": 8, "block_length": 4}

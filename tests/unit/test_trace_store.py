@@ -1,11 +1,12 @@
 """The trace store: a trace is read back only under the inputs that made it, and reads what generation makes."""
 import json
 
+import pandas as pd
 import pytest
 import torch
 
 import sinklib
-from sinklib import reproduce, trace_store
+from sinklib import lens, reproduce, trace_store
 from sinklib.generate import collect_traces
 
 PROMPTS = ["Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:",
@@ -91,3 +92,19 @@ def test_a_store_left_aside_by_a_killed_run_is_refused_not_guessed_at(tmp_path):
     with pytest.raises(ValueError, match=r"results_dir=.* is not allowed: \.traces\.previous is left from a run"):
         with reproduce.regenerated_stores(tmp_path, ("traces",)):
             pass
+
+
+def test_a_measurement_of_a_stored_trace_is_kept_beside_it_and_read_back(llada, tmp_path, monkeypatch):
+    [trace] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, sampler=llada.settings_for())
+    measured = trace_store.stored_measurement(tmp_path, trace, "logit_lens", {"top": 1}, "sinklib.lens",
+                                              lambda: lens.logit_lens(llada, trace))
+    [kept] = (tmp_path / _folders(tmp_path)[0] / "measured").glob("logit_lens-*.parquet")
+    read = trace_store.stored_measurement(tmp_path, trace, "logit_lens", {"top": 1}, "sinklib.lens",
+                                          lambda: pytest.fail("a kept measurement was measured again"))
+    pd.testing.assert_frame_equal(measured, read)
+    other = trace_store.stored_measurement(tmp_path, trace, "logit_lens", {"top": 2}, "sinklib.lens",
+                                           lambda: lens.logit_lens(llada, trace, top=2))
+    assert "top_ids" in other and len(list(kept.parent.glob("*.parquet"))) == 2, "other parameters, another file"
+    fresh = collect_traces(llada, PROMPTS[:1], progress=False, sampler=llada.settings_for())[0]  # not from a store
+    assert trace_store.stored_measurement(tmp_path, fresh, "logit_lens", {"top": 1}, "sinklib.lens",
+                                          lambda: measured.head(3)).shape[0] == 3
