@@ -21,6 +21,7 @@ def test_work_is_sound_checks_every_equation_and_the_final_answer(output, sound)
     assert work_is_sound(output) is sound
 
 
+@pytest.mark.slow  # replays every twin's training draws: seconds, not the unit tier's sub-second
 def test_the_work_split_shares_no_work_string_with_what_was_seen_and_none_among_itself():
     stream = problems(11)
     seen = frozenset(next(stream).work for _ in range(3000))
