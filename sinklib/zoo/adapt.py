@@ -559,13 +559,16 @@ def render_card(card: dict) -> str:
     spec = card["spec"]
     objective = {"dream": "masked diffusion, Dream's shifted prediction (output i−1 predicts token i), the answer slot "
                           "masked at t ~ U(ε, 1) and its masked tokens' CE weighted 1/t (LLaDA's SFT: the prompt never "
-                          "masked); mask token id 16 (`<empty_output>`); attention annealed from causal to "
-                          f"bidirectional over the first {spec.get('anneal_steps', 0)} steps (DiffuLLaMA)",
+                          "masked); mask token id 16 (`<empty_output>`); "
+                          + (f"attention annealed from causal to bidirectional over the first {spec['anneal_steps']} "
+                             "steps (DiffuLLaMA)" if spec.get("anneal_steps") else
+                             "bidirectional attention from the first step (the adapter it starts from already is)"),
                  "arm": "next-token prediction on the answer and its first `<|im_end|>`, causal attention"}[spec["objective"]]
     adapter = (f"LoRA r = {spec['lora_rank']}, α = {spec['lora_alpha']}, every linear layer of the 30 blocks "
                f"({card['adapter_parameters']:,} parameters), `peft`"
-               + (f"; started from `{spec['init_from']}`'s adapter (Dream's route: a trained autoregressive model "
-                  "adapted to diffusion)" if spec.get("init_from") else ""))
+               + (f"; started from `{spec['init_from']}`'s adapter" if spec.get("init_from") else "")
+               + (" (Dream's route: a trained autoregressive model adapted to diffusion)"
+                  if getattr(TWINS.get(spec.get("init_from")), "objective", None) == "arm" else ""))
     rows = (f"{spec['batch_size']} rows ({spec['batch_size'] // 2} problems, each with complementary masks)"
             if spec.get("complementary") else f"{spec['batch_size']} problems")
     budget = (f"{card['train_steps']} × {rows} ({card['problems_seen']:,} problems, "
