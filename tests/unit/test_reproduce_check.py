@@ -45,3 +45,26 @@ def test_seeding_the_committed_runs_never_overwrites_a_file_already_there(tmp_pa
     reproduce.seed_committed_runs(tmp_path / "results", committed)
     assert (mine / "run.jsonl").read_text() == "committed\nmy own resumed rows\n"
     assert (mine / "other.jsonl").read_text() == "committed\n"
+
+
+def test_make_figures_remakes_the_stores_and_puts_them_back_if_a_notebook_fails(tmp_path):
+    (tmp_path / "traces" / "m").mkdir(parents=True)
+    (tmp_path / "traces" / "m" / "old").write_text("committed")
+    with pytest.raises(RuntimeError, match="a notebook failed"):
+        with reproduce.regenerated_stores(tmp_path, ("traces",)):
+            assert not (tmp_path / "traces").exists()
+            (tmp_path / "traces").mkdir()
+            (tmp_path / "traces" / "half-made").write_text("partial")
+            raise RuntimeError("a notebook failed")
+    assert [p.name for p in (tmp_path / "traces").rglob("*") if p.is_file()] == ["old"]
+    with reproduce.regenerated_stores(tmp_path, ("traces",)):
+        (tmp_path / "traces").mkdir()
+        (tmp_path / "traces" / "new").write_text("remade")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["new", "traces"]
+
+
+def test_a_store_left_aside_by_a_killed_run_is_refused_not_guessed_at(tmp_path):
+    (tmp_path / ".traces.previous").mkdir()
+    with pytest.raises(ValueError, match=r"results_dir=.* is not allowed: \.traces\.previous is left from a run"):
+        with reproduce.regenerated_stores(tmp_path, ("traces",)):
+            pass

@@ -1,4 +1,5 @@
-"""The trace store: a trace is read back only under the inputs that made it, and reads what generation makes."""
+"""The trace store: a trace is read back only under the inputs that made it, and reads what generation makes
+(make figures remaking the stores: tests/unit/test_reproduce_check.py)."""
 import json
 
 import pandas as pd
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 import sinklib
-from sinklib import lens, reproduce, trace_store
+from sinklib import lens, trace_store
 from sinklib.generate import collect_traces
 
 PROMPTS = ["Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:",
@@ -69,29 +70,6 @@ def test_a_folder_holding_a_trace_of_other_inputs_is_refused(llada, tmp_path):
     trace.save(trace_store.trace_folder(tmp_path, wanted))  # prompt 0's trace (and key) under prompt 1's name
     with pytest.raises(ValueError, match=r"store=.* is not allowed: .* holds a trace of other inputs"):
         trace_store.stored_traces(llada, PROMPTS[1:], tmp_path, progress=False, sampler=settings)
-
-
-def test_make_figures_remakes_the_stores_and_puts_them_back_if_a_notebook_fails(tmp_path):
-    (tmp_path / "traces" / "m").mkdir(parents=True)
-    (tmp_path / "traces" / "m" / "old").write_text("committed")
-    with pytest.raises(RuntimeError, match="a notebook failed"):
-        with reproduce.regenerated_stores(tmp_path, ("traces",)):
-            assert not (tmp_path / "traces").exists()
-            (tmp_path / "traces").mkdir()
-            (tmp_path / "traces" / "half-made").write_text("partial")
-            raise RuntimeError("a notebook failed")
-    assert [p.name for p in (tmp_path / "traces").rglob("*") if p.is_file()] == ["old"]
-    with reproduce.regenerated_stores(tmp_path, ("traces",)):
-        (tmp_path / "traces").mkdir()
-        (tmp_path / "traces" / "new").write_text("remade")
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["new", "traces"]
-
-
-def test_a_store_left_aside_by_a_killed_run_is_refused_not_guessed_at(tmp_path):
-    (tmp_path / ".traces.previous").mkdir()
-    with pytest.raises(ValueError, match=r"results_dir=.* is not allowed: \.traces\.previous is left from a run"):
-        with reproduce.regenerated_stores(tmp_path, ("traces",)):
-            pass
 
 
 def test_a_measurement_of_a_stored_trace_is_kept_beside_it_and_read_back(llada, tmp_path, monkeypatch):
