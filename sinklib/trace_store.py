@@ -30,7 +30,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from sinklib._version import __version__
-from sinklib.evaluation.runner import model_fingerprint
+from sinklib.evaluation.runner import config_hash, model_fingerprint
 from sinklib.families.base import record
 from sinklib.generate import generate, resolve_settings
 from sinklib.interventions import identity
@@ -94,15 +94,10 @@ def _canonical(key: Any) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def key_digest(key: dict) -> str:
-    """The first 16 hex digits of the SHA-256 of `key` as key-sorted JSON."""
-    return hashlib.sha256(_canonical(key).encode()).hexdigest()[:16]
-
-
 def trace_folder(store: str | Path, key: dict) -> Path:
-    """Where the trace of `key` lives in `store`: <model name, made a folder name>/<key_digest>."""
+    """Where the trace of `key` lives in `store`: <model name, made a folder name>/<evaluation.runner.config_hash of the key>."""
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(key["model"]).strip("/")) or "model"
-    return Path(store) / model / key_digest(key)
+    return Path(store) / model / config_hash(key)
 
 
 def stored_traces(loaded: LoadedModel, texts: Sequence[str], store: str | Path, seed: int = 0, intervention=None,
@@ -152,7 +147,7 @@ def stored_measurement(store: str | Path | None, trace: Trace, what: str, params
     key = trace.meta.get("store_key")
     if store is None or key is None:
         return measure()
-    digest = key_digest({"what": what, "params": params, "code": _module_code(module)})
+    digest = config_hash({"what": what, "params": params, "code": _module_code(module)})
     path = trace_folder(store, key) / "measured" / f"{what}-{digest}.parquet"
     if path.is_file():
         return pd.read_parquet(path)
