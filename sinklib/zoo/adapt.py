@@ -2,16 +2,20 @@
 
 smollm2-135m-autoregressive SmolLM2 fine-tuned on the task: causal, next-token loss on the answer and its first
                             `<|im_end|>` (600 steps × 16 problems).
-smollm2-135m-diffusion      Dream's route at 135M: Dream-7B is Qwen2.5-7B, a trained autoregressive model, adapted to
-                            masked diffusion; here the autoregressive twin is adapted the same way (its shipped adapter
-                            is where this one starts, `init_from`). DiffuLLaMA's attention annealing (causal ∪ a
-                            Bernoulli(r) share of the other keys, r rising to 1 over the first 150 steps, then full
-                            bidirectional attention), an unused special id as the mask token (16, `<empty_output>`: the
-                            tied embeddings need no resize), Dream's shifted prediction (output i−1 predicts token i, so
-                            the pretrained head keeps its meaning) and LLaDA's SFT loss: the prompt is never masked, the
-                            answer slot (padded with `<|im_end|>`) is masked at t ~ U(ε, 1) and its masked tokens'
-                            cross-entropy is weighted 1/t (1000 more steps × 16 problems, the forward under bf16
-                            autocast).
+smollm2-135m-diffusion      Dream's route at 135M, in two runs. Dream-7B is Qwen2.5-7B, a trained autoregressive
+                            model, adapted to masked diffusion; `smollm2-135m-diffusion-v1` is the autoregressive
+                            twin adapted the same way (its shipped adapter is where v1 starts, `init_from`):
+                            DiffuLLaMA's attention annealing (causal ∪ a Bernoulli(r) share of the other keys, r rising
+                            to 1 over the first 150 steps, then full bidirectional attention), an unused special id as
+                            the mask token (16, `<empty_output>`: the tied embeddings need no resize), Dream's shifted
+                            prediction (output i−1 predicts token i, so the pretrained head keeps its meaning) and
+                            LLaDA's SFT loss: the prompt is never masked, the answer slot (padded with `<|im_end|>`) is
+                            masked at t ~ U(ε, 1) and its masked tokens' cross-entropy is weighted 1/t (1000 steps × 16
+                            problems, the forward under bf16 autocast; 0.67 of 200 held out). The shipped twin
+                            continues from v1's adapter for 1,600 steps with complementary masks (each problem twice
+                            in a batch, masked with m and with its complement, so every answer token is supervised),
+                            fresh problems (seed 22) and the new-arithmetic split's work strings left out of training
+                            (0.80 of 500 new questions; its card has the learning curve).
 
 Measured choices (the session notes give the numbers): started from the base with bidirectional attention at once
 (dllm's Tiny-A2D), 600 steps gave 0.05 held out; from the autoregressive twin without annealing, 0 of 20 at step
@@ -464,12 +468,13 @@ CARD_SPLITS = {"text": ("arithmetic-english", "arithmetic_test.jsonl"),
 
 
 def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path | None = None, progress: bool = True,
-               results: Path | None = None) -> dict:
+               results: Path | None = None, curve_steps: tuple[int, ...] = (), curve_n: Count = 200) -> dict:
     """Measure the shipped adapter on both held-out splits (CARD_SPLITS; the model's own sampler at temperature 0,
     batches of 50): accuracy with its Wilson 95 % interval, per template, and how many answers were scored right on
     unsound work; write card.json, README.md and loss_curve.csv beside it. `results`: a folder for the evaluations'
     per-problem files (<split>.jsonl; default HELD_OUT_RESULTS/<name>/<the adapter's weights fingerprint>), resumed
-    where an earlier run of the same configuration wrote them."""
+    where an earlier run of the same configuration wrote them. `curve_steps`: checkpoints for the card's learning
+    curve (learning_curve on the first `curve_n` new-text problems, each paired with the shipped adapter)."""
     from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
 
     spec = TWINS[name]
@@ -485,6 +490,9 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
             "final_loss": curve[-1]["loss"], "wall_seconds": curve[-1]["seconds"], "machine": machine(threads),
             "accuracy": overall["accuracy"], "accuracy_n": overall["n"], "held_out": splits,
             "adapter_parameters": _adapter_parameters(ZOO_DIR / name)}
+    if curve_steps:
+        curve_rows = learning_curve(name, tuple(curve_steps), curve_n, checkpoints=checkpoints, progress=progress)
+        card["learning_curve"] = json.loads(curve_rows.to_json(orient="records"))
     target = ZOO_DIR / name
     (target / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
     (target / "README.md").write_text(render_card(card))
@@ -547,6 +555,24 @@ def _held_out_table(splits: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _curve_table(rows: list[dict]) -> str:
+    """The card's learning curve: per checkpoint, accuracy [Wilson 95 %] on the same first n new-text problems, and
+    the shipped adapter's paired gain over it with McNemar's exact p."""
+    lines = ["", f"Learning curve (the first {rows[-1]['n']} new-text problems, each checkpoint paired with the shipped "
+             "adapter on the same problems; step 0 is the adapter this run started from):", "",
+             "| checkpoint | accuracy | sound work | right here only / shipped only | shipped − this [95 %] | McNemar p |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        accuracy = f"{row['accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+        if row["step"] == "shipped":
+            lines.append(f"| shipped | {accuracy} | {row['sound_work']:.3f} | | | |")
+        else:
+            lines.append(f"| step {row['step']} | {accuracy} | {row['sound_work']:.3f} | {row['lost']} / {row['gained']} "
+                         f"| {row['shipped_gain']:+.3f} [{row['shipped_gain_low']:+.3f}, {row['shipped_gain_high']:+.3f}] "
+                         f"| {row['mcnemar_p']:.2g} |")
+    return "\n".join(lines) + "\n"
+
+
 def _adapter_parameters(folder: Path) -> int:
     from safetensors import safe_open  # noqa: PLC0415  (only cards count parameters)
 
@@ -577,6 +603,7 @@ def render_card(card: dict) -> str:
     wall = f"{card['wall_seconds'] / 60:.0f} min on {card['machine']}"
     score = f"{card['accuracy']:.3f} on {card['accuracy_n']} problems (task `arithmetic-english`)"
     held_out = _held_out_table(card["held_out"]) if "held_out" in card else ""
+    held_out += _curve_table(card["learning_curve"]) if card.get("learning_curve") else ""
     return f"""# {card['name']}
 
 SmolLM2-135M-Instruct (`{card['base']}`, the offline Q4_1 GGUF dequantised to float32) with a LoRA adapter trained
@@ -664,26 +691,66 @@ def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, h
 
 
 def learning_curve(name: str, steps: tuple[int, ...], n: int = 200, split: str = "text",
-                   results: Path | None = None, checkpoints: Path | None = None, progress: bool = True) -> pd.DataFrame:
+                   results: Path | None = None, checkpoints: Path | None = None, progress: bool = True,
+                   shipped: bool = True) -> pd.DataFrame:
     """Held-out accuracy of a twin's checkpoints: for each of `steps`, the checkpoint (checkpoint_model) on the first
     n problems of one card split (CARD_SPLITS: "text" or "work"), the model's own sampler at temperature 0, scored as
     the card scores them (by_template's "all" row: accuracy with its Wilson 95 % interval, sound work).
     `results`: a folder for per-problem files (<name>-step-NNNNN-<split>.jsonl; default HELD_OUT_RESULTS/<name>) that
     an interrupted run resumes from (the evaluation runner's key holds the checkpoint's name and every setting). One
-    row per step."""
-    from sinklib.zoo.evaluate import accuracy, by_template  # noqa: PLC0415  (the evaluation runner: heavy)
+    row per step.
+    `shipped`: add a last row for the shipped adapter, read from (or measured into) its card's per-problem file
+    (HELD_OUT_RESULTS/<name>/<its weights fingerprint>/<split>.jsonl, whose first n problems are the same), and give
+    every checkpoint's row its paired comparison with the shipped adapter on those n problems: `lost` (right at the
+    checkpoint only), `gained` (right shipped only), the shipped adapter's gain with its 95 % interval (Newcombe) and
+    McNemar's exact p."""
+    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
+    from sinklib.zoo.evaluate import accuracy  # noqa: PLC0415  (the evaluation runner: heavy)
 
     task, file = CARD_SPLITS[check_choice(split, "split", CARD_SPLITS)]
     check_int(n, "n", 1)
     items = read_jsonl(DATA_DIR / file)
-    rows = []
+    measured = []
     for step in steps:
         out = (HELD_OUT_RESULTS / name if results is None else Path(results)) / f"{name}-step-{step:05d}-{split}.jsonl"
-        result = accuracy(checkpoint_model(name, step, checkpoints), n, progress=progress, task=task, out=out)
-        overall = by_template(result["records"], items).iloc[0].to_dict()
-        rows.append({"model": name, "step": step, "split": split, **overall})
-    return pd.DataFrame(rows)
+        records = accuracy(checkpoint_model(name, step, checkpoints), n, progress=progress, task=task, out=out)["records"]
+        measured.append(({"model": name, "step": step, "split": split}, records))
+    if shipped:
+        card_records = HELD_OUT_RESULTS / name / weights_fingerprint(ZOO_DIR / name) / f"{split}.jsonl"
+        if card_records.exists() and sum(1 for _ in card_records.open()) >= n:  # the card's file: its first n
+            with card_records.open() as handle:
+                records = [r for r in map(json.loads, filter(str.strip, handle))
+                           if int(str(r["id"]).rsplit("-", 1)[1]) < n]
+        else:  # no card measured yet: measure the shipped adapter on these n alone
+            records = accuracy(load(name), n, progress=progress, task=task,
+                               out=card_records.with_name(f"{name}-shipped-{split}.jsonl"))["records"]
+        measured.append(({"model": name, "step": "shipped", "split": split}, records))
+    return curve_rows(measured, items, against_last=shipped)
 
+
+def curve_rows(measured: list[tuple[dict, list[dict]]], items: list[Problem], against_last: bool) -> pd.DataFrame:
+    """One row per (head, per-problem records) of `measured`: the head's fields and by_template's "all" row; with
+    `against_last`, each row but the last also carries its paired comparison with the last on the same problems
+    (lost: right here only; gained: right in the last only; shipped_gain = last − this with its Newcombe 95 %
+    interval; McNemar's exact p)."""
+    from sinklib.stats import paired  # noqa: PLC0415
+    from sinklib.zoo.evaluate import by_template  # noqa: PLC0415  (the evaluation runner: heavy)
+
+    final = {str(r["id"]): bool(r["correct"]) for r in measured[-1][1]} if against_last else {}
+    rows = []
+    for index, (head, records) in enumerate(measured):
+        row = {**head, **by_template(records, items).iloc[0].to_dict()}
+        if against_last and index < len(measured) - 1:
+            mine = {str(r["id"]): bool(r["correct"]) for r in records}
+            if sorted(mine) != sorted(final):
+                raise ValueError(f"measured[{index}] ({head}) holds other problems than the last entry: a paired "
+                                 "comparison needs the same problems")
+            ids = sorted(final)
+            comparison = paired([mine[i] for i in ids], [final[i] for i in ids])
+            row.update(lost=comparison.lost, gained=comparison.gained, shipped_gain=comparison.delta,
+                       shipped_gain_low=comparison.low, shipped_gain_high=comparison.high, mcnemar_p=comparison.p)
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def machine(threads: int) -> str:

@@ -44,3 +44,27 @@ def test_by_template_counts_accuracy_and_unsound_work_per_template():
     assert table.loc["all", "accuracy"] == pytest.approx(2 / 3)
     assert table.loc["add", "sound_work"] == pytest.approx(0.5) and table.loc["subtract", "sound_work"] == 0.0
     assert table.loc["add", "ci_low"] < 0.5 < table.loc["add", "ci_high"]
+
+
+def test_a_learning_curve_pairs_each_checkpoint_with_the_shipped_adapter_problem_by_problem():
+    """curve_rows pairs by problem id (not by position): worked out by hand on four problems, and a checkpoint
+    measured on other problems is refused rather than compared."""
+    from scipy.stats import binomtest
+
+    from sinklib.zoo.adapt import curve_rows
+
+    items = [Problem("q", "1 + 1 = 2", 2, "add")] * 4
+
+    def right(ids):
+        return [{"id": f"arith-{i:04d}", "correct": i in ids, "output": "1 + 1 = 2 #### 2"} for i in range(4)]
+
+    early = right({0, 1})[::-1]  # the same problems in another order
+    shipped = right({1, 2, 3})
+    rows = curve_rows([({"step": 0}, early), ({"step": "shipped"}, shipped)], items, against_last=True)
+    first = rows.iloc[0]
+    assert (first["accuracy"], first["lost"], first["gained"]) == (0.5, 1, 2)  # 0 lost; 2 and 3 gained
+    assert first["shipped_gain"] == pytest.approx(0.25) and first["shipped_gain_low"] < 0.25 < first["shipped_gain_high"]
+    assert first["mcnemar_p"] == pytest.approx(binomtest(1, 3, 0.5).pvalue)
+    assert rows.iloc[1]["accuracy"] == 0.75 and "lost" not in rows.columns[rows.iloc[1].notna()]
+    with pytest.raises(ValueError, match="holds other problems than the last entry"):
+        curve_rows([({"step": 0}, right({0})[:3]), ({"step": "shipped"}, shipped)], items, against_last=True)
