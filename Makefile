@@ -38,10 +38,15 @@ $(VENV4)/.installed: pyproject.toml
 	$(PY4) -m pip install -q -e ".[test]" "transformers==4.56.*"
 	touch $@
 
-# Every tier (tests/conftest.py): `make test` is what CI runs.
+# Every tier (tests/conftest.py): `make test` is what CI runs. The tiers without notebooks run on both cores
+# (pytest-xdist: two workers of one torch thread each, a test file per worker at a time, so a file's model fixtures
+# load once); the notebook tier runs alone, because nbval's kernels use both cores themselves and run several times
+# slower beside another torch process.
+ON_BOTH_CORES := -n 2 --dist loadfile
 test: setup
-	$(PY) -m pytest
-	$(PY4) -m pytest $(ON_TF4)
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(ON_BOTH_CORES) --ignore=tests/notebooks
+	$(PY) -m pytest tests/notebooks
+	OMP_NUM_THREADS=1 $(PY4) -m pytest $(ON_BOTH_CORES) $(ON_TF4)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit
@@ -58,7 +63,7 @@ test-notebooks: setup
 
 # the quick loop while editing (about a minute): no slow tier, no test that starts a process (tests/conftest.py)
 test-quick: setup
-	$(PY) -m pytest -m "not slow and not process"
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(ON_BOTH_CORES) -m "not slow and not process"
 
 figures: $(VENV)/.installed
 	$(PY) -m sinklib.reproduce

@@ -137,13 +137,22 @@ def parameters_for(path: Path, given: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(params: dict[str, Any] | None = None, out: Path | None = None, only: list[str] | None = None,
-        figures_dir: Path | None = None, results_dir: Path | None = None, progress: bool = True) -> list[Path]:
+        figures_dir: Path | None = None, results_dir: Path | None = None, progress: bool = True,
+        remake_long_runs: bool = False) -> list[Path]:
     """Execute the figure notebooks in order; returns the executed notebooks' paths.
 
     The default run (no parameters, no folders) executes each notebook in place: its outputs are committed so that
-    a reader sees the figures on GitHub. Any other run writes executed copies to `out` (notebooks/executed/)."""
+    a reader sees the figures on GitHub, and it makes the stores (STORED) again. Any other run writes executed
+    copies to `out` (notebooks/executed/). `remake_long_runs`: the default run also makes the long runs
+    (COMMITTED_RUNS: the twins' Table 1 at n = 200, about 2.5 hours on one core for the diffusion twin) again
+    instead of reading them."""
     given = dict(params or {})
     paths = notebook_paths(only)
+    if remake_long_runs is not False and (remake_long_runs is not True or only or params or out is not None
+                                          or figures_dir is not None or results_dir is not None):
+        raise ValueError(f"remake_long_runs={remake_long_runs!r} is not allowed here: only the default run of every "
+                         "notebook (python -m sinklib.reproduce --remake-long-runs, no other option) makes the long "
+                         "runs again, since it remakes everything that reads them")
     check_parameters(given, paths)
     check_model_names(given)
     if INSTALLED:  # the wheel's notebooks and results are read, never written: everything goes under `out`
@@ -162,7 +171,8 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     out = NOTEBOOKS if in_place else Path(out or NOTEBOOKS / "executed")
     out.mkdir(parents=True, exist_ok=True)
     # `make figures` (every notebook, in place) makes the stores again; any other run reads them
-    remade = regenerated_stores(DATA_DIR / "results") if in_place and not only else contextlib.nullcontext()
+    remade = (regenerated_stores(DATA_DIR / "results", STORED + (COMMITTED_RUNS if remake_long_runs else ()))
+              if in_place and not only else contextlib.nullcontext())
     with remade:
         return [execute(path, out / path.name, parameters_for(path, given), progress) for path in paths]
 
@@ -379,18 +389,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, help="a YAML file of notebook parameters (notebooks/params/*.yaml)")
     parser.add_argument("--only", nargs="*", help="notebook prefixes to run, e.g. 01 03")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--remake-long-runs", action="store_true",
+                        help="with no other option: make the long runs (the twins' Table 1 at n = 200, hours) again "
+                             "instead of reading the committed ones")
     parser.add_argument("--check", action="store_true",
                         help="rerun into a temporary folder and compare every results file with the committed one "
                              "(exit 1 naming what differs beyond float rounding and near-ties)")
     args = parser.parse_args(argv)
-    if args.check and args.out:
-        parser.error("--out is not allowed with --check: a check writes nothing outside a temporary folder")
+    if args.check and (args.out or args.remake_long_runs):
+        parser.error(f"{'--out' if args.out else '--remake-long-runs'} is not allowed with --check: a check writes "
+                     "nothing outside a temporary folder and reads the committed long runs")
     params = read_params(args.params, parser) if args.params else {}
     try:
         if args.check:
             report = check(params, args.only)
         else:
-            executed = run(params, args.out, args.only)
+            executed = run(params, args.out, args.only, remake_long_runs=args.remake_long_runs)
     except (ValueError, OSError) as error:
         parser.error(" ".join(str(error).split()))
     if not args.check and not params and not args.only and args.out is None:

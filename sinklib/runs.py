@@ -309,7 +309,7 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
     """Notebook 04: Table 1, accuracy with the top-k sinks masked and a random-key control."""
     NOTEBOOK = "04_masking_ablation"
     task_path: str | None = None  # a local JSONL for the task (e.g. GSM8K on an offline node)
-    n_problems_by_task: dict[str, Count] = default_copy({"arithmetic-english": 20})
+    n_problems_by_task: dict[str, Count] = default_copy({"arithmetic-english": 200})  # the twins' committed runs
     ks: Ks = default_copy([0, 1, 5, 10])
     random_control: Flag = True
     eps: NonNegative = 3.0

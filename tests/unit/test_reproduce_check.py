@@ -68,3 +68,29 @@ def test_a_store_left_aside_by_a_killed_run_is_refused_not_guessed_at(tmp_path):
     with pytest.raises(ValueError, match=r"results_dir=.* is not allowed: \.traces\.previous is left from a run"):
         with reproduce.regenerated_stores(tmp_path, ("traces",)):
             pass
+
+
+def test_remake_long_runs_moves_the_long_runs_aside_too_and_only_in_the_default_run(tmp_path, monkeypatch):
+    """--remake-long-runs: the default run makes the twins' long runs again (they are moved aside while the
+    notebooks run, like the stores); with --only, parameters or folders it is refused before anything runs."""
+    long_runs = tmp_path / "results" / reproduce.COMMITTED_RUNS[0]
+    long_runs.mkdir(parents=True)
+    (long_runs / "committed.jsonl").write_text("{}\n")
+    seen = []
+
+    def execute(path, target, parameters, progress=True):  # the notebooks' run, as far as the folders see it
+        seen.append(long_runs.exists())
+        long_runs.mkdir(exist_ok=True)
+        (long_runs / f"{path.stem}.jsonl").write_text("{}\n")
+        return target
+
+    monkeypatch.setattr(reproduce, "DATA_DIR", tmp_path)
+    monkeypatch.setattr(reproduce, "execute", execute)
+    for refused in (dict(only=["04"]), dict(params={"eps": 2.0}), dict(out=tmp_path / "out")):
+        with pytest.raises(ValueError, match="remake_long_runs=True is not allowed here: only the default run"):
+            reproduce.run(remake_long_runs=True, **refused)
+    assert seen == [] and (long_runs / "committed.jsonl").exists()
+    reproduce.run(remake_long_runs=True, progress=False)
+    assert seen[0] is False and not (long_runs / "committed.jsonl").exists()
+    reproduce.run(progress=False)  # without the flag the long runs are read, never moved aside
+    assert all(seen[len(reproduce.notebook_paths()):])
