@@ -15,7 +15,7 @@ smollm2-135m-diffusion      Dream's route at 135M, in two runs. Dream-7B is Qwen
                             continues from v1's adapter for 1,600 steps with complementary masks (each problem twice
                             in a batch, masked with m and with its complement, so every answer token is supervised),
                             fresh problems (seed 22) and the new-arithmetic split's work strings left out of training
-                            (0.80 of 500 new questions; its card has the learning curve).
+                            (0.80 of 500 new questions).
 
 Measured choices (the session notes give the numbers): started from the base with bidirectional attention at once
 (dllm's Tiny-A2D), 600 steps gave 0.05 held out; from the autoregressive twin without annealing, 0 of 20 at step
@@ -699,11 +699,10 @@ def learning_curve(name: str, steps: tuple[int, ...], n: int = 200, split: str =
     `results`: a folder for per-problem files (<name>-step-NNNNN-<split>.jsonl; default HELD_OUT_RESULTS/<name>) that
     an interrupted run resumes from (the evaluation runner's key holds the checkpoint's name and every setting). One
     row per step.
-    `shipped`: add a last row for the shipped adapter, read from (or measured into) its card's per-problem file
-    (HELD_OUT_RESULTS/<name>/<its weights fingerprint>/<split>.jsonl, whose first n problems are the same), and give
-    every checkpoint's row its paired comparison with the shipped adapter on those n problems: `lost` (right at the
-    checkpoint only), `gained` (right shipped only), the shipped adapter's gain with its 95 % interval (Newcombe) and
-    McNemar's exact p."""
+    `shipped`: add a last row for the shipped adapter on the same n problems (its own resumable file,
+    <name>-shipped-<split>.jsonl beside the checkpoints', keyed by the runner like theirs), and give every
+    checkpoint's row its paired comparison with it: `lost` (right at the checkpoint only), `gained` (right shipped
+    only), the shipped adapter's gain with its 95 % interval (Newcombe) and McNemar's exact p."""
     from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
     from sinklib.zoo.evaluate import accuracy  # noqa: PLC0415  (the evaluation runner: heavy)
 
@@ -715,15 +714,9 @@ def learning_curve(name: str, steps: tuple[int, ...], n: int = 200, split: str =
         out = (HELD_OUT_RESULTS / name if results is None else Path(results)) / f"{name}-step-{step:05d}-{split}.jsonl"
         records = accuracy(checkpoint_model(name, step, checkpoints), n, progress=progress, task=task, out=out)["records"]
         measured.append(({"model": name, "step": step, "split": split}, records))
-    if shipped:
-        card_records = HELD_OUT_RESULTS / name / weights_fingerprint(ZOO_DIR / name) / f"{split}.jsonl"
-        if card_records.exists() and sum(1 for _ in card_records.open()) >= n:  # the card's file: its first n
-            with card_records.open() as handle:
-                records = [r for r in map(json.loads, filter(str.strip, handle))
-                           if int(str(r["id"]).rsplit("-", 1)[1]) < n]
-        else:  # no card measured yet: measure the shipped adapter on these n alone
-            records = accuracy(load(name), n, progress=progress, task=task,
-                               out=card_records.with_name(f"{name}-shipped-{split}.jsonl"))["records"]
+    if shipped:  # measured, not read from the card's file: that run's key (its n, its settings) is another one
+        out = (HELD_OUT_RESULTS / name if results is None else Path(results)) / f"{name}-shipped-{split}.jsonl"
+        records = accuracy(load(name), n, progress=progress, task=task, out=out)["records"]
         measured.append(({"model": name, "step": "shipped", "split": split}, records))
     return curve_rows(measured, items, against_last=shipped)
 
