@@ -1,5 +1,6 @@
-"""Where the daily loop's time goes: each test tier as `make test` runs it, and each notebook read from the stores (as
-nbval and a reader run it) against regenerated (as `make figures` runs it), measured one after another in one run.
+"""Where the daily loop's time goes: each pytest command of `make test-quick` and `make test`, read from the Makefile,
+and each notebook read from the stores (as nbval and a reader run it) against regenerated (as `make figures` runs it),
+measured one after another in one run.
 
     python benchmarks/suite_time.py [--only tiers|notebooks] [--out benchmarks/results/suite_time.md]
 
@@ -22,17 +23,13 @@ from sinklib import reproduce
 from sinklib.paths import NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parent.parent
-PY, PY4 = ROOT / ".venv" / "bin" / "python", ROOT / ".venv-tf4" / "bin" / "python"
-TIERS = {  # label → (interpreter, pytest arguments), as the Makefile runs them
-    "make test-quick": (PY, ["-m", "not slow and not process"]),
-    "unit": (PY, ["tests/unit"]),
-    "parity": (PY, ["tests/parity"]),
-    "zoo": (PY, ["tests/zoo"]),
-    "notebooks": (PY, ["tests/notebooks"]),
-    "install": (PY, ["tests/install"]),
-    "transformers 4.56": (PY4, ["-m", "parity or transformers", "tests/unit", "tests/parity",
-                                "--ignore=tests/unit/test_explorer.py"]),
-}
+
+
+def make_commands(target: str) -> list[str]:
+    """The pytest commands `make TARGET` runs, as the Makefile spells them (make -n), so what is timed here is what
+    `make test` and CI run, and stays so when the Makefile changes."""
+    printed = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in printed.splitlines() if " -m pytest" in line]
 
 
 def machine() -> str:
@@ -44,16 +41,18 @@ def machine() -> str:
 
 
 def time_tiers() -> list[tuple[str, float, str]]:
-    """(tier, seconds, pytest's last line) for each of TIERS."""
+    """(command, seconds, pytest's last line) for each pytest command of `make test-quick`, then of `make test`."""
     rows = []
-    for label, (python, args) in TIERS.items():
-        began = time.perf_counter()
-        done = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT,
-                              capture_output=True, text=True)
-        seconds = time.perf_counter() - began
-        last = (done.stdout.strip().splitlines() or ["(no output)"])[-1].strip("= ")
-        rows.append((label, seconds, last))
-        print(f"{label:>20}  {seconds:7.1f} s  {last}", flush=True)
+    for target in ("test-quick", "test"):
+        for command in make_commands(target):
+            began = time.perf_counter()
+            done = subprocess.run(command.replace(" -m pytest", " -m pytest -p no:cacheprovider", 1), shell=True,
+                                  cwd=ROOT, capture_output=True, text=True)
+            seconds = time.perf_counter() - began
+            last = (done.stdout.strip().splitlines() or ["(no output)"])[-1].strip("= ")
+            label = f"make {target}: {command.split(' -m pytest', 1)[1].strip() or '(every tier)'}"
+            rows.append((label, seconds, last))
+            print(f"{seconds:7.1f} s  {label}  ->  {last}", flush=True)
     return rows
 
 
@@ -91,12 +90,12 @@ def main() -> None:
     lines = [f"# Suite and notebook times\n\n{machine()}; wall seconds, measured one after another in one run.\n"]
     if args.only != "notebooks":
         tiers = time_tiers()
-        lines += ["| tier | seconds | pytest's summary |", "|---|---:|---|"]
-        lines += [f"| {label} | {seconds:.0f} | {last} |" for label, seconds, last in tiers]
-        main_tiers = sum(s for label, s, _ in tiers if label not in ("make test-quick", "transformers 4.56"))
-        with_tf4 = main_tiers + next(s for label, s, _ in tiers if label == "transformers 4.56")
-        lines += ["", f"`make test` (every tier, then transformers 4.56): {with_tf4 / 60:.1f} min; "
-                  f"`make test-quick`: {tiers[0][1]:.0f} s.", ""]
+        lines += ["| command | seconds | pytest's summary |", "|---|---:|---|"]
+        lines += [f"| `{label}` | {seconds:.0f} | {last} |" for label, seconds, last in tiers]
+        quick = sum(seconds for label, seconds, _ in tiers if label.startswith("make test-quick"))
+        whole = sum(seconds for label, seconds, _ in tiers if label.startswith("make test:"))
+        lines += ["", f"`make test` (its pytest commands, set-up excluded): {whole / 60:.1f} min; "
+                  f"`make test-quick`: {quick:.0f} s.", ""]
     if args.only != "tiers":
         notebooks = time_notebooks()
         lines += ["| notebook | read from the stores (nbval, a reader) | regenerated (`make figures`) |", "|---|---:|---:|"]

@@ -291,12 +291,16 @@ def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]
 
 
 # --- notebook 07 ---------------------------------------------------------------------------------------------
-def what_sinks_carry(models: Models, traces: Traces, eps: float) -> tuple[Result, pd.DataFrame]:
+def what_sinks_carry(models: Models, traces: Traces, eps: float,
+                     store: str | Path | None = None) -> tuple[Result, pd.DataFrame]:
     """What each model's sinks carry (sinklib.carry): per model, over the (step, layer, head)s whose greatest key is a
     sink, the value norm against the median key's, the sink's share of the attention and of the output. Returns the
-    Result and the per-model summary (for findings that set it beside the masking results)."""
-    frame = pd.concat([carry.sink_carry(models[name], trace, eps) for name, model_traces in traces.items()
-                       for trace in model_traces], ignore_index=True)
+    Result and the per-model summary (for findings that set it beside the masking results). `store`: the trace store
+    the traces came from, where each trace's measurement (one forward per step) is kept once made
+    (trace_store.stored_measurement)."""
+    frame = pd.concat([stored_measurement(store, trace, "sink_carry", {"eps": eps}, "sinklib.carry",
+                                          functools.partial(carry.sink_carry, models[name], trace, eps))
+                       for name, model_traces in traces.items() for trace in model_traces], ignore_index=True)
     summary = carry.carry_summary([frame]).reindex(list(traces))
     by_layer = frame[frame["is_sink"]].groupby(["model", "layer"], sort=False).agg(
         sink_heads=("value_ratio", "size"), value_ratio_median=("value_ratio", "median"),

@@ -526,16 +526,23 @@ def measure_held_out(loaded, eval_n: int | dict[str, int], progress: bool = True
     return splits
 
 
-def remeasure_card(name: str, eval_n: int | dict[str, int] = 500, progress: bool = True, results: Path | None = None) -> dict:
-    """Re-measure a shipped twin's held-out section (both splits, per template) and rewrite its card.json and
-    README.md; the training record already on the card is kept (a twin's checkpoints need not be on this machine)."""
+def remeasure_card(name: str, eval_n: int | dict[str, int] = 500, progress: bool = True, results: Path | None = None,
+                   curve_steps: tuple[int, ...] = (), curve_n: Count = 200, checkpoints: Path | None = None) -> dict:
+    """Re-measure a shipped twin's held-out section (both splits, per template) and, with `curve_steps`, its learning
+    curve (as write_card), and rewrite its card.json and README.md; the training record already on the card (steps,
+    loss, wall time, the machine it trained on) is kept, so this may run on another machine than training did.
+    `results`: as write_card's (default: the committed per-problem files of this adapter, resumed)."""
     from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
 
     target = ZOO_DIR / check_choice(name, "name", TWINS)
     card = json.loads((target / "card.json").read_text())
+    results = HELD_OUT_RESULTS / name / weights_fingerprint(target) if results is None else results
     card["held_out"] = measure_held_out(load(name), eval_n, progress, results)
     overall = card["held_out"]["text"]["rows"][0]  # the text split, all templates
     card["accuracy"], card["accuracy_n"] = overall["accuracy"], overall["n"]
+    if curve_steps:
+        curve_rows = learning_curve(name, tuple(curve_steps), curve_n, checkpoints=checkpoints, progress=progress)
+        card["learning_curve"] = json.loads(curve_rows.to_json(orient="records"))
     (target / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
     (target / "README.md").write_text(render_card(card))
     return card
@@ -567,7 +574,7 @@ def _curve_table(rows: list[dict]) -> str:
         if row["step"] == "shipped":
             lines.append(f"| shipped | {accuracy} | {row['sound_work']:.3f} | | | |")
         else:
-            lines.append(f"| step {row['step']} | {accuracy} | {row['sound_work']:.3f} | {row['lost']} / {row['gained']} "
+            lines.append(f"| step {row['step']} | {accuracy} | {row['sound_work']:.3f} | {row['lost']:.0f} / {row['gained']:.0f} "
                          f"| {row['shipped_gain']:+.3f} [{row['shipped_gain_low']:+.3f}, {row['shipped_gain_high']:+.3f}] "
                          f"| {row['mcnemar_p']:.2g} |")
     return "\n".join(lines) + "\n"
@@ -636,21 +643,24 @@ def measured_steps(name: str) -> tuple[int, ...]:
 
 def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
     """The twin as it was after `step` optimiser steps (a sinklib LoadedModel): the base with
-    that checkpoint's adapter merged, and everything else — family, mask id, chat template — as the shipped twin."""
+    that checkpoint's adapter merged, and everything else — family, mask id, chat template — as the shipped twin.
+    Step 0 is the run's start, rebuilt from the recipe (build: the fresh adapter from its seed, or the shipped adapter
+    of the twin it starts from), so it needs no saved checkpoint."""
     import dataclasses  # noqa: PLC0415  (only measurements rebuild a loaded model)
 
     from sinklib.loading import load  # noqa: PLC0415  (loading imports this package)
 
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     saved = _checkpoints(folder)
-    if step not in saved:
-        raise ValueError(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
-    weights = checked_state(folder, name, step)["weights"]
-    model, _ = build(TWINS[name])
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for key, value in weights.items():
-            params[key].copy_(value)
+    if step not in saved and step != 0:
+        raise ValueError(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)} "
+                         "(and step 0, the run's start)")
+    model, _ = build(TWINS[name])  # step 0 needs no checkpoint: this is it (a fresh adapter, or init_from's)
+    if step != 0:
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for key, value in checked_state(folder, name, step)["weights"].items():
+                params[key].copy_(value)
     merged = model.merge_and_unload().eval()
     merged.config._name_or_path = f"{name}@step-{step:05d}"  # what runner.model_fingerprint records: this checkpoint
     # the name stays the twin's: its sampler settings are looked up by it (named.sampling)

@@ -146,6 +146,7 @@ def refusal(folder: Path) -> named.CacheCheckError:
     return caught.value
 
 
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
 def test_a_good_cache_loads_after_each_file_is_checked_against_its_manifest(converted, monkeypatch):
     manifest = json.loads((converted / cache_manifest.MANIFEST).read_text())
     written = {f.name for f in converted.iterdir()} - {cache_manifest.MANIFEST}
@@ -165,6 +166,7 @@ def test_a_good_cache_loads_after_each_file_is_checked_against_its_manifest(conv
     assert checked == [converted] and loaded.model.config._name_or_path == str(converted), "loaded from the checked folder"
 
 
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
 def test_bit_flipped_weights_are_refused_naming_the_folder_and_the_file(converted, tmp_path, monkeypatch):
     folder = copied_cache(converted, tmp_path, monkeypatch, weights=True)
     weights = folder / "model.safetensors"
@@ -182,6 +184,7 @@ def test_bit_flipped_weights_are_refused_naming_the_folder_and_the_file(converte
     assert error.files == ["model.safetensors"] and "model.safetensors: SHA-256" in str(error)
 
 
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
 def test_a_config_with_ropes_old_base_10000_is_refused(converted, tmp_path, monkeypatch):
     folder = copied_cache(converted, tmp_path, monkeypatch)
     config = folder / "config.json"
@@ -206,6 +209,7 @@ def tiny_arm_dressed_as_smollm2(converted, root: Path, monkeypatch, manifest: bo
     return folder
 
 
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
 def test_another_models_folder_with_a_copied_stamp_and_manifest_is_refused(converted, tmp_path, monkeypatch):
     folder = tiny_arm_dressed_as_smollm2(converted, tmp_path, monkeypatch, manifest=True)
     error = refusal(folder)
@@ -220,6 +224,7 @@ def pretend_to_convert(converted, calls: list):
     return convert
 
 
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
 def test_another_models_folder_with_only_a_copied_stamp_is_refused_after_a_fresh_conversion(converted, tmp_path, monkeypatch):
     folder = tiny_arm_dressed_as_smollm2(converted, tmp_path, monkeypatch, manifest=False)
     calls = []
@@ -231,6 +236,7 @@ def test_another_models_folder_with_only_a_copied_stamp_is_refused_after_a_fresh
     assert [p.name for p in folder.parent.iterdir()] == [folder.name], "the fresh conversion is removed"
 
 
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
 def test_a_cache_from_before_manifests_is_checked_once_against_a_fresh_conversion(converted, tmp_path, monkeypatch):
     folder = copied_cache(converted, tmp_path, monkeypatch, manifest=False)
     calls = []
@@ -272,6 +278,7 @@ def _edit_manifest(key, value):
     (_edit_manifest("model", "tiny-arm"), cache_manifest.MANIFEST, "model 'tiny-arm'"),
     (_edit_manifest("source", "0" * 64), cache_manifest.MANIFEST, "reinstalled at another version"),
 ], ids=["missing-file", "extra-file", "unreadable-manifest", "old-converter", "other-model", "other-gguf"])
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
 def test_a_missing_or_extra_file_or_a_foreign_manifest_is_refused(converted, tmp_path, monkeypatch, damage, named_file, says):
     folder = copied_cache(converted, tmp_path, monkeypatch)
     damage(folder)
