@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sinklib
-from sinklib import analyses, carry, lens, trace_store
+from sinklib import carry, lens, trace_store
 from sinklib.generate import collect_traces
 
 PROMPTS = ["Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:",
@@ -91,6 +91,7 @@ def test_a_measurement_of_a_stored_trace_is_kept_beside_it_and_read_back(llada, 
 def test_what_sinks_carry_keeps_its_forwards_beside_the_stored_traces_and_reads_them_back(llada, tmp_path):
     """Notebook 07's carry costs one forward per step: with the store, a second run reads what the first measured
     (equal to measuring afresh), and another ε is another measurement."""
+    analyses = pytest.importorskip("sinklib.analyses", reason="the notebooks extra (its figures) is not installed")
     traces = {"tiny-llada": trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False,
                                                      sampler=llada.settings_for())}
     _, first = analyses.what_sinks_carry({"tiny-llada": llada}, traces, 3.0, store=tmp_path)
