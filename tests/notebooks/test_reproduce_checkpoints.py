@@ -1,57 +1,21 @@
 """A user's real run, end to end: `python -m sinklib.reproduce --params <YAML>` with `models` naming hub-style
-checkpoint folders (built from our stand-ins) runs notebooks 01–04: the three diffusion families together, and the
-autoregressive family alone, there with an ε so high that no sink exists; with GSM8K from a local JSONL."""
-import json
-import os
-import subprocess
-import sys
+checkpoint folders (built from our stand-ins) runs notebooks 01–04: here the three diffusion families together (the
+autoregressive family alone, at an ε so high that no sink exists, is test_reproduce_autoregressive.py: a file of its
+own, so pytest-xdist can run the two on both cores), with GSM8K from a local JSONL (tests/notebooks/reproduce_run.py);
+and the parameters gate that refuses a bad run before anything runs."""
 from pathlib import Path
 
-import pandas as pd
 import pytest
-import yaml
 
-from sinklib import mmada_repo, reproduce
-from tests import checkpoints
+from sinklib import reproduce
+from tests.notebooks.reproduce_run import ROOT, run_notebooks_01_to_04_on_hub_style_checkpoints
 
 pytest.importorskip("papermill")
-ROOT = Path(__file__).resolve().parents[2]
-PER_MODEL = {"fig01_token_step_{name}.png", "fig05_layer_head_{name}.png"}
-SHARED = {"fig03_score_histograms.png", "table2_sink_tokens.png", "fig10_threshold_sweep.png",
-          "table1_masking_gsm8k.png", "table1_masking_gsm8k.md"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("families", [("llada", "dream", "mmada"), ("llama",)], ids=["diffusion", "llama-alone"])
-def test_reproduce_runs_notebooks_01_to_04_on_hub_style_checkpoints(families, tmp_path):
-    repo = checkpoints.mmada_repository(tmp_path / "MMaDA")
-    folders = [tmp_path / f"standin-{family}" for family in families]
-    for family, folder in zip(families, folders):
-        if family == "llama":
-            checkpoints.build_llama(folder)
-        else:
-            checkpoints.build(family, folder, repo / "models" if family == "mmada" else None)
-    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps({"question": f"tom has {n} apples . "
-                                                                          "how many apples does tom have now ?",
-                                                              "answer": f"tom has {n}.\n#### {n}"}) + "\n" for n in (5, 7)))
-    autoregressive_alone = families == ("llama",)
-    params = {"models": [str(folder) for folder in folders], "trust_remote_code": not autoregressive_alone,
-              "device": "cpu", "n_prompts": 2, "steps": 4, "gen_length": 4, "n_problems": 2, "ks": [0, 1],
-              "batch_size": 2, "task": "gsm8k", "task_path": str(tmp_path / "gsm8k.jsonl"),
-              "figures_dir": str(tmp_path / "figures"), "results_dir": str(tmp_path / "results"), "progress": False,
-              "eps": 1000.0 if autoregressive_alone else 3.0}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    env = {**os.environ, mmada_repo.ENV: str(repo)}
-    out = subprocess.run([sys.executable, "-m", "sinklib.reproduce", "--params", str(tmp_path / "params.yaml"),
-                          "--only", "01", "02", "03", "04", "--out", str(tmp_path / "executed")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-4000:]
-    written = {p.name for p in (tmp_path / "figures").iterdir()}
-    assert SHARED | {f.format(name=folder.name) for folder in folders for f in PER_MODEL} <= written
-    table1 = (tmp_path / "figures" / "table1_masking_gsm8k.md").read_text()
-    assert "top-1" in table1 and all(folder.name in table1 for folder in folders)
-    if autoregressive_alone:  # no sink at ε = 1000: a labelled empty Table 2, never a crash
-        assert len(pd.read_parquet(tmp_path / "results" / "table2_sink_tokens.parquet")) == 0
+def test_reproduce_runs_notebooks_01_to_04_on_the_three_diffusion_families_together(tmp_path):
+    run_notebooks_01_to_04_on_hub_style_checkpoints(("llada", "dream", "mmada"), tmp_path)
 
 
 def test_runs_outside_the_zoo_write_beside_the_zoo_outputs_not_over_them():
