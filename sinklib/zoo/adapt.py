@@ -491,8 +491,7 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
             "accuracy": overall["accuracy"], "accuracy_n": overall["n"], "held_out": splits,
             "adapter_parameters": _adapter_parameters(ZOO_DIR / name)}
     if curve_steps:
-        curve_rows = learning_curve(name, tuple(curve_steps), curve_n, checkpoints=checkpoints, progress=progress)
-        card["learning_curve"] = json.loads(curve_rows.to_json(orient="records"))
+        card["learning_curve"] = _card_curve(name, curve_steps, curve_n, checkpoints, progress)
     target = ZOO_DIR / name
     (target / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
     (target / "README.md").write_text(render_card(card))
@@ -500,6 +499,12 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
                                               for r in curve]
     (target / "loss_curve.csv").write_text("\n".join(rows) + "\n")
     return card
+
+
+def _card_curve(name: str, steps: tuple[int, ...], n: int, checkpoints: Path | None, progress: bool) -> list[dict]:
+    """The card's learning curve: learning_curve's rows (each checkpoint paired with the shipped adapter) as JSON records."""
+    rows = learning_curve(name, tuple(steps), n, checkpoints=checkpoints, progress=progress)
+    return json.loads(rows.to_json(orient="records"))
 
 
 def _problems_seen(spec: AdaptSpec, steps: int) -> int:
@@ -541,8 +546,7 @@ def remeasure_card(name: str, eval_n: int | dict[str, int] = 500, progress: bool
     overall = card["held_out"]["text"]["rows"][0]  # the text split, all templates
     card["accuracy"], card["accuracy_n"] = overall["accuracy"], overall["n"]
     if curve_steps:
-        curve_rows = learning_curve(name, tuple(curve_steps), curve_n, checkpoints=checkpoints, progress=progress)
-        card["learning_curve"] = json.loads(curve_rows.to_json(orient="records"))
+        card["learning_curve"] = _card_curve(name, curve_steps, curve_n, checkpoints, progress)
     (target / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
     (target / "README.md").write_text(render_card(card))
     return card
