@@ -41,9 +41,9 @@ $(VENV4)/.installed: pyproject.toml
 # Every tier (tests/conftest.py): `make test` is what CI runs. Everything but two files runs on both cores
 # (pytest-xdist: two workers of one torch thread each, a test file per worker at a time, so a file's model fixtures
 # load once; the notebooks the reproduce and docs tests start inherit the one thread). Those two run alone: nbval
-# re-executes the committed notebooks, whose outputs were made with torch on two threads (another thread count moves
-# last bits and near-tie tokens) and which run several times slower beside another torch process; the explorer's
-# browser tests wait on JupyterLab with timeouts that contention would turn into flakes.
+# re-executes the committed notebooks two at a time itself, each kernel on one torch thread, as `make figures` made
+# their outputs (another thread count moves last bits and near-tie tokens); the explorer's browser tests wait on
+# JupyterLab with timeouts that contention would turn into flakes.
 ON_BOTH_CORES := -n 2 --dist loadfile
 ALONE := tests/notebooks/test_notebooks.py tests/notebooks/test_explorer_browser.py
 test: setup
@@ -68,6 +68,8 @@ test-notebooks: setup
 test-quick: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(ON_BOTH_CORES) -m "not slow and not process"
 
+# every notebook, two at a time (each kernel one torch thread), regenerating the stores they read; the long runs are
+# read (python -m sinklib.reproduce --remake-long-runs makes them again)
 figures: $(VENV)/.installed
 	$(PY) -m sinklib.reproduce
 

@@ -4,7 +4,8 @@
     python -m sinklib.reproduce --params notebooks/params/paper-llada.yaml   # a real checkpoint on a GPU
     python -m sinklib.reproduce --check                           # rerun elsewhere, compare with the committed
 
-The default run executes the notebooks in place (they are committed with their outputs); any other run writes
+Notebooks run two at a time on a CPU (each kernel with one torch thread; --jobs N), each after the notebooks whose
+stores it reads (RunConfig.READS_FROM) and the slowest first. The default run executes the notebooks in place (they are committed with their outputs); any other run writes
 executed copies to notebooks/executed/. Figures go to figures/ (PNG + PDF); numbers to data/results/. A run
 on models outside the zoo writes into figures/<model names>/ and data/results/<model names>/ unless the
 parameters name figures_dir / results_dir. Unknown or mistyped parameters are refused before anything runs.
@@ -25,6 +26,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,7 +38,9 @@ try:  # the notebooks extra: papermill runs them, nbformat edits them, and their
     import nbformat
     import papermill
 
-    from sinklib.runs import run_for
+    from tqdm.auto import tqdm
+
+    from sinklib.runs import LONG_TRACES, run_for
 except ModuleNotFoundError as missing:
     raise ImportError(f"sinklib.reproduce runs the notebooks, which need the notebooks extra ({missing.name} is "
                       "missing): pip install -e '.[notebooks]'") from missing
@@ -52,7 +58,7 @@ TUTORIAL = NOTEBOOKS / "00_what_is_an_attention_sink.ipynb"
 
 def notebook_paths(only: list[str] | None = None) -> list[Path]:
     """The figure notebooks (01, 02, …), in order; `only` keeps those whose names start with a given prefix. The
-    tutorial (00) is not one of them: it takes no run parameters (run_tutorial executes it)."""
+    tutorial (00) is not one of them: it takes no run parameters (the default run executes it too)."""
     paths = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if p != TUTORIAL)
     if only:
         paths = [p for p in paths if any(p.name.startswith(prefix) for prefix in only)]
@@ -96,11 +102,15 @@ def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
         run_for(path)(**parameters_for(path, given))
 
 
-def check_model_names(given: dict[str, Any]) -> None:
+def check_model_names(given: dict[str, Any], paths: list[Path] | None = None) -> None:
     """Every model a run names must resolve (zoo name, existing folder, reachable or cached hub id) before the
-    first notebook starts: a typo would otherwise fail an hour in, or not at all."""
+    first notebook starts: a typo would otherwise fail an hour in, or not at all. With `paths`, the models those
+    notebooks run by default resolve too: a named model (SmolLM2) is converted here, once, before notebooks that run
+    side by side would each convert it into the same folder."""
     names = list(given.get("models") or []) + ([given["model"]] if given.get("model") else [])
-    for name in names:
+    if not names and paths:
+        names = [name for path in paths for name in getattr(run_for(path)(), "models", [])]
+    for name in dict.fromkeys(names):
         if not isinstance(name, str):
             raise ValueError(f"parameter models={given.get('models')!r} is not allowed: models are names (str), "
                              f"got {name!r}")
@@ -138,23 +148,28 @@ def parameters_for(path: Path, given: dict[str, Any]) -> dict[str, Any]:
 
 def run(params: dict[str, Any] | None = None, out: Path | None = None, only: list[str] | None = None,
         figures_dir: Path | None = None, results_dir: Path | None = None, progress: bool = True,
-        remake_long_runs: bool = False) -> list[Path]:
-    """Execute the figure notebooks in order; returns the executed notebooks' paths.
+        remake_long_runs: bool = False, jobs: int | None = None) -> list[Path]:
+    """Execute the figure notebooks (execute_all: `jobs` at a time, each after those it reads from); returns the
+    executed notebooks' paths, in notebook order.
 
-    The default run (no parameters, no folders) executes each notebook in place: its outputs are committed so that
-    a reader sees the figures on GitHub, and it makes the stores (STORED) again. Any other run writes executed
-    copies to `out` (notebooks/executed/). `remake_long_runs`: the default run also makes the long runs
-    (COMMITTED_RUNS: the twins' Table 1 at n = 200, about 2.5 hours on one core for the diffusion twin) again
-    instead of reading them."""
+    The default run (no parameters, no folders) executes each notebook in place, the tutorial too: their outputs
+    are committed so that a reader sees the figures on GitHub, and it makes the stores (STORED) again. Any other run
+    writes executed copies to `out` (notebooks/executed/). `remake_long_runs`: the default run also makes the long
+    runs (COMMITTED_RUNS: the twins' Table 1 at n = 200, about 2.5 hours on one core for the diffusion twin; the
+    long traces, about 4 minutes) again instead of reading them. `jobs`: notebooks at a time, None for
+    default_jobs (2 on a CPU, 1 on another device)."""
     given = dict(params or {})
     paths = notebook_paths(only)
+    jobs = default_jobs(given) if jobs is None else jobs
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs={jobs!r} is not allowed: jobs must be a whole number >= 1 (notebooks run at once)")
     if remake_long_runs is not False and (remake_long_runs is not True or only or params or out is not None
                                           or figures_dir is not None or results_dir is not None):
         raise ValueError(f"remake_long_runs={remake_long_runs!r} is not allowed here: only the default run of every "
                          "notebook (python -m sinklib.reproduce --remake-long-runs, no other option) makes the long "
                          "runs again, since it remakes everything that reads them")
     check_parameters(given, paths)
-    check_model_names(given)
+    check_model_names(given, paths)
     if INSTALLED:  # the wheel's notebooks and results are read, never written: everything goes under `out`
         if out is None:
             raise ValueError("out=None is not allowed: an installed sinklib runs its notebooks into a folder of "
@@ -173,13 +188,116 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     # `make figures` (every notebook, in place) makes the stores again; any other run reads them
     remade = (regenerated_stores(DATA_DIR / "results", STORED + (COMMITTED_RUNS if remake_long_runs else ()))
               if in_place and not only else contextlib.nullcontext())
+    runs = [Execution.of(path, out / path.name, parameters_for(path, given)) for path in paths]
+    if in_place and not only:  # the default run (`make figures`) also refreshes the tutorial's committed outputs
+        runs.append(Execution.of(TUTORIAL, TUTORIAL, {}))
     with remade:
-        return [execute(path, out / path.name, parameters_for(path, given), progress) for path in paths]
+        return execute_all(runs, jobs, progress)
 
 
-def run_tutorial(path: Path = TUTORIAL, progress: bool = True) -> Path:
-    """Execute the tutorial in place (it takes no run parameters)."""
-    return execute(path, path, {}, progress)
+def default_jobs(given: dict[str, Any]) -> int:
+    """Notebooks at a time: 2 on a CPU (each kernel one torch thread: this project's 2-core machines), 1 when the
+    parameters name another device (an 8B model fills a GPU's memory)."""
+    return 2 if str(given.get("device", "cpu")) == "cpu" else 1
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One notebook of a run: which, where its executed copy goes, its parameters, the notebooks whose stores it reads
+    (stems) and about how long it takes with its stores made again (seconds, one torch thread)."""
+    path: Path
+    target: Path
+    parameters: dict[str, Any]
+    reads_from: tuple[str, ...] = ()
+    seconds: int = 20
+
+    @classmethod
+    def of(cls, path: Path, target: Path, parameters: dict[str, Any]) -> "Execution":
+        """A figure notebook's execution, its order read from its run config (READS_FROM, SECONDS_TO_REGENERATE);
+        the tutorial reads no store."""
+        if path == TUTORIAL:
+            return cls(path, target, parameters)
+        config = run_for(path)
+        return cls(path, target, parameters, config.READS_FROM, config.SECONDS_TO_REGENERATE)
+
+
+def waits_for(runs: list[Execution]) -> dict[Path, list[Path]]:
+    """Which notebooks each one starts after: the notebooks whose stores it reads (READS_FROM), where they are in
+    the run; where the notebook that makes a store is not (`--only 02 07`), its readers one after another, in
+    notebook order, so that two of them never make the same traces at once. A cycle is refused, naming it."""
+    present = {run.path.stem: run.path for run in runs}
+    after: dict[Path, list[Path]] = {run.path: [] for run in runs}
+    last_reader: dict[str, Path] = {}
+    for run in runs:
+        for maker in run.reads_from:
+            if maker in present:
+                after[run.path].append(present[maker])
+            else:
+                if maker in last_reader:
+                    after[run.path].append(last_reader[maker])
+                last_reader[maker] = run.path
+    done: set[Path] = set()
+    while len(done) < len(after):
+        free = [path for path, before in after.items() if path not in done and set(before) <= done]
+        if not free:
+            cycle = sorted(path.stem for path in after if path not in done)
+            raise ValueError(f"READS_FROM is not allowed to form a cycle: {cycle} each wait for another of them")
+        done.update(free)
+    return after
+
+
+@contextlib.contextmanager
+def one_torch_thread(jobs: int) -> Iterator[None]:
+    """With more than one notebook at a time, every kernel started inside runs torch (and OpenMP, MKL) on one thread,
+    so two kernels share two cores instead of fighting over them; the process's environment is put back after."""
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    before = {name: os.environ.get(name) for name in names}
+    if jobs > 1:
+        os.environ.update({name: "1" for name in names})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def execute_all(runs: list[Execution], jobs: int = 1, progress: bool = True) -> list[Path]:
+    """Execute the notebooks `jobs` at a time (papermill from threads of this process, each kernel its own process):
+    each starts once those it waits for (waits_for) have finished, the slowest of the ready ones first. The first
+    failure starts nothing more; the notebooks still running finish, then it is raised. Returns the executed
+    notebooks in the order of `runs`."""
+    after = waits_for(runs)
+    pending = list(runs)
+    finished: dict[Path, Path] = {}
+    running: dict[Future, Execution] = {}
+    failure: BaseException | None = None
+    began: dict[Path, float] = {}
+    with one_torch_thread(jobs), ThreadPoolExecutor(max_workers=jobs) as pool, \
+            tqdm(total=len(runs), desc="notebooks", unit="notebook", disable=not progress) as bar:
+        while (pending and failure is None) or running:
+            ready = sorted((run for run in pending if set(after[run.path]) <= set(finished)),
+                           key=lambda run: -run.seconds)
+            for run in ready[:jobs - len(running)] if failure is None else []:
+                pending.remove(run)
+                began[run.path] = time.perf_counter()
+                # one notebook at a time shows papermill's cell bar; side by side, the bar of notebooks
+                running[pool.submit(execute, run.path, run.target, run.parameters, progress and jobs == 1)] = run
+            bar.set_postfix_str(", ".join(run.path.stem[:2] for run in running.values()))
+            for future in wait(running, return_when=FIRST_COMPLETED)[0]:
+                run = running.pop(future)
+                try:
+                    finished[run.path] = future.result()
+                except BaseException as error:  # noqa: BLE001  (raised once the running notebooks end)
+                    failure = failure or error
+                    continue
+                bar.update(1)
+                bar.write(f"{run.path.stem}: {time.perf_counter() - began[run.path]:.0f} s")
+    if failure is not None:
+        raise failure
+    return [finished[run.path] for run in runs]
 
 
 def execute(path: Path, target: Path, parameters: dict[str, Any], progress: bool = True) -> Path:
@@ -257,11 +375,12 @@ def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:
     return (NOTEBOOKS / results).resolve(), (NOTEBOOKS / figures).resolve()
 
 
-# Long per-problem runs, read (resumed) wherever the notebooks run and recomputed only when their configuration
-# changes (a run whose configuration changed writes a file of its own beside them, so nothing stale is read): the
-# SmolLM2 twins' Table 1 at n = 200 and dose-response (the diffusion twin makes 28 forwards of its whole canvas per
-# answer: about 7 s a problem on one core, hours per model).
-COMMITTED_RUNS = ("table1-arithmetic-english",)
+# Long runs, read (resumed) wherever the notebooks run and recomputed only when their configuration changes (a run
+# whose configuration changed writes a file of its own beside them, so nothing stale is read): the SmolLM2 twins'
+# Table 1 at n = 200 and dose-response (the diffusion twin makes 28 forwards of its whole canvas per answer: about
+# 7 s a problem on one core, hours per model), and the long traces (runs.LONG_TRACES: the paper-layout canvases and
+# the logit lens, about 4 minutes).
+COMMITTED_RUNS = ("table1-arithmetic-english", LONG_TRACES)
 # What the notebooks analyse that takes minutes to make: the traces (sinklib.trace_store) and the tiny zoo's and
 # SmolLM2's Table 1 runs. Committed and read by every run but `make figures` (the default run, every notebook),
 # which makes them again (regenerated_stores) — so nbval and a reader opening a notebook read them in seconds.
@@ -331,7 +450,8 @@ def committed_version(folder: Path, into: Path, root: Path = ROOT) -> tuple[Path
     return into / relative, f"{relative} at git HEAD {head}"
 
 
-def check(params: dict[str, Any] | None = None, only: list[str] | None = None, progress: bool = True):
+def check(params: dict[str, Any] | None = None, only: list[str] | None = None, progress: bool = True,
+          jobs: int | None = None):
     """Run the notebooks into a temporary folder and compare each results file and explorer page with the
     committed one (git HEAD's, in a checkout: committed_version): an agreement.Report (print report.to_text();
     report.agrees; report.compared_with says against what). The checkout is never written."""
@@ -343,7 +463,7 @@ def check(params: dict[str, Any] | None = None, only: list[str] | None = None, p
         figures, figures_source = committed_version(figures, scratch / "committed")
         seed_committed_runs(scratch / "results", results, COMMITTED_RUNS)  # the stores are made again
         run(params, out=scratch / "executed", only=only, figures_dir=scratch / "figures",
-            results_dir=scratch / "results", progress=progress)
+            results_dir=scratch / "results", progress=progress, jobs=jobs)
         report = agreement.compare_folders(results, scratch / "results", rerun_only=bool(only),
                                            pages=(figures, scratch / "figures"))
         report.compared_with = [results_source, figures_source]
@@ -392,6 +512,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--remake-long-runs", action="store_true",
                         help="with no other option: make the long runs (the twins' Table 1 at n = 200, hours) again "
                              "instead of reading the committed ones")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="notebooks at a time (default: 2 on a CPU, each kernel one torch thread; 1 on another device)")
     parser.add_argument("--check", action="store_true",
                         help="rerun into a temporary folder and compare every results file with the committed one "
                              "(exit 1 naming what differs beyond float rounding and near-ties)")
@@ -402,14 +524,11 @@ def main(argv: list[str] | None = None) -> None:
     params = read_params(args.params, parser) if args.params else {}
     try:
         if args.check:
-            report = check(params, args.only)
+            report = check(params, args.only, jobs=args.jobs)
         else:
-            executed = run(params, args.out, args.only, remake_long_runs=args.remake_long_runs)
+            executed = run(params, args.out, args.only, remake_long_runs=args.remake_long_runs, jobs=args.jobs)
     except (ValueError, OSError) as error:
         parser.error(" ".join(str(error).split()))
-    if not args.check and not params and not args.only and args.out is None:
-        run_tutorial()  # the default run (`make figures`) also refreshes the tutorial's committed outputs
-        executed.append(TUTORIAL)
     if args.check:
         print("compared with " + " and ".join(report.compared_with))
         print(report.to_text())

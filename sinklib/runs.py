@@ -65,6 +65,12 @@ TASK_PER_MODEL = {"smollm2-135m-instruct": "capitals", "smollm2-135m-diffusion":
 
 RUNS: Registry[type] = Registry("notebook")  # notebook stem → its run config (each registers itself)
 
+# Traces that take minutes to make and that only one analysis reads, kept apart from the traces store so that
+# `make figures` reads them rather than making them again (sinklib.reproduce.COMMITTED_RUNS): notebook 02's canvases
+# under the paper's layout (the twin: 128 tokens in 128 forwards, about 80 s) and the generations notebook 07's logit
+# lens reads, with its measurements (a forward and a vocabulary softmax per step and layer: about 2 minutes).
+LONG_TRACES = "long-traces"
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -72,6 +78,10 @@ class RunConfig:
     the notebook analyses (the one verb every config has) and `save` a section's result. A subclass that names its
     NOTEBOOK registers itself in RUNS, so a notebook needs its file and its config, nothing else."""
     NOTEBOOK: ClassVar[str] = ""
+    # the notebooks whose stores this one reads: a run of several notebooks starts it after them (sinklib.reproduce)
+    READS_FROM: ClassVar[tuple[str, ...]] = ()
+    # wall seconds to run it with its stores made again, one torch thread, 2-core CPU: the slowest starts first
+    SECONDS_TO_REGENERATE: ClassVar[int] = 20
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -204,6 +214,7 @@ def _check_layout(config) -> None:
 class TracesRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
     """Notebook 01: traces of every model on n_prompts prompts, then their score distributions."""
     NOTEBOOK = "01_attention_distributions"
+    SECONDS_TO_REGENERATE = 150
     n_prompts: Count = 6
 
     def check(self) -> None:
@@ -226,12 +237,20 @@ class TracesRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
         rerun): results_dir/traces (sinklib.trace_store)."""
         return Path(self.results_dir) / "traces"
 
+    @property
+    def long_trace_store(self) -> Path:
+        """Where the traces that take minutes to make are kept: results_dir/long-traces (LONG_TRACES), read by
+        `make figures` too and made again only by `python -m sinklib.reproduce --remake-long-runs`."""
+        return Path(self.results_dir) / LONG_TRACES
+
 
 @validated
 @dataclass(frozen=True)
 class MovingSinksRun(TracesRun):
     """Notebook 02: sink tokens, dynamics and moving sinks, with the Eq. 3 threshold eps (sum units)."""
     NOTEBOOK = "02_moving_sinks"
+    READS_FROM = ("01_attention_distributions",)
+    SECONDS_TO_REGENERATE = 60
     eps: NonNegative = 3.0  # Eq. 3 threshold, sum units
     # Fig. 7 under the paper's layout, model → {gen_length, steps, block_length}; None: every diffusion model of the
     # run with its family's paper layout (128 tokens in 128 steps, LLaDA in blocks of 32), halved until it fits
@@ -259,7 +278,7 @@ class MovingSinksRun(TracesRun):
     def collect_paper_layouts(self, loaded: Mapping[str, Any]) -> dict[str, list]:
         """Traces under the paper's layout, by label ("tiny-llada, 64 tokens in 64 steps, blocks of 16"): each model of
         `paper_layouts` (default: every diffusion model of `loaded`, its family's paper layout fitted by
-        fitted_paper_layout) on the first paper_layout_prompts prompts of its task."""
+        fitted_paper_layout) on the first paper_layout_prompts prompts of its task, kept in long_trace_store."""
         traces = {}
         for name, model in loaded.items():
             prompts = trace_prompts(model.is_zoo, self.paper_layout_prompts)
@@ -270,8 +289,8 @@ class MovingSinksRun(TracesRun):
             settings = model.settings_for(**layout)
             blocks = f", blocks of {layout['block_length']}" if layout.get("block_length") else ""
             label = f"{name}, {settings.gen_length} tokens in {settings.steps} steps{blocks}"
-            traces[label] = stored_traces(model, prompts, self.trace_store, seed=self.seed, progress=self.progress,
-                                          sampler=settings)
+            traces[label] = stored_traces(model, prompts, self.long_trace_store, seed=self.seed,
+                                          progress=self.progress, sampler=settings)
         return traces
 
 
@@ -294,6 +313,8 @@ def fitted_paper_layout(model: Any, prompts: list[str]) -> dict[str, int] | None
 class ThresholdSweepRun(TracesRun):
     """Notebook 03: the share of tokens Eq. 3 selects at each eps."""
     NOTEBOOK = "03_threshold_sweep"
+    READS_FROM = ("01_attention_distributions",)
+    SECONDS_TO_REGENERATE = 30
     eps_values: list[NonNegative] = default_copy([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0])
 
     def check(self) -> None:
@@ -308,6 +329,7 @@ class ThresholdSweepRun(TracesRun):
 class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
     """Notebook 04: Table 1, accuracy with the top-k sinks masked and a random-key control."""
     NOTEBOOK = "04_masking_ablation"
+    SECONDS_TO_REGENERATE = 190
     task_path: str | None = None  # a local JSONL for the task (e.g. GSM8K on an offline node)
     n_problems_by_task: dict[str, Count] = default_copy({"arithmetic-english": 200})  # the twins' committed runs
     ks: Ks = default_copy([0, 1, 5, 10])
@@ -438,6 +460,8 @@ class CarryRun(TaskPart, TracesRun):
     """Notebook 07: what sinks carry (value and output norms), dose–response of masking the top-k sinks against k
     random keys and against ablating the sinks' values, and step-to-step stability of the top keys."""
     NOTEBOOK = "07_what_sinks_carry"
+    READS_FROM = ("01_attention_distributions",)
+    SECONDS_TO_REGENERATE = 260
     n_prompts: Count = 4
     masking_skip: list[Text] = default_copy([])  # models left out of the dose–response
     n_problems: Count = 20
@@ -474,6 +498,15 @@ class CarryRun(TaskPart, TracesRun):
         if self.lens_models is not None:
             return list(self.lens_models)
         return [name for name, model in loaded.items() if model.family.kind == "diffusion" and model.calling == "native"]
+
+    def collect_lens_traces(self, loaded: Mapping[str, Any]) -> dict[str, list]:
+        """The generations the logit lens reads, by model (lens_names): the first lens_traces of each model's traces
+        (the same inputs as collect()'s), kept with their lens measurements in long_trace_store."""
+        return {name: stored_traces(loaded[name], trace_prompts(loaded[name].is_zoo, self.lens_traces),
+                                    self.long_trace_store, seed=self.seed, progress=self.progress,
+                                    sampler=loaded[name].settings_for(steps=self.steps, gen_length=self.gen_length,
+                                                                      block_length=self.block_length))
+                for name in self.lens_names(loaded)}
 
     def dose_response(self, loaded: dict) -> dict:
         """Table 1 per task over this run's ks for every model not in masking_skip: the top-k sinks masked, k random

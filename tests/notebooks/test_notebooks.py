@@ -41,8 +41,11 @@ def nbval_run(tmp_path_factory):
     for path in COMMITTED:
         shutil.copy2(path, notebooks / path.name)
     reproduce.seed_committed_runs(root / "data" / "results")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "-p", "tests.notebooks.nbval_plugin",
+    # two notebooks at a time, each kernel on one torch thread: as `make figures` made the committed outputs
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile",
+                           "--nbval", "-p", "tests.notebooks.nbval_plugin",
                            "--nbval-sanitize-with", str(HERE / "nbval_sanitize.cfg"), "-p", "no:cacheprovider",
                            "--rootdir", str(notebooks), *sorted(p.name for p in notebooks.glob("*.ipynb"))],
                           capture_output=True, text=True, timeout=1500, cwd=notebooks, env=env)
