@@ -1,14 +1,15 @@
-"""Regenerate every figure: execute the numbered notebooks headlessly with papermill, in order.
+"""Regenerate every figure: execute the numbered notebooks headlessly with papermill.
 
     python -m sinklib.reproduce                                   # the tiny zoo on CPU (the default)
     python -m sinklib.reproduce --params notebooks/params/paper-llada.yaml   # a real checkpoint on a GPU
     python -m sinklib.reproduce --check                           # rerun elsewhere, compare with the committed
 
 Notebooks run two at a time on a CPU (each kernel with one torch thread; --jobs N), each after the notebooks whose
-stores it reads (RunConfig.READS_FROM) and the slowest first. The default run executes the notebooks in place (they are committed with their outputs); any other run writes
-executed copies to notebooks/executed/. Figures go to figures/ (PNG + PDF); numbers to data/results/. A run
-on models outside the zoo writes into figures/<model names>/ and data/results/<model names>/ unless the
-parameters name figures_dir / results_dir. Unknown or mistyped parameters are refused before anything runs.
+stores it reads (RunConfig.READS_FROM), the slowest ready one first. The default run executes the notebooks in
+place (they are committed with their outputs); any other run writes executed copies to notebooks/executed/.
+Figures go to figures/ (PNG + PDF); numbers to data/results/. A run on models outside the zoo writes into
+figures/<model names>/ and data/results/<model names>/ unless the parameters name figures_dir / results_dir.
+Unknown or mistyped parameters are refused before anything runs.
 With --check nothing in the checkout is written: the notebooks run into a temporary folder and each results
 file is compared with the committed one (sinklib.agreement); the exit status says whether they agree.
 """
