@@ -52,6 +52,20 @@ from sinklib.ties import NEAR_TIE, both_near_tie, is_near_tie
 FLOAT_TOLERANCE = 1e-4
 GENERATIONS = "generations"
 
+# Final canvases that differed between this CPU's kernels and another's, per model: (differed, generations compared),
+# pooled over the kernels compared (benchmarks/cpu_rounding_bound.py; its results in
+# benchmarks/results/cpu_rounding_bound.md, which tests/unit/test_agreement.py holds these equal to). A rerun may
+# change at most upper_bound(differed, compared) (99.9 %) of a model's answers in a Table 1 items table at near-ties:
+# "every answer that passed a near-tie" would excuse a whole rewritten table where the measured rate is zero. Pooled
+# over the model's runs, not per run: a real rerun here (AVX2, one thread, against AVX-512, two) changed 2 of one
+# 20-answer run of tiny-llada's dose-response, as many as a forger rewriting 10 % of a run would.
+CROSS_KERNEL_ANSWERS = {"tiny-arm": (0, 200), "tiny-llada": (0, 200), "tiny-dream": (0, 200)}
+ANSWER_CONFIDENCE = 0.999
+# A figure drawn from data that agrees may differ in a few anti-aliased pixels; one drawn from data that parted at a
+# near-tie (its notebook's tables say so) in a few more; a figure that is another plot differs in far more.
+FIGURE_PIXELS_WITHIN, FIGURE_PIXELS_NEAR = 0.01, 0.10
+TEXT_TABLES = ("*.md", "*.tex")  # figures/: text renderings of results tables (the table of the same name)
+
 IDENTICAL, WITHIN, NEAR, DIFFERS = "identical", "within tolerance", "near-tie", "differs"
 
 
@@ -155,15 +169,10 @@ def _steps(table: pd.DataFrame, model: str, trace: int) -> dict[int, tuple]:
 def compare_folders(committed: Path, rerun: Path, rerun_only: bool = False, pages: tuple[Path, Path] | None = None
                     ) -> Report:
     """Compare every results file (*.parquet) of `committed` with the same file in `rerun` (rerun_only: only the
-    files the rerun wrote, for a rerun of some of the notebooks), and the explorer pages of the two figure
-    folders in `pages` (committed, rerun)."""
+    files the rerun wrote, for a rerun of some of the notebooks), and, of the two figure folders in `pages`
+    (committed, rerun), the explorer pages, the text tables (*.md, *.tex) and the figures (*.png, with their *.pdf)."""
     committed, rerun = Path(committed), Path(rerun)
     report = Report()
-    if pages is not None:
-        page_names = {p.name for p in Path(pages[1]).glob("explorer_*.html")}
-        if not rerun_only:
-            page_names |= {p.name for p in Path(pages[0]).glob("explorer_*.html")}
-        report.rows += [compare_page(Path(pages[0]) / n, Path(pages[1]) / n) for n in sorted(page_names)]
     names = {p.stem for p in rerun.glob("*.parquet")}
     if not rerun_only:
         names |= {p.stem for p in committed.glob("*.parquet")}
@@ -177,9 +186,97 @@ def compare_folders(committed: Path, rerun: Path, rerun_only: bool = False, page
         if name == GENERATIONS or name.endswith(ITEMS):
             continue
         report.rows.append(compare_file(committed / f"{name}.parquet", rerun / f"{name}.parquet", explained))
+    if pages is not None:
+        report.rows += _compare_figure_folder(Path(pages[0]), Path(pages[1]), rerun_only, report, committed)
     folders = [(committed, rerun)] + ([(Path(pages[0]), Path(pages[1]))] if pages is not None else [])
     _compare_parameters(report, folders)
     return report
+
+
+def _files(committed: Path, rerun: Path, patterns: tuple[str, ...], rerun_only: bool) -> list[str]:
+    """The names of the files matching `patterns` in the rerun's folder (and, unless rerun_only, the committed one's)."""
+    folders = (rerun,) if rerun_only else (rerun, committed)
+    return sorted({p.name for folder in folders for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
+
+
+def _compare_figure_folder(committed: Path, rerun: Path, rerun_only: bool, report: Report, results: Path) -> list[Row]:
+    """The explorer pages (compare_page), the text tables (compare_text: each against its results table's row in
+    `report`) and the figures (compare_figure: drawn from data of the same notebook as its tables) of two figure
+    folders."""
+    rows = [compare_page(committed / n, rerun / n) for n in _files(committed, rerun, ("explorer_*.html",), rerun_only)]
+    by_table = {row.artifact: row for row in report.rows}
+    rows += [compare_text(committed / n, rerun / n, by_table.get(Path(n).stem))
+             for n in _files(committed, rerun, TEXT_TABLES, rerun_only)]
+    parted = _notebooks_of(results, [row.artifact for row in report.rows if row.status == NEAR])
+    notebooks = _notebooks_of(committed, None)
+    for name in _files(committed, rerun, ("*.png",), rerun_only):
+        near = notebooks.get(name) in parted.values()
+        rows.append(compare_figure(committed / name, rerun / name, near))
+    return rows
+
+
+def _notebooks_of(folder: Path, stems: list[str] | None) -> dict[str, str]:
+    """artifact file name → the notebook that wrote it, from the folder's PROVENANCE.json (for the artifacts whose
+    stems are `stems`, or all); {} where it has none or cannot be read (compare_folders reports that file)."""
+    from sinklib.provenance import read_manifest  # noqa: PLC0415  (provenance imports torch: only a check needs it)
+
+    try:
+        manifest = read_manifest(folder)
+    except (ValueError, OSError):
+        return {}
+    return {name: str(entry.get("notebook")) for name, entry in manifest.items()
+            if stems is None or Path(name).stem in stems}
+
+
+def compare_text(committed: Path, rerun: Path, table: Row | None) -> Row:
+    """A text rendering of a results table (figures/*.md, *.tex): equal to the committed text, or, where the table it
+    renders (`table`, its row of this report) agreed only up to a near-tie, allowed to differ as that table does."""
+    name = committed.name
+    missing = _missing(committed, rerun)
+    if missing:
+        return Row(name, "-", DIFFERS, detail=missing.detail)
+    a, b = _read_bytes(committed), _read_bytes(rerun)
+    if a == b:
+        return Row(name, "1 / 1", IDENTICAL)
+    if table is not None and table.status == NEAR:
+        return Row(name, "1 / 1", NEAR, detail=f"renders {table.artifact}, which agrees up to a near-tie")
+    why = "its table agrees exactly" if table is not None and table.status != DIFFERS else (
+        "its table differs" if table is not None else "no results table of this name was compared")
+    return Row(name, "1 / 1", DIFFERS, detail=f"the text differs from the committed one ({why})")
+
+
+def compare_figure(committed: Path, rerun: Path, parted: bool = False) -> Row:
+    """A figure (PNG; its PDF twin follows it): the same bytes, or the same size with at most FIGURE_PIXELS_WITHIN of
+    its pixels changed (anti-aliasing of values that agree), or FIGURE_PIXELS_NEAR where its notebook's data parted
+    at a near-tie (`parted`); the PDF twin must exist on both sides. Another plot, or a figure missing, differs."""
+    name = committed.name
+    pdfs = (committed.with_suffix(".pdf"), rerun.with_suffix(".pdf"))
+    for pair in ((committed, rerun), *([pdfs] if any(path.exists() for path in pdfs) else [])):
+        missing = _missing(*pair)
+        if missing:
+            return Row(name, "-", DIFFERS, detail=f"{pair[0].name} {missing.detail}")
+    if _read_bytes(committed) == _read_bytes(rerun):
+        return Row(name, "1 / 1", IDENTICAL)
+    try:
+        import matplotlib.image  # noqa: PLC0415  (the notebooks' extra: only a figure check decodes PNGs)
+
+        a, b = matplotlib.image.imread(committed), matplotlib.image.imread(rerun)
+    except (OSError, ValueError, SyntaxError) as error:
+        return Row(name, "1 / 1", DIFFERS, detail=f"not a readable PNG: {' '.join(str(error).split())}")
+    if a.shape != b.shape:
+        return Row(name, "1 / 1", DIFFERS, detail=f"another size: {a.shape[:2]} / {b.shape[:2]} pixels")
+    changed = float((a != b).any(axis=-1).mean()) if a.ndim == 3 else float((a != b).mean())
+    detail = f"{changed:.2%} of its pixels differ"
+    if changed <= FIGURE_PIXELS_WITHIN:
+        return Row(name, "1 / 1", WITHIN, changed, detail)
+    if parted and changed <= FIGURE_PIXELS_NEAR:
+        return Row(name, "1 / 1", NEAR, changed, f"{detail}; its notebook's data parted at a near-tie")
+    bound = FIGURE_PIXELS_NEAR if parted else FIGURE_PIXELS_WITHIN
+    return Row(name, "1 / 1", DIFFERS, changed, f"{detail} (more than {bound:.0%}: another plot)")
+
+
+def _read_bytes(path: Path) -> bytes:
+    return Path(path).read_bytes()
 
 
 def _compare_parameters(report: Report, folders: list[tuple[Path, Path]]) -> None:
@@ -190,7 +287,12 @@ def _compare_parameters(report: Report, folders: list[tuple[Path, Path]]) -> Non
 
     configs: dict[str, tuple] = {}
     for committed, rerun in folders:
-        old, new = read_manifest(committed), read_manifest(rerun)
+        try:
+            old, new = read_manifest(committed), read_manifest(rerun)
+        except (ValueError, OSError) as error:  # json's JSONDecodeError is a ValueError
+            report.rows.append(Row(f"{committed.name}/PROVENANCE.json", "-", DIFFERS,
+                                   detail=f"not readable: {' '.join(str(error).split())}"))
+            continue
         for file_name in set(old) & set(new):
             configs[Path(file_name).stem if file_name.endswith(".parquet") else file_name] = (
                 old[file_name].get("config"), new[file_name].get("config"))
@@ -214,6 +316,9 @@ def compare_items(committed: Path, rerun: Path, explained: set[tuple]) -> Row:
     if settled:
         return settled
     rows = f"{len(a)} / {len(b)}"
+    schema = _schema_problems(a, b, ["model", "condition", "k", "id"])
+    if schema:
+        return Row(name, rows, DIFFERS, detail="; ".join(schema))
     merged, unmatched = _matched(a, b, ["model", "condition", "k", "id"])
     near = merged["margin"].map(is_near_tie) & merged["margin__rerun"].map(is_near_tie)
     parted = merged["output"] != merged["output__rerun"]
@@ -229,6 +334,13 @@ def compare_items(committed: Path, rerun: Path, explained: set[tuple]) -> Row:
         problems.append(f"{int((parted & ~near).sum())} answers changed without a near-tie (e.g. {first['model']} "
                         f"{first['condition']} k={first['k']} sample {first['id']}: margin {first['margin']:.2g} / "
                         f"{first['margin__rerun']:.2g})")
+    sizes = merged.groupby("model").size()
+    changed = merged[parted & near].groupby("model").size()
+    over = [(str(model), int(count), answers_allowed(str(model), int(sizes[model]))) for model, count in changed.items()
+            if count > answers_allowed(str(model), int(sizes[model]))]
+    for model, count, allowed in over:
+        problems.append(f"{model} changed {count} of its {int(sizes[model])} answers at near-ties, more than another "
+                        f"CPU changes (at most {allowed}: {_answers_measured(model)})")
     for kind, flags in (("answers", parted & near), ("flagged", near)):
         counts = merged[flags].groupby(["model", "condition", "k"]).size()
         explained.update((kind, m, c, int(k), int(n)) for (m, c, k), n in counts.items())
@@ -238,6 +350,28 @@ def compare_items(committed: Path, rerun: Path, explained: set[tuple]) -> Row:
         return Row(name, rows, WITHIN, detail="the same answers")
     return Row(name, rows, NEAR, detail=f"{int(parted.sum())} outputs changed, each after a near-tie "
                                         f"(closest margins <= {NEAR_TIE:g} in both runs)")
+
+
+def answers_allowed(model: str, n: int) -> int:
+    """How many of a model's n answers in a table a rerun on another CPU may change at near-ties: n × the 99.9 % upper
+    bound of the share of final canvases that other kernels changed for this model (CROSS_KERNEL_ANSWERS; a model
+    not measured takes every measured model's pooled count)."""
+    from sinklib.stats import upper_bound  # noqa: PLC0415  (scipy: only a check needs it)
+
+    changed, compared = _answers_count(model)
+    return math.floor(upper_bound(changed, compared, ANSWER_CONFIDENCE) * n)
+
+
+def _answers_count(model: str) -> tuple[int, int]:
+    if model in CROSS_KERNEL_ANSWERS:
+        return CROSS_KERNEL_ANSWERS[model]
+    return (sum(c for c, _ in CROSS_KERNEL_ANSWERS.values()), sum(n for _, n in CROSS_KERNEL_ANSWERS.values()))
+
+
+def _answers_measured(model: str) -> str:
+    changed, compared = _answers_count(model)
+    whose = model if model in CROSS_KERNEL_ANSWERS else "every measured model (this one was not measured)"
+    return f"{changed} of {compared} generations of {whose} changed between kernels"
 
 
 def _compare_runs(name: str, rows: str, a: pd.DataFrame, b: pd.DataFrame, layout: Layout, explained: set[tuple],
@@ -328,6 +462,9 @@ def compare_file(committed: Path, rerun: Path, explained: set[tuple] = frozenset
         return Row(name, rows, DIFFERS, detail="no layout for this file: only an identical frame agrees")
     if layout.index:
         a, b = a.reset_index(), b.reset_index()
+    schema = _schema_problems(a, b, list(layout.keys))
+    if schema:
+        return Row(name, rows, DIFFERS, detail="; ".join(schema))
     if layout.scope == "model":
         return _compare_pooled(name, rows, a, b, layout, _parted_shares(explained))
     if layout.scope == "run":
@@ -400,8 +537,32 @@ def _read_pair(committed: Path, rerun: Path) -> tuple[pd.DataFrame | None, pd.Da
     missing = _missing(committed, rerun)
     if missing:
         return None, None, missing
-    a, b = pd.read_parquet(committed), pd.read_parquet(rerun)
+    frames = []
+    for path, side in ((committed, "committed"), (rerun, "rerun")):
+        try:
+            frames.append(pd.read_parquet(path))
+        except Exception as error:  # noqa: BLE001  (pyarrow raises many kinds; a damaged file is a finding)
+            return None, None, Row(committed.stem, "-", DIFFERS,
+                                   detail=f"the {side} file is not a readable table: {' '.join(str(error).split())[:200]}")
+    a, b = frames
     return a, b, Row(committed.stem, f"{len(a)} / {len(b)}", IDENTICAL) if a.equals(b) else None
+
+
+def _schema_problems(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> list[str]:
+    """What makes two tables incomparable row by row: other columns (renamed, dropped or added), identifying columns
+    missing, or rows whose identifying columns repeat."""
+    problems = []
+    if list(a.columns) != list(b.columns):
+        only_a, only_b = [c for c in a.columns if c not in b.columns], [c for c in b.columns if c not in a.columns]
+        problems.append(f"the columns differ (only committed: {only_a}, only rerun: {only_b})" if only_a or only_b
+                        else f"the columns are in another order ({list(a.columns)} / {list(b.columns)})")
+    for frame, side in ((a, "committed"), (b, "rerun")):
+        absent = [key for key in keys if key not in frame.columns]
+        if absent:
+            problems.append(f"the {side} table lacks its identifying columns {absent}")
+        elif frame.duplicated(keys).any():
+            problems.append(f"the {side} table repeats {int(frame.duplicated(keys).sum())} rows' identity ({keys})")
+    return problems
 
 
 def _matched(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, int]:

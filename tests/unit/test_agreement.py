@@ -297,3 +297,152 @@ def test_a_run_accuracy_moves_only_as_far_as_its_parted_answers(tmp_path):
         _write(tmp_path / side, "table1_masking_arithmetic", table)
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
     assert report.failing == ["table1_masking_arithmetic"]
+
+
+@pytest.fixture(autouse=True)
+def _model_a_measured_to_change_answers(monkeypatch):
+    """The hand-built tables' model "a" measured as changing one answer of two between kernels: the bound lets one
+    answer of a two-sample run part at a near-tie (tiny-llada's measured 0 of 200 would not)."""
+    monkeypatch.setitem(agreement.CROSS_KERNEL_ANSWERS, "a", (1, 2))
+
+
+def _many_answers(tmp_path, side, rewritten: int, model="tiny-llada", n=100):
+    """One run of n samples, every closest margin a near-tie; on the committed side the first `rewritten` answers are
+    other outputs scored otherwise, with the run's accuracy kept the share of its items (a consistent forgery)."""
+    correct = [not (side == "c" and i < rewritten) for i in range(n)]
+    items = pd.DataFrame({"model": model, "condition": "sinks", "k": 1, "id": [str(i) for i in range(n)],
+                          "correct": correct, "output": ["12" if ok else "13" for ok in correct], "margin": 1e-5})
+    table = pd.DataFrame({"model": [model], "condition": ["sinks"], "k": [1], "accuracy": [float(np.mean(correct))],
+                          "stderr": [0.0], "n": [n], "accuracy_flexible": [float(np.mean(correct))]})
+    _write(tmp_path / side, "table1_masking_arithmetic", table)
+    _write(tmp_path / side, "table1_masking_arithmetic_items", items)
+
+
+@pytest.mark.parametrize("rewritten, agrees", [(0, True), (3, True), (4, False), (47, False)])
+def test_answers_changed_at_near_ties_are_bounded_by_what_another_cpu_measurably_changes(tmp_path, rewritten, agrees):
+    """tiny-llada: 0 of 200 final canvases changed between kernels, so at most the 99.9 % upper bound (3.4 %) of its
+    100 answers may part at near-ties: 47 rewritten, accuracy row kept consistent, no longer agree."""
+    assert agreement.answers_allowed("tiny-llada", 100) == 3
+    _many_answers(tmp_path, "c", rewritten)
+    _many_answers(tmp_path, "r", 0)
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    assert report.agrees is agrees, report.to_text()
+    if not agrees:
+        assert "table1_masking_arithmetic_items" in report.failing
+        detail = {row.artifact: row.detail for row in report.rows}["table1_masking_arithmetic_items"]
+        assert (f"tiny-llada changed {rewritten} of its 100 answers at near-ties, more than another CPU changes (at "
+                "most 3: 0 of 200 generations of tiny-llada changed between kernels)") in detail
+
+
+def test_the_measured_cross_kernel_counts_are_the_benchmarks():
+    """CROSS_KERNEL_ANSWERS quotes benchmarks/results/cpu_rounding_bound.md: per model, final canvases that differed,
+    summed over the kernels compared, of the generations compared."""
+    from pathlib import Path
+
+    rows = [line.split("|")[1:-1] for line in (Path(__file__).parents[2] / "benchmarks" / "results" /
+                                               "cpu_rounding_bound.md").read_text().splitlines()
+            if line.startswith("| tiny-") or line.startswith("| smollm2")]
+    measured: dict[str, list[int]] = {}
+    for cells in rows:
+        model, generations, differed = cells[0].strip(), int(cells[2]), int(cells[5])
+        measured.setdefault(model, [0, 0])
+        measured[model] = [measured[model][0] + differed, measured[model][1] + generations]
+    assert {model: tuple(counts) for model, counts in measured.items()} == {
+        model: counts for model, counts in agreement.CROSS_KERNEL_ANSWERS.items() if model != "a"}
+
+
+def test_a_model_never_measured_takes_every_measured_models_pooled_count(monkeypatch):
+    monkeypatch.delitem(agreement.CROSS_KERNEL_ANSWERS, "a")  # the hand-built model: not a measurement
+    assert agreement.answers_allowed("never-measured", 1000) == 11  # 0 of 600: upper bound 1.15 %
+
+
+def _layer_head(**columns):
+    frame = pd.DataFrame({"model": ["a", "a"], "layer": [0, 1], "head": [0, 0], "score": [5.0, 6.0]})
+    return frame.assign(**columns)
+
+
+@pytest.mark.parametrize("doctor, detail", [
+    (lambda f: f.rename(columns={"score": "score2"}), "the columns differ (only committed: ['score2'], only rerun: ['score'])"),
+    (lambda f: f.drop(columns="score"), "the columns differ (only committed: [], only rerun: ['score'])"),
+    (lambda f: f.assign(extra=1.0), "the columns differ (only committed: ['extra'], only rerun: [])"),
+    (lambda f: pd.concat([f, f.iloc[[0]]], ignore_index=True), "the committed table repeats 1 rows' identity"),
+    (lambda f: f[["model", "score", "layer", "head"]], "the columns are in another order"),
+])
+def test_a_table_of_another_shape_differs_naming_its_columns_or_rows_never_a_traceback(tmp_path, doctor, detail):
+    _write(tmp_path / "c", "fig05_layer_head", doctor(_layer_head()))
+    _write(tmp_path / "r", "fig05_layer_head", _layer_head())
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    assert report.failing == ["fig05_layer_head"] and detail in report.rows[0].detail
+
+
+def test_a_damaged_committed_file_is_a_finding_with_its_name(tmp_path):
+    _write(tmp_path / "c", "fig05_layer_head", _layer_head())
+    _write(tmp_path / "r", "fig05_layer_head", _layer_head())
+    (tmp_path / "c" / "fig05_layer_head.parquet").write_bytes(b"PAR1 not really")
+    (tmp_path / "c" / "PROVENANCE.json").write_text('{"artifacts": {')
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    rows = {row.artifact: row for row in report.rows}
+    assert "the committed file is not a readable table" in rows["fig05_layer_head"].detail
+    assert rows["c/PROVENANCE.json"].status == DIFFERS and "not readable" in rows["c/PROVENANCE.json"].detail
+    assert sorted(report.failing) == ["c/PROVENANCE.json", "fig05_layer_head"]
+
+
+def _figure(path, values, size=(4, 3)):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(exist_ok=True)
+    figure, axes = plt.subplots(figsize=size, dpi=50)
+    axes.plot(values)
+    for suffix in (".png", ".pdf"):
+        figure.savefig(path.with_suffix(suffix), metadata={"Software": None} if suffix == ".png" else {"CreationDate": None})
+    plt.close(figure)
+
+
+@pytest.mark.parametrize("rerun_values, size, status", [
+    ([1, 2, 3, 4], (4, 3), IDENTICAL),
+    ([1, 2, 3, 4.0000001], (4, 3), IDENTICAL),  # values within float tolerance draw the same pixels
+    ([4, 1, 3, 2], (4, 3), DIFFERS),            # another plot
+    ([1, 2, 3, 4], (5, 3), DIFFERS),            # another size
+])
+def test_a_figure_agrees_when_drawn_alike_and_another_plot_differs(tmp_path, rerun_values, size, status):
+    _figure(tmp_path / "cf" / "fig10_threshold_sweep.png", [1, 2, 3, 4])
+    _figure(tmp_path / "rf" / "fig10_threshold_sweep.png", rerun_values, size)
+    (tmp_path / "c").mkdir(), (tmp_path / "r").mkdir()
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r", pages=(tmp_path / "cf", tmp_path / "rf"))
+    assert [(row.artifact, row.status) for row in report.rows] == [("fig10_threshold_sweep.png", status)], report.to_text()
+
+
+def test_a_figure_whose_pdf_is_missing_differs(tmp_path):
+    _figure(tmp_path / "cf" / "fig10.png", [1, 2])
+    _figure(tmp_path / "rf" / "fig10.png", [1, 2])
+    (tmp_path / "rf" / "fig10.pdf").unlink()
+    (tmp_path / "c").mkdir(), (tmp_path / "r").mkdir()
+    row = agreement.compare_folders(tmp_path / "c", tmp_path / "r", pages=(tmp_path / "cf", tmp_path / "rf")).rows[0]
+    assert row.status == DIFFERS and row.detail == "fig10.pdf missing from the rerun"
+
+
+@pytest.mark.parametrize("rerun_margin, status", [(1e-5, NEAR), (0.3, DIFFERS)])
+def test_an_edited_text_table_differs_unless_the_table_it_renders_parted_at_a_near_tie(tmp_path, rerun_margin, status):
+    """figures/table1_masking_arithmetic.md renders data/results/table1_masking_arithmetic.parquet: an edited text
+    agrees only where that table itself agrees up to a near-tie."""
+    _table1(tmp_path, "c", True, 1e-5)
+    _table1(tmp_path, "r", False, rerun_margin)
+    for side, text in (("cf", "| a | 1.00 |\n"), ("rf", "| a | 0.50 |\n")):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "table1_masking_arithmetic.md").write_text(text)
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r", pages=(tmp_path / "cf", tmp_path / "rf"))
+    assert {row.artifact: row.status for row in report.rows}["table1_masking_arithmetic.md"] == status
+
+
+def test_an_edited_text_table_whose_table_agrees_exactly_differs(tmp_path):
+    _table1(tmp_path, "c", True, 0.4)
+    _table1(tmp_path, "r", True, 0.4)
+    for side, text in (("cf", "| a | 1.00 |\n"), ("rf", "| a | 0.99 |\n")):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "table1_masking_arithmetic.md").write_text(text)
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r", pages=(tmp_path / "cf", tmp_path / "rf"))
+    assert report.failing == ["table1_masking_arithmetic.md"]
+    assert "the text differs from the committed one (its table agrees exactly)" in report.rows[-1].detail

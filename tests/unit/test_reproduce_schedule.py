@@ -5,12 +5,13 @@ import json
 import os
 from pathlib import Path
 
-import nbformat
-import papermill
 import pytest
 
-from sinklib import reproduce
-from sinklib.reproduce import Execution, execute_all, waits_for
+nbformat = pytest.importorskip("nbformat")  # the notebooks extra (the transformers-4.56 tier has none)
+papermill = pytest.importorskip("papermill")
+
+from sinklib import reproduce  # noqa: E402  (needs the notebooks extra)
+from sinklib.reproduce import Execution, execute_all, waits_for  # noqa: E402
 
 pytestmark = pytest.mark.process  # they start Jupyter kernels
 
