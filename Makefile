@@ -38,14 +38,14 @@ $(VENV4)/.installed: pyproject.toml
 	$(PY4) -m pip install -q -e ".[test]" "transformers==4.56.*"
 	touch $@
 
-# Every tier (tests/conftest.py): `make test` is what CI runs. Everything but the browser tests runs on both cores
+# Every tier (tests/conftest.py): `make test` is what CI runs. Everything but two files runs on both cores
 # (pytest-xdist: two workers of one torch thread each, a test file per worker at a time, so a file's model fixtures
-# load once; the notebooks the reproduce, nbval and docs tests start inherit the one thread: nbval re-executes the
-# committed notebooks on one torch thread per kernel, as `make figures` made their outputs, since another thread
-# count moves last bits and near-tie tokens). The explorer's browser tests run alone: they wait on JupyterLab with
-# timeouts that contention would turn into flakes.
+# load once; the notebooks the reproduce and docs tests start inherit the one thread). Those two run alone: nbval
+# re-executes the committed notebooks two at a time itself, each kernel on one torch thread, as `make figures` made
+# their outputs (another thread count moves last bits and near-tie tokens); the explorer's browser tests wait on
+# JupyterLab with timeouts that contention would turn into flakes.
 ON_BOTH_CORES := -n 2 --dist loadfile
-ALONE := tests/notebooks/test_explorer_browser.py
+ALONE := tests/notebooks/test_notebooks.py tests/notebooks/test_explorer_browser.py
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(ON_BOTH_CORES) $(addprefix --ignore=,$(ALONE))
 	$(PY) -m pytest $(ALONE)

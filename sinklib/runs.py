@@ -191,6 +191,19 @@ def _check_task_limits(config) -> None:
             raise ValueError(f"{name}={given!r} is not allowed: {unknown} are not tasks; tasks are {task_names()}")
 
 
+def _check_models_named(config, *names: str) -> None:
+    """Every model that the fields `names` mention (the keys of `tasks`, the entries of `masking_skip`) is one of the
+    run's models: a misspelt one would silently change nothing (`--params {masking_skip: [tiny-lada]}` ran every
+    model). The default tasks of the models a run leaves out (TASK_PER_MODEL's entries) are not a mistake."""
+    for name in names:
+        given = getattr(config, name)
+        unknown = [model for model in given if model not in config.models
+                   and not (name == "tasks" and TASK_PER_MODEL.get(model) == given[model])]
+        if unknown:
+            hint = did_you_mean(unknown[0], config.models)
+            raise ValueError(f"{name}={given!r} is not allowed: {unknown} are not among models={config.models!r}{hint}")
+
+
 def _check_consent(config) -> None:
     """A task that runs model-written code (HumanEval) needs allow_code_execution=True, and a task_path must be a file:
     both would otherwise fail only after the first model's generations."""
@@ -345,6 +358,7 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
         consent for a task that runs model-written code, and a task_path that exists."""
         _check_layout(self)
         _check_task_limits(self)
+        _check_models_named(self, "tasks")
         _check_consent(self)
 
     def collect(self) -> dict[str, MaskingTable]:
@@ -480,6 +494,7 @@ class CarryRun(TaskPart, TracesRun):
         """TracesRun's rules; ks distinct, with 0 (the unmasked baseline) among them."""
         super().check()
         _check_task_limits(self)
+        _check_models_named(self, "tasks", "masking_skip")
         self.check_lens_models()
         for name, ks in {"ks": self.ks, **{f"ks_by_task[{t!r}]": k for t, k in self.ks_by_task.items()}}.items():
             if 0 not in ks or len(set(ks)) != len(ks):

@@ -3,6 +3,7 @@
 anywhere (flexible)."""
 from __future__ import annotations
 
+import decimal
 import re
 
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -10,13 +11,18 @@ FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 
 
 def normalise_number(text: str) -> str | None:
-    """'1,234.' → '1234'; '$5' → '5'; '3.50' → '3.5'; non-numbers → None."""
+    """'1,234.' → '1234'; '$5' → '5'; '3.50' → '3.5'; '12.0' → '12'; non-numbers (NaN and infinities included) →
+    None. Exact in decimal: a 20-digit answer stays its 20 digits (a float would round it)."""
     cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
     try:
-        value = float(cleaned)
-    except ValueError:
+        value = decimal.Decimal(cleaned)
+    except decimal.InvalidOperation:
         return None
-    return str(int(value)) if value == int(value) else repr(value)
+    if not value.is_finite():
+        return None
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
 
 
 def strict_answer(text: str) -> str | None:

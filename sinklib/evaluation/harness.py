@@ -33,13 +33,38 @@ from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import paper_masking
 from sinklib.families.base import Family, fit
 from sinklib.generate import generate, resolve_settings
-from sinklib.interventions import AblateValues, MaskRandomKeys, make_policy
+from sinklib.interventions import POLICIES, AblateValues, MaskRandomKeys, make_policy
 from sinklib.loading import load
 
 logger = logging.getLogger(__name__)
 
 
 POLICY_PREFIX = "policy."  # model_args keys that set the named policy's settings
+
+
+def _named_policy(name: str, settings: dict[str, Any]):
+    """The registered policy `name` with its settings (model_args policy.<setting>=value), each setting checked
+    against what that policy takes before it is built: an unknown or missing one is refused naming
+    policy.<setting>, never a raw TypeError. A policy that wraps another (ablate_values) is refused with the
+    model_args that build it."""
+    check_choice(name, "policy", POLICIES.names())
+    if name == "ablate_values":
+        raise bad_value("policy", name, "a policy that chooses keys; ablate_values wraps one: give mask_values=zero "
+                        "or mask_values=mean beside mask_top_k, mask_random_k or policy")
+    parameters = inspect.signature(POLICIES.get(name)).parameters
+    takes = [key for key, parameter in parameters.items() if parameter.kind is not parameter.VAR_KEYWORD]
+    for key in settings:
+        if key not in takes:
+            raise ValueError(f"model_args {POLICY_PREFIX}{key}= is not allowed: policy {name!r} takes "
+                             f"{[POLICY_PREFIX + t for t in takes]}"
+                             f"{did_you_mean(POLICY_PREFIX + key, [POLICY_PREFIX + t for t in takes])}")
+    missing = [key for key, parameter in parameters.items()
+               if parameter.default is parameter.empty and parameter.kind is parameter.POSITIONAL_OR_KEYWORD
+               and key not in settings]
+    if missing:
+        raise ValueError(f"model_args {POLICY_PREFIX}{missing[0]}= is required by policy {name!r} "
+                         f"(e.g. policy={name},{POLICY_PREFIX}{missing[0]}=1)")
+    return make_policy(name, **settings)
 
 
 def _policy_arg(text: str) -> Any:
@@ -104,7 +129,7 @@ class SinklibLM(LM):
             raise bad_value("policy", policy, "None when mask_top_k or mask_random_k is set (one intervention at a time)")
         if policy_settings and policy is None:
             raise bad_value("policy_settings", policy_settings, "empty unless policy names the policy they set")
-        chosen = make_policy(policy, **(policy_settings or {})) if policy is not None else None  # before any model loads
+        chosen = _named_policy(policy, policy_settings or {}) if policy is not None else None  # before any model loads
         check_choice(mask_source, "mask_source", ["previous_step", "previous_step_clean", "same_step"])
         self.batch_size = _batch_size(batch_size)
         self._rank, self._world_size = _init_distributed()
@@ -119,6 +144,9 @@ class SinklibLM(LM):
         # the model's own settings with these options; the layout is fitted to the generation length in one go
         self._own = resolve_settings(self.loaded, self.loaded.settings_for(), temperature=float(temperature), alg=alg,
                                      remasking=remasking)
+        if block_length is not None and not hasattr(self._own, "block_length"):  # fit would drop it without a word
+            raise bad_value("block_length", block_length, f"None for a {self.loaded.family.name} model (its sampler has "
+                            "no blocks)")
         self.settings = fit(self._own, steps=steps, gen_length=gen_length, block_length=block_length).validate()
         self.intervention = _intervention(self.loaded.family, chosen, mask_top_k, mask_eps, mask_source,
                                           mask_random_k, mask_values, seed)

@@ -304,8 +304,43 @@ def table_conditions(family: Family, ks: Sequence[int], random_control: bool, ep
     chosen = [CONDITIONS.get(name) for name in names]
     result = [("sinks", 0, None)] if 0 in ks else []
     for condition in chosen:
-        result += [(condition.label, k, condition.intervention(family, k, eps, source, seed)) for k in ks if k]
+        for k in (k for k in ks if k):
+            intervention = condition.intervention(family, k, eps, source, seed)
+            if intervention is None:  # it would run unmasked and be reported as masked
+                raise ValueError(f"conditions={list(names)!r} is not allowed: the policy of {condition.label!r} builds "
+                                 f"no intervention for a {family.name} model at k={k}; a masked column must mask")
+            result.append((condition.label, k, intervention))
     return result
+
+
+def check_conditions(names: Sequence[str] | None) -> None:
+    """Conditions that can make a table, checked before any run: a list (one string would be its characters) of
+    registered names, each once, whose columns differ (two conditions in one column make every view fail), each
+    registered under its own label (the rows carry the label) with words that take only {k} and {s}."""
+    if names is None:
+        return
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise bad_value("conditions", names, f"a list of condition names, e.g. [{names!r}]" if isinstance(names, str)
+                        else f"a list of condition names ({CONDITIONS.names()})")
+    for name in names:
+        check_choice(name, "conditions", CONDITIONS.names())
+    if len(set(names)) != len(names):
+        raise bad_value("conditions", list(names), "distinct condition names (each once)")
+    chosen = {name: CONDITIONS.get(name) for name in names}
+    columns: dict[str, str] = {}
+    for name, condition in chosen.items():
+        if condition.label != name:
+            raise bad_value("conditions", list(names), f"names registered under their own label ({name!r} is "
+                            f"registered with label {condition.label!r})")
+        if condition.column in columns or condition.column == "unmasked":
+            raise bad_value("conditions", list(names), f"names whose columns differ ({name!r} and "
+                            f"{columns.get(condition.column, 'the unmasked column')!r} both write {condition.column!r})")
+        columns[condition.column] = name
+        try:
+            condition.words.format(k=1, s="")
+        except (KeyError, IndexError, ValueError) as error:
+            raise bad_value("conditions", list(names), f"names whose words take only {{k}} and {{s}} ({name!r} "
+                            f"says {condition.words!r}: {error!r})") from None
 
 
 @checked
@@ -334,8 +369,10 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     models = _checked_models(models)
     if value_ablation is not None:
         check_choice(value_ablation, "value_ablation", AblateValues.MODES)
-    for name in conditions or ():
-        check_choice(name, "conditions", CONDITIONS.names())
+    check_conditions(conditions)
+    if sampler is not None and len(models) > 1:
+        raise bad_value("sampler", sampler, "settings for a table of one model (one family's settings); for several "
+                        "models give steps / gen_length / block_length, which refit each model's own layout")
     rows, items = [], []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
-from sinklib.validation import bad_value, check_int
+from sinklib.validation import Flag, bad_value, check_int, validated
 from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
                                         strict_answer)
 
@@ -28,6 +28,7 @@ class Sample:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
 
+@validated
 @dataclass(frozen=True)
 class Task:
     """An evaluation task: load(path) → its samples (path None: the default source), whether prompts go through
@@ -36,9 +37,9 @@ class Task:
 
     name: str
     load: Callable[..., list[Sample]]
-    chat: bool  # whether prompts go through the model's chat template
+    chat: Flag  # whether prompts go through the model's chat template (a real bool: "no" is not false)
     scorer: Callable[..., dict]
-    executes_code: bool = False  # scoring runs model-written code (needs allow_code_execution=True)
+    executes_code: Flag = False  # scoring runs model-written code (needs allow_code_execution=True)
     # tokens generated per answer on a real checkpoint (LoadedModel.settings_for fits the family's layout to it);
     # None: the model's own length. A zoo model always keeps its 16-token answer slot.
     gen_length: int | None = None
@@ -78,8 +79,9 @@ def score_final_number(output: str, sample: Sample) -> dict:
     """Strict: the normalised number after "#### "; flexible: the last number in the output. `correct` and
     `correct_flexible` say whether each equals the sample's target."""
     strict, flexible = strict_answer(output), flexible_answer(output)
+    target = normalise_number(sample.target) or sample.target  # a target written "12.0" is the number 12
     return {"extracted_strict": strict, "extracted_flexible": flexible,
-            "correct": strict == sample.target, "correct_flexible": flexible == sample.target}
+            "correct": strict == target, "correct_flexible": flexible == target}
 
 
 def score_short_answer(output: str, sample: Sample) -> dict:

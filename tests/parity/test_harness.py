@@ -98,6 +98,13 @@ def test_loglikelihood_tasks_and_bad_model_args_get_clear_errors():
     ("pretrained=tiny-llada,seed=-1", r"seed=-1 is not allowed: seed must be an integer >= 0"),
     ("pretrained=tiny-llada,steps", r"model_args 'steps' is not allowed: each argument is key=value"),
     ("pretrained=tiny-llada,temperature=1e308", r"temperature=1e\+308 is not allowed: temperature must be a finite number"),
+    # issue 52: a policy's settings checked against the policy, never a raw TypeError
+    ("pretrained=tiny-llada,policy=mask_sinks,policy.topk=1",
+     r"model_args policy.topk= is not allowed: policy 'mask_sinks' takes \['policy.top_k'.*did you mean 'policy.top_k'"),
+    ("pretrained=tiny-llada,policy=mask_sinks,policy.layers=3",
+     r"model_args policy.top_k= is required by policy 'mask_sinks' \(e.g. policy=mask_sinks,policy.top_k=1\)"),
+    ("pretrained=tiny-llada,policy=ablate_values", r"policy='ablate_values' is not allowed: .*give mask_values=zero"),
+    ("pretrained=tiny-llada,policy=mask_sinkz,policy.top_k=1", r"policy='mask_sinkz' is not allowed.*did you mean 'mask_sinks'"),
 ])
 def test_model_args_are_checked_before_any_model_loads(model_args, message, monkeypatch):
     """Before: trust_remote_code=no ran the folder's code (any non-empty string was consent)."""
@@ -134,3 +141,14 @@ def test_value_ablation_is_reachable_from_model_args_and_refused_without_a_key_p
         SinklibLM(pretrained="tiny-llada", mask_top_k=1, mask_values="half")
     with pytest.raises(ValueError, match=r"mask_values='zero' is not allowed: mask_values must be None unless"):
         SinklibLM(pretrained="tiny-llada", mask_values="zero")
+
+
+def test_a_block_length_for_a_family_without_blocks_is_refused_not_dropped():
+    """Dream's sampler has no blocks: block_length=4 used to be dropped without a word by the layout fit."""
+    with pytest.raises(ValueError, match=r"block_length=4 is not allowed: block_length must be None for a dream model"):
+        SinklibLM.create_from_arg_string("pretrained=tiny-dream,block_length=4")
+
+
+def test_the_docstrings_policy_example_builds_its_policy():
+    model = SinklibLM.create_from_arg_string("pretrained=tiny-llada,policy=mask_keys,policy.positions=0 3")
+    assert model.intervention.positions == (0, 3)

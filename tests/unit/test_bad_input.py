@@ -622,3 +622,115 @@ def test_a_numpy_seed_is_taken_as_its_integer():
 
     model = sinklib.load("tiny-arm")
     assert sinklib.generate(model, "Q: a A:", seed=np.int64(3), gen_length=3, progress=False).tokens.shape[0] >= 2
+
+
+# --- issue 52: values that were silently taken for something else ----------------------------------------------------
+def _runs():
+    import sinklib.runs  # noqa: PLC0415  (the notebooks extra: the transformers-4.56 tier has none)
+
+    return sinklib.runs
+
+
+def _task(**changes):
+    from sinklib.evaluation.tasks import Task, score_final_number
+
+    return Task(**{"name": "x", "load": lambda path: [], "chat": False, "scorer": score_final_number, **changes})
+
+
+CASES_52 = [
+    Case("CarryRun masking_skip typo", lambda t: _runs().CarryRun(masking_skip=["tiny-lada"]), ValueError, "masking_skip"),
+    Case("MaskingRun tasks typo", lambda t: _runs().MaskingRun(tasks={"tiny-lada": "capitals"}), ValueError, "tasks"),
+    Case("CarryRun tasks typo", lambda t: _runs().CarryRun(tasks={"smollm2-135m-instrukt": "capitals"}), ValueError, "tasks"),
+    Case("Task chat 'no'", lambda t: _task(chat="no"), ValueError, "chat"),
+    Case("Task chat 1", lambda t: _task(chat=1), ValueError, "chat"),
+    Case("Task executes_code 'yes'", lambda t: _task(executes_code="yes"), ValueError, "executes_code"),
+]
+
+CLI_CASES_52 = [
+    ("reproduce masking_skip typo", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "masking_skip: [tiny-lada]\n")],
+     "masking_skip"),
+    ("reproduce tasks key typo", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "tasks: {tiny-lada: capitals}\n")],
+     "tasks"),
+]
+
+
+@pytest.mark.parametrize("case", CASES_52, ids=[c.name for c in CASES_52])
+def test_issue_52_bad_input_is_refused_naming_the_parameter(case, tmp_path):
+    if case.name.split()[0].endswith("Run") and importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("the notebooks' run configs need the notebooks extra")
+    with pytest.raises(case.error) as caught:
+        case.call(tmp_path)
+    assert re.search(rf"(?<![\w]){re.escape(case.param)}(?![\w])", str(caught.value)), str(caught.value)
+
+
+@pytest.mark.parametrize("name, argv, param", CLI_CASES_52, ids=[c[0] for c in CLI_CASES_52])
+def test_issue_52_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path, capsys):
+    test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path, capsys)
+
+
+def test_a_run_of_fewer_models_keeps_the_default_tasks_of_the_others_without_complaint():
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("the notebooks' run configs need the notebooks extra")
+    assert _runs().MaskingRun(models=["tiny-llada"]).tasks == _runs().TASK_PER_MODEL
+
+
+@pytest.mark.parametrize("target, output, correct", [
+    ("12.0", "5 + 7 = 12 #### 12", True), ("12", "#### 12.0", True), ("12", "#### 13", False),
+    ("12345678901234567891", "#### 12345678901234567891", True),
+    ("12345678901234567891", "#### 12345678901234567890", False),  # through a float these two were one number
+])
+def test_numbers_are_compared_as_exact_decimals(target, output, correct):
+    from sinklib.evaluation.tasks import Sample, score_final_number
+
+    assert score_final_number(output, Sample("1", "q", target))["correct"] is correct
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-Infinity", "#", ""])
+def test_what_is_not_a_finite_number_extracts_to_nothing(text):
+    from sinklib.evaluation.extract import normalise_number
+
+    assert normalise_number(text) is None
+
+
+@pytest.fixture
+def odd_conditions():
+    """Conditions a user might register that cannot make a table: each is refused before any run."""
+    from sinklib.evaluation.table1 import CONDITIONS, Condition
+
+    added = {"unmasking": Condition("unmasking", "unmasking", "with {k} nothing masked", lambda **options: None),
+             "mislabelled": Condition("another label", "other", "with {k} keys masked", lambda **options: None),
+             "bad words": Condition("bad words", "bad", "with {kk} keys masked", lambda **options: None)}
+    for name, condition in added.items():
+        CONDITIONS.register(name, condition)
+    yield
+    for name in added:
+        CONDITIONS.unregister(name)
+
+
+@pytest.mark.parametrize("conditions, message", [
+    ("sinks", "conditions='sinks' is not allowed: conditions must be a list of condition names, e.g. ['sinks']"),
+    (["sinks", "sinks"], "must be distinct condition names (each once)"),
+    (["sinks", "sink values (zero)", "sink values (mean)"],
+     "names whose columns differ ('sink values (mean)' and 'sink values (zero)' both write 'values')"),
+    (["mislabelled"], "names registered under their own label ('mislabelled' is registered with label 'another label')"),
+    (["bad words"], "names whose words take only {k} and {s} ('bad words' says 'with {kk} keys masked'"),
+    (["unmasking"], "the policy of 'unmasking' builds no intervention for a llada model at k=1; a masked column must mask"),
+])
+def test_conditions_that_cannot_make_a_table_are_refused_before_any_run(conditions, message, odd_conditions, tmp_path):
+    from sinklib.evaluation.table1 import masking_table
+
+    with pytest.raises(ValueError) as caught:
+        masking_table([model("tiny-llada")], ks=[0, 1], conditions=conditions, limit=2, out_dir=tmp_path, progress=False)
+    assert message in str(caught.value)
+    assert list(tmp_path.iterdir()) == [], "nothing ran"
+
+
+def test_one_familys_sampler_for_several_models_is_refused_before_any_run(tmp_path):
+    from sinklib.evaluation.table1 import masking_table
+    from sinklib.families.llada import LLaDASettings
+
+    with pytest.raises(ValueError, match=r"sampler=LLaDASettings\(.*\) is not allowed: sampler must be settings for a "
+                                         r"table of one model"):
+        masking_table(["tiny-llada", "tiny-arm"], sampler=LLaDASettings(steps=4, gen_length=4), limit=2,
+                      out_dir=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
