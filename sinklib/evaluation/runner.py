@@ -90,12 +90,84 @@ def run_config(model: LoadedModel, task: str, intervention, limit: int | None, s
     return config
 
 
+# A model folder's files that shape what it computes beside its weights (which the key holds): configs, the
+# adapter's config (rank, scale, target modules), tokenizer and chat template. Not its card or its README.
+SHAPING_SUFFIXES = (".json", ".jinja", ".model", ".txt")
+NOT_SHAPING = ("card.json",)
+
+
+def run_inputs(model: LoadedModel, spec: Any, samples: list) -> dict[str, Any]:
+    """What shaped a run's records beyond its key (config_hash names the task and the task file only by name): the
+    task's definition (chat template or not, stop strings, generation length, scorer and loader), the content of the
+    samples it answers, and the SHA-256 of each file that shapes the model in its shipped folder (data/models/NAME:
+    the zoo's configs and tokenizer, a twin's adapter_config.json). Recorded in the results file's provenance and
+    checked before anything is resumed (check_resumable)."""
+    definition = {"name": spec.name, "chat": spec.chat, "stops": list(spec.stops), "gen_length": spec.gen_length,
+                  "executes_code": spec.executes_code, "scorer": _qualified(spec.scorer), "load": _qualified(spec.load)}
+    content = json.dumps([[s.id, s.prompt, s.target, dict(s.meta)] for s in samples], sort_keys=True, default=str)
+    return {"task": config_hash(definition), "samples": hashlib.sha256(content.encode()).hexdigest()[:16],
+            "model_files": _model_files(model)}
+
+
+def _qualified(function: Any) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
+
+
+def _model_files(model: LoadedModel) -> dict[str, str]:
+    from sinklib.paths import ZOO_DIR  # noqa: PLC0415  (paths is tiny; kept beside its one use)
+
+    folder = ZOO_DIR / model.name
+    if not folder.is_dir():
+        return {}
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] for path in sorted(folder.iterdir())
+            if path.is_file() and path.suffix in SHAPING_SUFFIXES and path.name not in NOT_SHAPING}
+
+
+def check_resumable(out: Path, digest: str, config: dict, inputs: dict) -> None:
+    """Before records of `out` are resumed: its provenance must say they were made by this configuration (a
+    provenance edited to claim another model or settings is refused) from these inputs (run_inputs: a task
+    re-registered with other stops, an edited task file, an edited adapter config). Each refusal names what changed;
+    the records are never mixed with a run of other inputs."""
+    path = provenance_path(out)
+    try:
+        entry = json.loads(path.read_text()).get(digest) if path.is_file() else None
+    except (ValueError, AttributeError) as error:
+        raise ValueError(f"out={str(out)!r} is not allowed: {path.name} beside it cannot be read ({error}), so nothing "
+                         "says what made its records; use a new file") from None
+    if not isinstance(entry, dict):
+        raise ValueError(f"out={str(out)!r} is not allowed: {path.name} beside it has no entry for configuration "
+                         f"{digest}, so nothing says what made its records; use a new file")
+    recorded = json.loads(as_text(entry.get("config")))
+    if recorded != json.loads(as_text(config)):
+        changed = sorted(k for k in set(recorded) | set(config) if recorded.get(k) != json.loads(as_text(config)).get(k))
+        raise ValueError(f"out={str(out)!r} is not allowed: {path.name} says its records were made with other "
+                         f"{changed} than this run's (edited, or another run's); use a new file")
+    made_from = entry.get("inputs")
+    if made_from is None:
+        raise ValueError(f"out={str(out)!r} is not allowed: its records were made before sinklib recorded a run's "
+                         "inputs (the task's definition and samples, the model's files), so they cannot be checked; "
+                         "use a new file")
+    changed = sorted(k for k in set(made_from) | set(inputs) if made_from.get(k) != inputs.get(k))
+    if changed:
+        details = []
+        for key in changed:
+            if key == "model_files":
+                files = sorted(n for n in set(made_from.get(key, {})) | set(inputs.get(key, {}))
+                               if made_from.get(key, {}).get(n) != inputs.get(key, {}).get(n))
+                details.append(f"the model's files {files}")
+            else:
+                details.append({"task": "the task's definition (chat, stops, length, scorer or loader)",
+                                "samples": "the task's samples (their file was edited or replaced)"}.get(key, key))
+        raise ValueError(f"out={str(out)!r} is not allowed: its records were made from other inputs: "
+                         f"{'; '.join(details)} changed since; use a new file")
+
+
 def provenance_path(out: Path) -> Path:
     """The provenance file beside a results file: `out`'s name with ".provenance.json" appended."""
     return out.with_name(out.name + ".provenance.json")
 
 
-def write_provenance(out: Path, digest: str, config: dict[str, Any]) -> None:
+def write_provenance(out: Path, digest: str, config: dict[str, Any], inputs: dict[str, Any] | None = None) -> None:
     """Beside the JSONL (whose records carry only config_hash): each hash's full config with the package versions
     and the code's identity (sinklib.provenance), so a results file says how it was made. Written when a configuration
     first writes there: a rerun that resumes it (or finds it done) leaves the file as it is, whatever code runs."""
@@ -105,7 +177,7 @@ def write_provenance(out: Path, digest: str, config: dict[str, Any]) -> None:
     known = json.loads(path.read_text()) if path.is_file() else {}
     if digest in known:
         return
-    known[digest] = describe(config)
+    known[digest] = {**describe(config), **({"inputs": inputs} if inputs is not None else {})}
     descriptor, temporary = tempfile.mkstemp(prefix=path.name, suffix=".partial", dir=path.parent)  # ours, new
     with os.fdopen(descriptor, "w") as handle:
         handle.write(as_text(known) + "\n")
@@ -268,20 +340,41 @@ def _checked(model, task: str, intervention, allow_code_execution: bool, out, ta
     check_intervention(intervention)
     require_code_execution_opt_in(spec, allow_code_execution, "evaluate")
     samples = spec.samples(task_path)
+    if not spec.executes_code:  # HumanEval's scorer runs code in a sandbox: not tried on a made-up output
+        check_scorer(spec, samples[0])
     if isinstance(model, (str, os.PathLike)):
         model = load(model)
     return model, spec, samples
 
 
-def _open_results(out_path: Path | None, digest: str, config: dict):
-    """(locked append handle or None, records already finished under this configuration by id)."""
+def check_scorer(spec: Any, sample: Any) -> None:
+    """A task's scorer, tried before any generation on two outputs every scorer must take (nothing, and the
+    sample's own target): it must return a mapping with a bool `correct`. A scorer that fails would otherwise fail
+    after the first batch was generated."""
+    for output in ("", str(sample.target)):
+        try:
+            scored = spec.scorer(output, sample)
+        except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
+            raise ValueError(f"task={spec.name!r} is not allowed: its scorer {_qualified(spec.scorer)} fails on the output "
+                             f"{output!r} for sample {sample.id!r} ({type(error).__name__}: {error})") from None
+        if not isinstance(scored, dict) or not isinstance(scored.get("correct"), bool):
+            raise ValueError(f"task={spec.name!r} is not allowed: its scorer {_qualified(spec.scorer)} must return a dict "
+                             f"with a bool 'correct'; on the output {output!r} it returned {scored!r}")
+
+
+def _open_results(out_path: Path | None, digest: str, config: dict, inputs: dict):
+    """(locked append handle or None, records already finished under this configuration by id, each checked to
+    come from this configuration and these inputs)."""
     if out_path is None:
         return None, {}
     results = _lock(out_path)
     try:
         repair_tail(out_path, digest)
-        write_provenance(out_path, digest, config)
-        return results, _read_done(out_path, digest)
+        done = _read_done(out_path, digest)  # every record this configuration's, each whole and written once
+        if done:  # records to resume: first what made them
+            check_resumable(out_path, digest, config, inputs)
+        write_provenance(out_path, digest, config, inputs)
+        return results, done
     except BaseException:
         _close(results)
         raise
@@ -350,7 +443,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
     config = run_config(model, task, intervention, limit, seed, batch_size, task_path, sandbox, settings)
     run = _Run(model, spec, intervention, settings, sandbox, config_hash(config), seed)
     out_path = Path(out) if out is not None else None
-    results, done = _open_results(out_path, run.digest, config)
+    results, done = _open_results(out_path, run.digest, config, run_inputs(model, spec, samples) if out_path else {})
     handle = results.handle if results else None
     # Batches are fixed slices of the task, each with its own seed, so a sample's output never depends on
     # which samples an interrupted run had finished: sampled decoding and random-key masking resume exactly.

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -302,6 +303,8 @@ def build(spec: AdaptSpec):
     """(the base with a fresh adapter initialised from spec.seed, bidirectional for a diffusion objective; tokenizer)."""
     import peft  # noqa: PLC0415  (optional heavy dependency)
 
+    if spec.init_from is not None and spec.init_from not in TWINS:  # a zoo model has no adapter to start from
+        raise bad_value("init_from", spec.init_from, f"None or one of the twins {sorted(TWINS)}")
     model, tokenizer = base_model()
     if spec.objective == "dream":
         model.config.is_causal = False
@@ -332,16 +335,28 @@ def _checkpoints(folder: Path) -> dict[int, Path]:
     return {int(p.name[5:]): p for p in folder.glob("step-[0-9]*") if p.name[5:].isdigit() and (p / "state.pt").is_file()}
 
 
+def read_state(path: Path, name: str) -> dict:
+    """A checkpoint's state.pt, read as tensors and plain values only (never unpickling code); a damaged or foreign
+    file is refused naming it, with the fix (remove it, train again), never torch's advice to load it unsafely."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
+        reason = "it is not a checkpoint sinklib wrote" if isinstance(error, pickle.UnpicklingError) else \
+            " ".join(str(error).split())[:200]
+        raise ValueError(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read ({reason}); remove "
+                         f"it and train again (python -m sinklib.zoo adapt {name})") from None
+    if not isinstance(state, dict) or not {"spec", "step", "weights", "threads"} <= set(state):
+        raise ValueError(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt is not a twin's training state "
+                         f"(spec, step, weights, threads); remove it and train again (python -m sinklib.zoo adapt {name})")
+    return state
+
+
 def checked_state(folder: Path, name: str, step: int) -> dict:
     """The saved state of twin `name`'s checkpoint after `step` optimiser steps in `folder`, refused (ValueError naming
     it) unless it is whole and says it is that recipe's at that step (a folder copied or linked under another step's
     name, or another twin's, is caught)."""
     path = folder / f"step-{step:05d}" / "state.pt"
-    try:
-        state = torch.load(path, weights_only=True)
-    except (OSError, RuntimeError, EOFError) as error:
-        raise ValueError(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read ({error}); remove "
-                         f"it and train again (python -m sinklib.zoo adapt {name})") from None
+    state = read_state(path, name)
     if state["spec"].get("name") != name or state["step"] != step:
         raise ValueError(f"checkpoint {str(path.parent)!r} is not allowed: it holds {state['spec'].get('name')!r} after "
                          f"step {state['step']}, not {name!r} after step {step}")
@@ -365,7 +380,7 @@ def _resume(folder: Path, spec: AdaptSpec, model, optimizer) -> tuple[int, list[
     saved = _checkpoints(folder)
     if not saved:
         return 0, []
-    state = torch.load(saved[max(saved)] / "state.pt", weights_only=True)
+    state = read_state(saved[max(saved)] / "state.pt", spec.name)
     if state["spec"] != asdict(spec) or state["threads"] != torch.get_num_threads():
         raise ValueError(f"checkpoints={str(folder)!r} is not allowed: {saved[max(saved)].name} was saved by "
                          f"{state['spec']} on {state['threads']} threads, not {asdict(spec)} on "
@@ -440,7 +455,7 @@ def export_adapter(name: str, step: int | None = None, checkpoints: Path | None 
                                 f"(python -m sinklib.zoo adapt {name})")
     if step is not None and step not in saved:
         raise ValueError(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
-    state = torch.load(saved[max(saved) if step is None else step] / "state.pt", weights_only=True)
+    state = read_state(saved[max(saved) if step is None else step] / "state.pt", name)
     model, _ = build(spec)
     params = dict(model.named_parameters())
     with torch.no_grad():
@@ -482,7 +497,7 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     curve = json.loads((folder / "curve.json").read_text())
     saved = _checkpoints(folder)
-    threads = torch.load(saved[max(saved)] / "state.pt", weights_only=True)["threads"]
+    threads = read_state(saved[max(saved)] / "state.pt", name)["threads"]
     splits = measure_held_out(load(name), eval_n, progress, results)
     overall = splits["text"]["rows"][0]
     card = {"name": name, "base": BASE, "spec": asdict(spec), "train_steps": len(curve), "tokens_seen": curve[-1]["tokens"],

@@ -734,3 +734,31 @@ def test_one_familys_sampler_for_several_models_is_refused_before_any_run(tmp_pa
         masking_table(["tiny-llada", "tiny-arm"], sampler=LLaDASettings(steps=4, gen_length=4), limit=2,
                       out_dir=tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_recipe_that_starts_from_a_model_without_an_adapter_is_refused_before_the_base_loads(monkeypatch):
+    from sinklib.zoo import adapt
+
+    monkeypatch.setattr(adapt, "base_model", lambda: pytest.fail("the base was loaded"))
+    with pytest.raises(ValueError, match=r"init_from='tiny-llada' is not allowed: init_from must be None or one of the "
+                                         r"twins \['smollm2-135m-autoregressive'"):
+        adapt.build(adapt.AdaptSpec("trial", "dream", init_from="tiny-llada"))
+
+
+@pytest.mark.parametrize("content", [b"garbage, not a checkpoint", b"", "pickled code"])
+def test_a_damaged_training_state_is_refused_naming_it_never_with_advice_to_load_it_unsafely(content, tmp_path):
+    import pickle
+
+    from sinklib.zoo import adapt
+
+    path = tmp_path / "step-00050" / "state.pt"
+    path.parent.mkdir()
+    if content == "pickled code":  # what weights_only refuses to unpickle: an object that would run code
+        path.write_bytes(pickle.dumps(print))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError) as caught:
+        adapt.checked_state(tmp_path, "smollm2-135m-diffusion", 50)
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read")
+    assert "remove it and train again" in message and "weights_only" not in message

@@ -195,6 +195,8 @@ def test_a_resumed_stochastic_run_writes_the_uninterrupted_records(tmp_path, nam
     assert len({r["output"] for r in clean.records}) > 1
     out = tmp_path / "resumed.jsonl"
     out.write_text("".join(line + "\n" for line in (tmp_path / "clean.jsonl").read_text().splitlines()[:5]))
+    # an interrupted run leaves its provenance beside its records (written before the first sample)
+    (tmp_path / "resumed.jsonl.provenance.json").write_bytes((tmp_path / "clean.jsonl.provenance.json").read_bytes())
     resumed = evaluate(loaded, "arithmetic", out=out, **run)  # samples 0-4 done: batch 1 is half finished
     assert _strip(resumed.records) == _strip(clean.records)
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in clean.records]
@@ -365,3 +367,101 @@ def test_a_summary_decided_at_a_near_tie_says_so_in_its_text():
     assert str(summary(0.5, None, float("nan"))) == "arithmetic: 1.000 ± 0.000 (n=3)"
     assert str(summary(0.5, 1e-4)) == "arithmetic ≈: 1.000 ± 0.000 (n=2)"
     assert not summary(0.0, 0.5).near_tie  # an exact tie is broken the same way on every CPU
+
+
+# --- issue 52: records are resumed only where their provenance says they came from this run's inputs ---------------
+def _arithmetic_file(tmp_path, answers=(12, 9)):
+    path = tmp_path / "task.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "question": f"Q: tom has {a} apples . how many apples does tom "
+                                                                "have now ? A:", "answer": a}) + "\n"
+                            for i, a in enumerate(answers)))
+    return str(path)
+
+
+@pytest.fixture
+def first_run(tmp_path):
+    """A finished two-sample run of tiny-arm on a task file of the test's, with its provenance."""
+    loaded = sinklib.load("tiny-arm")
+    task_file = _arithmetic_file(tmp_path)
+    out = tmp_path / "run.jsonl"
+    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+    return loaded, task_file, out
+
+
+def test_an_edited_task_file_is_never_resumed_from(first_run, tmp_path):
+    loaded, task_file, out = first_run
+    Path(task_file).write_text(Path(task_file).read_text().replace('"answer": 9', '"answer": 10'))
+    with pytest.raises(ValueError, match=r"its records were made from other inputs: the task's samples \(their file "
+                                         r"was edited or replaced\) changed since; use a new file"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+
+
+def test_a_task_re_registered_with_other_stops_is_never_resumed_from(first_run, monkeypatch):
+    import dataclasses
+
+    from sinklib.evaluation import tasks
+
+    loaded, task_file, out = first_run
+    monkeypatch.setitem(tasks.TASKS._entries, "arithmetic", dataclasses.replace(get_task("arithmetic"), stops=("####",)))
+    with pytest.raises(ValueError, match=r"made from other inputs: the task's definition \(chat, stops, length, scorer "
+                                         r"or loader\) changed since"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+
+
+def test_an_edited_model_file_is_never_resumed_from(first_run, monkeypatch):
+    from sinklib.evaluation import runner
+
+    loaded, task_file, out = first_run
+    made_from = runner._model_files(loaded)
+    assert {"config.json", "tokenizer.json"} <= set(made_from) and "card.json" not in made_from
+    monkeypatch.setattr(runner, "_model_files", lambda model: {**made_from, "config.json": "edited"})
+    with pytest.raises(ValueError, match=r"made from other inputs: the model's files \['config.json'\] changed since"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+
+
+def test_a_provenance_edited_to_claim_another_run_is_refused(first_run):
+    from sinklib.evaluation.runner import provenance_path
+
+    loaded, task_file, out = first_run
+    path = provenance_path(out)
+    known = json.loads(path.read_text())
+    digest = next(iter(known))
+    known[digest]["config"]["model"] = "smollm2-135m-diffusion"
+    path.write_text(json.dumps(known))
+    with pytest.raises(ValueError, match=r"run.jsonl.provenance.json says its records were made with other \['model'\] "
+                                         r"than this run's"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+    del known[digest]["inputs"]
+    known[digest]["config"]["model"] = "tiny-arm"
+    path.write_text(json.dumps(known))
+    with pytest.raises(ValueError, match="made before sinklib recorded a run's inputs"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+    path.unlink()
+    with pytest.raises(ValueError, match="has no entry for configuration"):
+        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+
+
+def test_the_same_inputs_resume_without_running_again(first_run, monkeypatch):
+    from sinklib.evaluation import runner
+
+    loaded, task_file, out = first_run
+    before = out.read_bytes()
+    monkeypatch.setattr(runner, "generate", lambda *a, **k: pytest.fail("a finished run generated again"))
+    summary = evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+    assert summary.n == 2 and out.read_bytes() == before
+
+
+@pytest.mark.parametrize("scorer, message", [
+    (lambda output, sample: {"correct": int(output) == 3}, r"its scorer .* fails on the output '' for sample '0' \(ValueError"),
+    (lambda output, sample: {"right": True}, r"its scorer .* must return a dict with a bool 'correct'; on the output '' it "
+                                             r"returned \{'right': True\}"),
+    (lambda output, sample: {"correct": 1.0}, r"its scorer .* must return a dict with a bool 'correct'"),
+])
+def test_a_custom_task_whose_scorer_fails_is_refused_before_any_generation(scorer, message, monkeypatch):
+    from sinklib.evaluation import runner, tasks
+
+    task = tasks.Task("broken", lambda path: [tasks.Sample("0", "Q: 1 + 2 ? A:", "3")], False, scorer)
+    monkeypatch.setitem(tasks.TASKS._entries, "broken", task)
+    monkeypatch.setattr(runner, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=rf"task='broken' is not allowed: {message}"):
+        evaluate("tiny-arm", "broken", progress=False)
