@@ -352,12 +352,22 @@ def compare_items(committed: Path, rerun: Path, explained: set[tuple]) -> Row:
                                         f"(closest margins <= {NEAR_TIE:g} in both runs)")
 
 
+def upper_bound(successes: int, n: int, confidence: float = ANSWER_CONFIDENCE) -> float:
+    """The exact one-sided upper bound of a share at `confidence`: the share p at which seeing `successes` or fewer
+    of `n` has probability 1 − confidence (Clopper–Pearson; 1 − (1 − confidence)^(1/n) for 0 successes); 1.0 when
+    n = 0 (nothing measured bounds nothing). Here, not in sinklib.stats: stats is part of the code the stored lens
+    and carry measurements are keyed by (trace_store.stored_measurement), and a check's statistic is not."""
+    from scipy.stats import binomtest  # noqa: PLC0415  (scipy: only a check needs it)
+
+    if n == 0 or successes >= n:
+        return 1.0
+    return float(binomtest(successes, n, alternative="less").proportion_ci(confidence, method="exact").high)
+
+
 def answers_allowed(model: str, n: int) -> int:
     """How many of a model's n answers in a table a rerun on another CPU may change at near-ties: n × the 99.9 % upper
     bound of the share of final canvases that other kernels changed for this model (CROSS_KERNEL_ANSWERS; a model
     not measured takes every measured model's pooled count)."""
-    from sinklib.stats import upper_bound  # noqa: PLC0415  (scipy: only a check needs it)
-
     changed, compared = _answers_count(model)
     return math.floor(upper_bound(changed, compared, ANSWER_CONFIDENCE) * n)
 

@@ -7,8 +7,6 @@ and what a comparison of two conditions on the same problems carries (a paired t
   problems that only one condition got right split 50/50 (a two-sided binomial test on the discordant pairs).
 - `paired_difference`: the difference of two paired shares with Newcombe's (1998) hybrid score interval (his
   method 10): Wilson intervals of both shares, combined with the pairs' correlation.
-- `upper_bound`: the exact (Clopper–Pearson) one-sided upper confidence bound of a share: how large it can be
-  given what was counted, e.g. the share of answers another CPU changes.
 """
 from __future__ import annotations
 
@@ -32,15 +30,6 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def upper_bound(successes: int, n: int, confidence: float = 0.999) -> float:
-    """The exact one-sided upper bound of a share at `confidence`: the share p at which seeing `successes` or fewer
-    of `n` has probability 1 − confidence (Clopper–Pearson; 1 − (1 − confidence)^(1/n) for 0 successes); 1.0 when
-    n = 0 (nothing measured bounds nothing)."""
-    if n == 0 or successes >= n:
-        return 1.0
-    return float(binomtest(successes, n, alternative="less").proportion_ci(confidence, method="exact").high)
 
 
 def mcnemar_exact(lost: int, gained: int) -> float:

@@ -101,3 +101,26 @@ def test_what_sinks_carry_keeps_its_forwards_beside_the_stored_traces_and_reads_
     pd.testing.assert_frame_equal(first, again)
     analyses.what_sinks_carry({"tiny-llada": llada}, traces, 2.0, store=tmp_path)
     assert len(list(kept.parent.glob("sink_carry-*.parquet"))) == 2
+
+
+def test_every_committed_trace_and_measurement_is_keyed_by_this_checkouts_code():
+    """An edit of a module that generation, the carry or the lens imports re-keys what the committed stores hold, so
+    nbval and a reader would make it all again (minutes) and the stores would need regenerating: caught here in
+    seconds, naming the store. (Run `make figures` after such an edit, as the committed outputs need it anyway.)"""
+    from sinklib.evaluation.runner import config_hash
+    from sinklib.paths import DATA_DIR
+
+    code = trace_store.generation_code()
+    measured = {"sink_carry": ({"eps": 3.0}, "sinklib.carry"), "logit_lens": ({"top": 1}, "sinklib.lens")}
+    expected = {what: config_hash({"what": what, "params": params, "code": trace_store._module_code(module)})
+                for what, (params, module) in measured.items()}
+    stale = []
+    for store in ("traces", "long-traces"):
+        for meta in sorted((DATA_DIR / "results" / store).glob("*/*/meta.json")):
+            if trace_store.Trace.load(meta.parent).meta["store_key"]["code"] != code:
+                stale.append(str(meta.parent.relative_to(DATA_DIR)))
+        for path in sorted((DATA_DIR / "results" / store).glob("*/*/measured/*.parquet")):
+            what, digest = path.stem.rsplit("-", 1)
+            if digest != expected[what]:
+                stale.append(str(path.relative_to(DATA_DIR)))
+    assert stale == [], f"made by other code than this checkout's: {stale[:5]} ({len(stale)} in all)"
