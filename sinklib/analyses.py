@@ -12,9 +12,10 @@ import pandas as pd
 
 from sinklib import carry, dynamics, lens, plots
 from sinklib.capture.replay import full_pass_scores, replay_map
-from sinklib.evaluation.table1 import MaskingTable
+from sinklib.evaluation.table1 import MaskingTable, column_name, column_words
 from sinklib.loading import LoadedModel
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
+from sinklib.stats import difference_of_changes
 from sinklib.summary import Layout, Result, Summary, is_near_tie, label, near_tie_models, significant
 from sinklib.trace import Trace
 from sinklib.trace_store import stored_measurement
@@ -488,3 +489,196 @@ def masking_tests(tables: Mapping[str, MaskingTable], matched: Sequence[str] = (
     findings.append("delta is masked − unmasked (for 'sinks vs random keys': sinks − random keys); lost counts problems "
                     "right before and wrong after. McNemar's exact test uses only the problems that changed.")
     return Summary(frame, findings)
+
+
+# --- notebook 08 ---------------------------------------------------------------------------------------------
+def speed_frontier(table: pd.DataFrame) -> Result:
+    """Can sinks make a diffusion LM fast? Each policy's accuracy (n, Wilson 95 % interval, McNemar against the
+    model's plain sampler on the same problems) against its seconds per answer (sinklib.speed.frontier), and for each
+    diffusion model the fastest policy whose accuracy stays inside the plain sampler's interval, beside the
+    autoregressive twin's KV cache."""
+    findings = []
+    autoregressive = table[table["policy"] == "KV cache"].set_index("model")
+    for model, rows in table[table["policy"] != "KV cache"].groupby("model", sort=False):
+        plain = rows[rows["policy"] == "plain"].iloc[0]
+        kept = rows[(rows["accuracy"] >= plain["ci_low"]) & (rows["accuracy"] <= plain["ci_high"])]
+        best = kept.sort_values("seconds_per_answer").iloc[0]
+        line = (f"{model}: plain {plain['accuracy']:.3f} [{plain['ci_low']:.3f}, {plain['ci_high']:.3f}] "
+                f"(n={int(plain['n'])}) in {plain['seconds_per_answer']:.2f} s an answer; the fastest policy inside that "
+                f"interval is {best['policy']}: {best['accuracy']:.3f} [{best['ci_low']:.3f}, {best['ci_high']:.3f}], "
+                f"{best['speedup']:.1f}× faster ({best['seconds_per_answer']:.2f} s, {best['forwards_per_answer']:.1f} "
+                f"forwards an answer instead of {plain['forwards_per_answer']:.0f})")
+        if best["policy"] != "plain":
+            line += f", paired against plain: {int(best['lost'])} lost, {int(best['gained'])} gained, McNemar p = " \
+                    f"{significant(best['mcnemar_p'])}"
+        findings.append(line + ".")
+    twin, arm = "smollm2-135m-diffusion", "smollm2-135m-autoregressive"
+    if twin in set(table["model"]) and arm in autoregressive.index:
+        rows = table[(table["model"] == twin) & (table["policy"] != "KV cache")]
+        fastest = rows.sort_values("seconds_per_answer").iloc[0]
+        other = autoregressive.loc[arm]
+        findings.append(f"Against its autoregressive twin with a KV cache ({other['seconds_per_answer']:.2f} s an answer, "
+                        f"{other['tokens_per_second']:.1f} answer tokens/s, accuracy {other['accuracy']:.3f} "
+                        f"[{other['ci_low']:.3f}, {other['ci_high']:.3f}]): the diffusion twin's fastest policy "
+                        f"({fastest['policy']}) takes {fastest['seconds_per_answer'] / other['seconds_per_answer']:.2f}× "
+                        f"its time an answer and decodes {fastest['tokens_per_second'] / other['tokens_per_second']:.2f}× "
+                        "its tokens a second (a diffusion answer decodes its whole slot; the autoregressive one stops "
+                        "at its end token).")
+    shown = table.set_index(["model", "policy"])[["n", "accuracy", "ci_low", "ci_high", "mcnemar_p",
+                                                 "forwards_per_answer", "seconds_per_answer", "tokens_per_second",
+                                                 "speedup"]]
+    return Result(figures={"fig_speed_frontier": plots.frontier_plot(table)}, tables={"speed_frontier": table},
+                  layouts={"speed_frontier": EVALUATION_POLICY}, shown=Summary(shown, findings))
+
+
+EVALUATION_POLICY = Layout(("model", "policy"), "none")
+
+
+def sinks_under_cache(traces: Mapping[str, Trace], k: int = 5, eps: float = 3.0) -> Result:
+    """What caching does to attention and sinks on one prompt: per trace (label → Trace, the plain sampler's and a
+    cached policy's), its forwards, how many were full, the top-k overlap of consecutive steps and how often the
+    greatest sink moved — over every step pair and over the pairs of full forwards only — and where the greatest sink
+    sits."""
+    rows = []
+    for name, trace in traces.items():
+        overlap = dynamics.topk_overlap(trace, k)
+        greatest = dynamics.greatest_sinks(trace, eps)
+        moved = dynamics.moving_sink_events(trace, eps)
+        pairs = len(overlap)
+        full = np.ones(trace.n_steps, bool) if trace.recomputed is None else trace.recomputed.all(-1).numpy()
+        sink_rows = greatest[greatest["is_sink"]]
+        place = sink_rows["position"].mode()
+        rows.append({"model": str(trace.meta.get("model", "")), "trace": name, "forwards": trace.n_steps,
+                     "full_forwards": int(full.sum()),
+                     "jaccard": float(overlap["jaccard"].mean()) if pairs else float("nan"),
+                     "move_rate": len(moved) / pairs if pairs else float("nan"),
+                     "sink_share": float(greatest["is_sink"].mean()),
+                     "main_sink_position": int(place.iloc[0]) if len(place) else -1,
+                     "main_sink_token": trace.token_text(int(trace.tokens[-1, int(place.iloc[0])])) if len(place) else "",
+                     "prompt_len": trace.prompt_len, "text": trace.text})
+    frame = pd.DataFrame(rows)
+    findings = [f"{row['trace']}: {row['forwards']} forwards ({row['full_forwards']} full); consecutive steps share "
+                f"{significant(row['jaccard'])} of each head's top-{k} keys and the greatest sink moves in "
+                f"{significant(row['move_rate'])} of step pairs; the most frequent greatest sink is position "
+                f"{row['main_sink_position']} ({row['main_sink_token']!r}, prompt of {row['prompt_len']} tokens)."
+                for _, row in frame.iterrows()]
+    return Result(figures={"fig_sinks_under_cache": plots.cached_attention_plot(traces)},
+                  tables={"sinks_under_cache": frame}, layouts={"sinks_under_cache": Layout(("model", "trace"), "first")},
+                  shown=Summary(frame.set_index("trace"), findings))
+
+
+# Table 1's columns on the twins beside each sampler they ran (SpeedRun.collect_masking): (model, sampler) → table
+SamplerTables = Mapping[tuple[str, str], MaskingTable]
+MASKED_BY_SAMPLER = Layout(("model", "sampler", "condition", "k"), "none")
+
+
+def _columns_by_sampler(tables: SamplerTables, columns: Sequence[str]) -> pd.DataFrame:
+    """One row per (model, sampler, column of `columns`, unmasked first): accuracy with its Wilson 95 % interval and
+    n, and a masked column's paired change from the same sampler unmasked (Newcombe interval, McNemar p)."""
+    rows = []
+    for (model, sampler), table in tables.items():
+        paired = {(r.condition, r.k): r for r in table.paired().itertuples()}
+        for row in table.frame[table.frame["model"] == model].itertuples():
+            column = column_name(row.condition, row.k)
+            if column != "unmasked" and column not in columns:
+                continue
+            test = paired.get((row.condition, row.k))
+            rows.append({"model": model, "sampler": sampler, "column": column, "condition": row.condition, "k": row.k,
+                         "n": row.n, "accuracy": row.accuracy, "ci_low": row.ci_low, "ci_high": row.ci_high,
+                         "change": np.nan if test is None else test.delta,
+                         "change_low": np.nan if test is None else test.delta_low,
+                         "change_high": np.nan if test is None else test.delta_high,
+                         "p_mcnemar": np.nan if test is None else test.p_mcnemar})
+    return pd.DataFrame(rows)
+
+
+def _correct(table: MaskingTable, model: str, column: str) -> pd.Series:
+    items = table.items[table.items["model"] == model]
+    chosen = items[[column_name(c, k) == column for c, k in zip(items["condition"], items["k"])]]
+    return chosen.set_index("id")["correct"].astype(bool)
+
+
+def _change_difference(first: MaskingTable, first_model: str, second: MaskingTable, second_model: str,
+                       column: str) -> dict:
+    """How much more `column` changes the second (table, model)'s accuracy than the first's, on the problems all
+    four runs answered (stats.difference_of_changes)."""
+    runs = [_correct(first, first_model, "unmasked"), _correct(first, first_model, column),
+            _correct(second, second_model, "unmasked"), _correct(second, second_model, column)]
+    common = [i for i in runs[0].index if all(i in run.index for run in runs[1:])]
+    result = difference_of_changes(*[run.loc[common].tolist() for run in runs])
+    return {"column": column, "n": result.n, "difference": result.delta, "low": result.low, "high": result.high,
+            "p": result.p}
+
+
+def _change_text(row) -> str:
+    return (f"{row['accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}], {row['change']:+.3f} "
+            f"[{row['change_low']:+.3f}, {row['change_high']:+.3f}] from unmasked (McNemar p = {significant(row['p_mcnemar'])})")
+
+
+def sink_reliance_by_sampler(tables: SamplerTables, columns: Sequence[str] = ("top-1", "random-1")) -> Result:
+    """Does a cached, parallel sampler lean on its sinks more? For each diffusion model that ran under more than one
+    sampler: Table 1's `columns` (its top-1 sink masked, one random key masked) under each, each with its paired
+    change from the same sampler unmasked, and the difference of those changes between the plain sampler and each
+    other one on the same problems (a paired bootstrap interval and a sign-flip test)."""
+    frame = _columns_by_sampler(tables, columns)
+    samplers: dict[str, list[str]] = {}
+    for model, sampler in tables:
+        samplers.setdefault(model, []).append(sampler)
+    findings, tests = [], []
+    for model, names in samplers.items():
+        if len(names) < 2 or "plain" not in names:
+            continue
+        for sampler in (name for name in names if name != "plain"):
+            for column in columns:
+                test = _change_difference(tables[model, "plain"], model, tables[model, sampler], model, column)
+                tests.append({"model": model, "sampler": sampler, **test})
+                rows = frame[(frame["model"] == model) & (frame["column"] == column)].set_index("sampler")
+                findings.append(
+                    f"{model}, {column_words(column)}: plain {_change_text(rows.loc['plain'])}; {sampler} "
+                    f"{_change_text(rows.loc[sampler])}. The change under {sampler} minus the change under plain: "
+                    f"{test['difference']:+.3f} [{test['low']:+.3f}, {test['high']:+.3f}] (n = {test['n']}, sign-flip "
+                    f"p = {significant(test['p'])}).")
+    differences = pd.DataFrame(tests, columns=["model", "sampler", "column", "n", "difference", "low", "high", "p"])
+    result = Result(figures={"fig_sinks_by_sampler": plots.columns_by_setting_plot(frame, "Table 1 under each sampler")},
+                    shown=Summary(frame.set_index(["model", "sampler", "column"])[
+                        ["n", "accuracy", "ci_low", "ci_high", "change", "change_low", "change_high", "p_mcnemar"]],
+                        findings))
+    result.add_table("masked_by_sampler", frame, MASKED_BY_SAMPLER)
+    result.add_table("masked_by_sampler_differences", differences, Layout(("model", "sampler", "column"), "none"))
+    return result
+
+
+def oldest_context_evicted(tables: SamplerTables, ks: Sequence[int] = (1, 3)) -> Result:
+    """The paper's §5.3: can a diffusion LM drop its oldest context, the first token among it, where an autoregressive
+    model cannot? Each (model, sampler) with its oldest k keys evicted (interventions.EvictOldest: masked for every
+    query, layer, head and step) for each k in `ks`, with the paired change from the same run unmasked; and, on the
+    same problems, how much less each diffusion (model, sampler) loses than each autoregressive one."""
+    columns = [column_name("oldest keys", k) for k in ks]
+    frame = _columns_by_sampler(tables, columns)
+    findings = []
+    for (model, sampler), rows in frame.groupby(["model", "sampler"], sort=False):
+        rows = rows.set_index("column")
+        unmasked = rows.loc["unmasked"]
+        parts = [f"{column_words(c)}: {_change_text(rows.loc[c])}" for c in columns if c in rows.index]
+        findings.append(f"{model} ({sampler}): unmasked {unmasked['accuracy']:.3f} [{unmasked['ci_low']:.3f}, "
+                        f"{unmasked['ci_high']:.3f}]; " + "; ".join(parts) + ".")
+    tests = []
+    autoregressive = [key for key in tables if key[1] == "KV cache"]
+    for key in tables:
+        for other in autoregressive if key[1] != "KV cache" else ():
+            for column in columns:
+                test = _change_difference(tables[other], other[0], tables[key], key[0], column)
+                tests.append({"model": key[0], "sampler": key[1], "against": other[0], **test})
+                findings.append(f"{key[0]} ({key[1]}) against {other[0]}, {column_words(column)}: the diffusion "
+                                f"model's change minus the autoregressive one's {test['difference']:+.3f} [{test['low']:+.3f}, "
+                                f"{test['high']:+.3f}] (n = {test['n']}, sign-flip p = {significant(test['p'])}).")
+    differences = pd.DataFrame(tests, columns=["model", "sampler", "against", "column", "n", "difference", "low", "high",
+                                               "p"])
+    result = Result(figures={"fig_oldest_context_evicted": plots.columns_by_setting_plot(frame, "the oldest keys evicted")},
+                    shown=Summary(frame.set_index(["model", "sampler", "column"])[
+                        ["n", "accuracy", "ci_low", "ci_high", "change", "change_low", "change_high", "p_mcnemar"]],
+                        findings))
+    result.add_table("oldest_context_evicted", frame, MASKED_BY_SAMPLER)
+    result.add_table("oldest_context_evicted_differences", differences,
+                     Layout(("model", "sampler", "against", "column"), "none"))
+    return result

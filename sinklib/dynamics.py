@@ -31,7 +31,12 @@ def _valid(trace: Trace) -> torch.Tensor:
 
 def comparable_scores(trace: Trace) -> torch.Tensor:
     """Scores with mean 1 over the keys of every step: unchanged for diffusion traces and the prefill; an
-    autoregressive decoding step's single row is multiplied by its number of keys."""
+    autoregressive decoding step's single row is multiplied by its number of keys, and a cached diffusion step's
+    (Trace.recomputed: it sums over its window's rows only) by its keys over its rows."""
+    if trace.recomputed is not None:
+        rows = trace.recomputed.sum(-1).clamp(min=1).float()  # [steps]
+        keys = _valid(trace).sum(-1, keepdim=True).float()  # [steps, layers, heads, 1]
+        return trace.require_scores() * keys / rows[:, None, None, None]
     if not trace.is_autoregressive or trace.n_steps < 2:
         return trace.require_scores()
     keys = _valid(trace).sum(-1, keepdim=True).float()

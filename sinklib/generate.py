@@ -97,12 +97,16 @@ def resolve_settings(loaded: LoadedModel, sampler=None, **options):
         if not isinstance(sampler, family.settings):
             raise TypeError(f"sampler={sampler!r} is not allowed: the {family.name} family takes a "
                             f"{family.settings.__name__}")
-        options = {**{k: v for k, v in dataclasses.asdict(sampler).items() if v is not None}, **options}
+        # None means "not given" here as everywhere: it never replaces the sampler's own value with a default
+        options = {**{k: v for k, v in dataclasses.asdict(sampler).items() if v is not None},
+                   **{k: v for k, v in options.items() if v is not None}}
     missing = [f.name for f in dataclasses.fields(family.settings) if f.default is dataclasses.MISSING
                and options.get(f.name) is None]
     if missing:
         raise bad_value(missing[0], None, f"given: an integer >= 1 ({family.name} settings need {missing})")
-    return family.make_settings(options, loaded.special_ids())
+    settings = family.make_settings(options, loaded.special_ids())
+    loaded.check_settings(settings)
+    return settings
 
 
 def _is_single(prompt) -> bool:
@@ -121,8 +125,10 @@ def generate(model, prompt, sampler=None, *, seed: int = 0, maps: Sequence[tuple
     prompt: text, token ids, or a list of either (batched with left padding). sampler: the family's settings
     (LLaDASettings, DreamSettings, ARMSettings) and/or options by name: steps (forward passes of a diffusion
     family; the autoregressive family makes one per token), gen_length (new tokens), temperature;
-    block_length, remasking, cfg_scale (llada/mmada); alg, alg_temp, top_p, top_k, final_time (dream). An
-    option of another family raises. maps / intervention: as for sinklib.capture.
+    block_length, remasking, cfg_scale (llada/mmada); alg, alg_temp, top_p, top_k, final_time (dream);
+    threshold and cache (Fast-dLLM's parallel decoding and prefix / dual KV cache: llada/mmada, and dream with
+    block_length) and refresh (a cache refreshed when the greatest sinks drift; families.cached). An option of another
+    family raises. maps / intervention: as for sinklib.capture.
     keep_scores: False gives Traces without scores (Trace.scores is None; tokens, text and maps as usual) and
     stores nothing per step — for evaluation runs. Without an intervention or maps the model then runs with
     no capture at all; the tokens are the same either way.
@@ -136,15 +142,17 @@ def generate(model, prompt, sampler=None, *, seed: int = 0, maps: Sequence[tuple
     _check_fits_model(loaded, encoded, settings.gen_length)
     total = loaded.family.n_forwards(settings)
     _check_fits_run(loaded, maps, intervention, total)
-    watched = keep_scores or intervention is not None or bool(maps)
+    # a sink-anchored refresh reads the attention of its window forwards from the capture
+    watched = keep_scores or intervention is not None or bool(maps) or getattr(settings, "refresh", None) is not None
     recording = capture(loaded.model, maps=maps, intervention=intervention, layer_names=loaded.layer_names,
                         keep_steps=keep_scores) if watched else contextlib.nullcontext(None)
+    windows: list[tuple[int, int] | None] = []
     with torch.no_grad(), recording as rec, recording_decisions() as margins:
-        canvases = _sample(loaded, rec, encoded, settings, seed, total, progress)
+        canvases = _sample(loaded, rec, encoded, settings, seed, total, progress, windows)
     meta = _meta(loaded, settings, seed, intervention, chat)
     # a family whose sampler notes no margins (or not one per forward) gives traces without them
     margins = torch.stack(margins) if len(margins) == len(canvases) - 1 and margins else None
-    traces = _split(loaded, rec, canvases, encoded, settings, meta, prompts, margins)
+    traces = _split(loaded, rec, canvases, encoded, settings, meta, prompts, margins, windows)
     return traces[0] if single else traces
 
 
@@ -166,17 +174,21 @@ def _check_fits_model(loaded: LoadedModel, encoded: list[list[int]], gen_length:
 
 
 def _sample(loaded: LoadedModel, rec, encoded: list[list[int]], settings, seed: int, total: int,
-            progress: bool) -> list[torch.Tensor]:
-    """The family's sampler on the left-padded prompts, each forward telling the capture which queries are real."""
+            progress: bool, windows: list) -> list[torch.Tensor]:
+    """The family's sampler on the left-padded prompts, each forward telling the capture which queries are real;
+    `windows` gets each forward's computed canvas columns ((start, stop) of a cached diffusion step, else None)."""
     ids, prompt_mask = left_pad(encoded, loaded.pad_id)
     ids, prompt_mask = ids.to(loaded.device), prompt_mask.to(loaded.device)
     generator = torch.Generator(device=loaded.device).manual_seed(seed)
     with tqdm(total=total, desc=f"{loaded.family.name} steps", disable=not progress, leave=False) as bar:
-        def forward(x, attention_mask=None, position_ids=None):
-            if rec is not None:
-                rec.query_mask = attention_mask
+        def forward(x, attention_mask=None, position_ids=None, keep=False, window=None, watch=False):
+            if rec is not None:  # a window's rows are answer positions: all real
+                rec.query_mask = attention_mask if window is None else None
+                rec.watch = watch
+            windows.append(None if window is None else (window.start, window.stop))
             bar.update(1)
-            return loaded.logits(x, attention_mask, position_ids)
+            logits = loaded.logits(x, attention_mask, position_ids, keep=keep, window=window)
+            return (logits, rec.last_step) if watch else logits
 
         def forward_cached(x, attention_mask, position_ids, cache):
             if rec is not None:
@@ -221,12 +233,26 @@ def _row_maps(rec, row: int, start: int) -> dict:
     return maps
 
 
+def _recomputed(windows: list, width: int) -> torch.Tensor | None:
+    """bool [forwards, width]: the canvas columns each forward computed (a cached step's window); None when every
+    forward computed them all."""
+    if all(w is None for w in windows):
+        return None
+    computed = torch.ones(len(windows), width, dtype=torch.bool)
+    for step, window in enumerate(windows):
+        if window is not None:
+            computed[step] = False
+            computed[step, window[0]:window[1]] = True
+    return computed
+
+
 def _split(loaded: LoadedModel, rec, canvases, encoded, settings, meta: dict, prompts,
-           margins: torch.Tensor | None) -> list[Trace]:
+           margins: torch.Tensor | None, windows: list | None = None) -> list[Trace]:
     """One Trace per prompt: the row's canvases without its left padding, cut where the family says it ends."""
     family = loaded.family
     canvas = family.layout(canvases, [len(e) for e in encoded], settings, loaded.mask_id, loaded.pad_id)
     scores, masked = _recorded(rec, len(encoded), canvas.tokens.shape[-1])
+    recomputed = _recomputed(windows or [], canvas.tokens.shape[-1])
     layer_names = list(rec.layer_names) if rec is not None else \
         [layer.name for layer in attention_layers(loaded.model, loaded.layer_names)]
     traces = []
@@ -245,6 +271,7 @@ def _split(loaded: LoadedModel, rec, canvases, encoded, settings, meta: dict, pr
             masked_keys=None if masked is None else masked[:n_steps, :, b, :, start:start + keep].contiguous(),
             maps=_row_maps(rec, b, start),
             margins=None if margins is None else margins[:n_steps, b].contiguous(),
+            recomputed=None if recomputed is None else recomputed[:n_steps, start:start + keep].contiguous(),
             token_strings=_token_strings(loaded, row_tokens),
             meta={**meta, "prompt": prompts[b] if isinstance(prompts[b], str) else prompt_ids},
         ))

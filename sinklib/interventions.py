@@ -276,6 +276,27 @@ class MaskKeys(Intervention):
 
 
 @dataclass(frozen=True)
+class EvictOldest(Intervention):
+    """The oldest context evicted, as a deployment that runs out of memory drops it (the paper's §5.3; StreamingLLM's
+    window attention): the first `k` real keys of each row (left padding skipped, the first token included) are
+    masked for every query, in every layer and head, at every step — whether or not they are sinks."""
+
+    k: int
+
+    def __post_init__(self) -> None:
+        _settle(self, k=check_int(self.k, "k", 0))
+
+    def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
+        """bool [batch, heads, keys]: each row's first k valid keys (all of them where fewer are valid); None
+        with k=0."""
+        if self.k == 0:
+            return None
+        valid = call.clean_stats().key_valid
+        oldest = valid & (valid.long().cumsum(-1) <= self.k)
+        return oldest[:, None, :].expand(call.batch, call.heads, call.n_keys).to(call.device)
+
+
+@dataclass(frozen=True)
 class AblateValues(Intervention):
     """Value-path ablation: the keys `select` would mask (any policy: MaskSinks for the sinks, MaskRandomKeys for the
     equal-budget control) keep their attention, and their value vectors are zeroed (mode="zero") or replaced by the
@@ -372,7 +393,8 @@ class Audited(Intervention):
 
 
 POLICIES: Registry[type] = Registry("policy", {"mask_sinks": MaskSinks, "mask_random_keys": MaskRandomKeys,
-                                                "mask_keys": MaskKeys, "ablate_values": AblateValues})
+                                                "mask_keys": MaskKeys, "ablate_values": AblateValues,
+                                                "evict_oldest": EvictOldest})
 
 
 def make_policy(name: str, **settings) -> Intervention:

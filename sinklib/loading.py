@@ -26,6 +26,7 @@ from transformers.utils import cached_file
 from sinklib import compat, mmada_repo, named
 from sinklib.validation import Consent, Index, bad_value, check_choice, checked, did_you_mean
 from sinklib.families.base import Family, family_names, fit, get_family
+from sinklib.families.cached import Window, forward_cached
 from sinklib.paths import ZOO_DIR
 
 CALLING = ("native", "remote")
@@ -79,13 +80,26 @@ class LoadedModel:
         settings = fit(settings, gen_length=gen_length, steps=steps, block_length=block_length)
         return self.family.make_settings(dataclasses.asdict(settings), self.special_ids())
 
+    def check_settings(self, settings) -> None:
+        """Refuse settings this model cannot run: a KV cache on a model that runs its own (remote) modelling code,
+        which keeps none sinklib can reuse (upstream LLaDA's has none; the threshold works everywhere)."""
+        if getattr(settings, "cache", None) is not None and self.calling == "remote":
+            raise bad_value("cache", settings.cache, f"None for {self.name}: it runs its own modelling code, which keeps "
+                                                     "no cache sinklib can reuse (threshold works without one)")
+
     def special_ids(self) -> dict[str, Any]:
         """The settings fields that come from the model, not the caller: mask_id, eos_ids, pad_id."""
         return {"mask_id": self.mask_id, "eos_ids": self.eos_ids, "pad_id": self.pad_id}
 
     def logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """One forward over full sequences, called the way this model's own code expects."""
+               position_ids: torch.Tensor | None = None, keep: bool = False, window: Window | None = None):
+        """One forward over full sequences, called the way this model's own code expects. For the cached diffusion
+        samplers (families.cached.forward_cached; native models only): keep=True also returns the keys and values
+        to reuse, and a `window` computes only its rows beside the kept keys."""
+        if keep or window is not None:
+            if self.calling == "remote":
+                raise TypeError(f"{self.name} runs its own modelling code: the cached samplers need a native model")
+            return forward_cached(self.model, ids, attention_mask, position_ids, window, compat.cache_keyword(self.model))
         if self.calling == "remote":
             return self.family.call(self.model, ids, attention_mask, position_ids)
         if attention_mask is not None and self.extra.get("bidirectional"):

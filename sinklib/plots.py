@@ -374,3 +374,89 @@ def lens_plot(curve: pd.DataFrame) -> plt.Figure:
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def frontier_plot(table: pd.DataFrame) -> plt.Figure:
+    """Speed against accuracy, one panel per diffusion model: each policy at its median seconds per answer (log
+    scale) and its accuracy with the Wilson 95 % interval; the plain sampler's interval shaded; an autoregressive
+    model's answer time drawn as a dashed line on every panel. `table`: sinklib.speed.frontier rows."""
+    autoregressive = table[table["policy"] == "KV cache"]
+    diffusion = table[table["policy"] != "KV cache"]
+    models = list(dict.fromkeys(diffusion["model"]))
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 3.8), squeeze=False)
+    markers = dict(zip(sorted(set(diffusion["policy"])), itertools.cycle("osD^v<>p")))
+    colours = dict(zip(sorted(set(diffusion["policy"])), itertools.cycle(PALETTE)))
+    for ax, model in zip(axes[0], models):
+        rows = diffusion[diffusion["model"] == model]
+        plain = rows[rows["policy"] == "plain"]
+        if len(plain):
+            ax.axhspan(float(plain["ci_low"].iloc[0]), float(plain["ci_high"].iloc[0]), color="0.9", zorder=0,
+                       label="plain sampler's 95 % interval")
+        for _, row in rows.iterrows():
+            ax.errorbar(row["seconds_per_answer"], row["accuracy"],
+                        yerr=[[row["accuracy"] - row["ci_low"]], [row["ci_high"] - row["accuracy"]]],
+                        marker=markers[row["policy"]], color=colours[row["policy"]], capsize=3, linestyle="none",
+                        label=row["policy"])
+        for _, row in autoregressive.iterrows():
+            ax.axvline(row["seconds_per_answer"], color="0.3", linestyle="--", linewidth=1,
+                       label=f"{row['model']} (KV cache)")
+        ax.set_xscale("log")
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel("seconds per answer (median, one thread)")
+        ax.set_ylabel("accuracy (95 % interval)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        more_handles, more_labels = ax.get_legend_handles_labels()
+        handles += [handle for handle, text in zip(more_handles, more_labels) if text not in labels]
+        labels += [text for text in more_labels if text not in labels]
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    return fig
+
+
+def columns_by_setting_plot(frame: pd.DataFrame, title: str = "") -> plt.Figure:
+    """Accuracy with its Wilson 95 % interval per Table 1 column (x, in the frame's order), one colour per (model,
+    sampler); the lines join a setting's columns. `frame`: analyses' rows with model, sampler, column, accuracy,
+    ci_low, ci_high."""
+    columns = list(dict.fromkeys(frame["column"]))
+    settings = list(dict.fromkeys(zip(frame["model"], frame["sampler"])))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(columns), 3.6))
+    width = 0.5 / max(1, len(settings))
+    for index, ((model, sampler), colour) in enumerate(zip(settings, itertools.cycle(PALETTE))):
+        rows = frame[(frame["model"] == model) & (frame["sampler"] == sampler)].set_index("column").reindex(columns)
+        x = np.arange(len(columns)) + (index - (len(settings) - 1) / 2) * width
+        ax.errorbar(x, rows["accuracy"], yerr=[rows["accuracy"] - rows["ci_low"], rows["ci_high"] - rows["accuracy"]],
+                    marker="o", color=colour, capsize=3, label=f"{model} ({sampler})")
+    ax.set_xticks(np.arange(len(columns)), columns)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("accuracy (95 % interval)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower left", frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def cached_attention_plot(traces: Mapping[str, Trace]) -> plt.Figure:
+    """What caching does to attention, one panel per trace of the same prompt: each step's incoming attention per
+    position (comparable scores, mean over layers and heads; log colour), the greatest key of each step ringed, and
+    on the left which steps were full forwards and which a cached window's (Trace.recomputed)."""
+    fig, axes = plt.subplots(len(traces), 1, figsize=(11, 2.2 + 1.6 * len(traces)), squeeze=False)
+    for ax, (name, trace) in zip(axes[:, 0], traces.items()):
+        scores = _mean_scores(trace)
+        image = ax.imshow(np.log10(np.clip(scores, 1e-3, None)), aspect="auto", cmap=CMAP, interpolation="nearest")
+        top = np.nanargmax(np.where(np.isnan(scores), -np.inf, scores), axis=1)
+        ax.scatter(top, np.arange(len(top)), s=14, facecolors="none", edgecolors="white", linewidths=0.8)
+        full = np.ones(trace.n_steps, bool) if trace.recomputed is None else trace.recomputed.all(-1).numpy()
+        ax.set_yticks(np.arange(trace.n_steps))
+        ax.set_yticklabels(["full" if f else "window" for f in full], fontsize=5)
+        ax.axvline(trace.prompt_len - 0.5, color="white", linewidth=0.8)
+        ax.set_title(f"{name}: {trace.n_steps} forwards, {int(full.sum())} of them full", fontsize=9)
+        ax.set_xlabel("position (the white line ends the prompt)")
+        fig.colorbar(image, ax=ax, label="log10 score (mean 1)", fraction=0.03)
+    fig.tight_layout()
+    return fig
+
+
+def _mean_scores(trace: Trace) -> np.ndarray:
+    """[steps, positions] comparable scores averaged over layers and heads (NaN where a key did not exist)."""
+    return comparable_scores(trace).nanmean(dim=(1, 2)).numpy()

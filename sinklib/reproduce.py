@@ -41,7 +41,7 @@ try:  # the notebooks extra: papermill runs them, nbformat edits them, and their
 
     from tqdm.auto import tqdm
 
-    from sinklib.runs import LONG_TRACES, run_for
+    from sinklib.runs import FAST_SAMPLING, LONG_TRACES, run_for
 except ModuleNotFoundError as missing:
     raise ImportError(f"sinklib.reproduce runs the notebooks, which need the notebooks extra ({missing.name} is "
                       "missing): pip install -e '.[notebooks]'") from missing
@@ -380,8 +380,8 @@ def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:
 # whose configuration changed writes a file of its own beside them, so nothing stale is read): the SmolLM2 twins'
 # Table 1 at n = 200 and dose-response (the diffusion twin makes 28 forwards of its whole canvas per answer: about
 # 7 s a problem on one core, hours per model), and the long traces (runs.LONG_TRACES: the paper-layout canvases and
-# the logit lens, about 4 minutes).
-COMMITTED_RUNS = ("table1-arithmetic-english", LONG_TRACES)
+# the logit lens, about 4 minutes), and notebook 08's speed–accuracy evaluations (runs.FAST_SAMPLING: about an hour).
+COMMITTED_RUNS = ("table1-arithmetic-english", LONG_TRACES, FAST_SAMPLING)
 # What the notebooks analyse that takes minutes to make: the traces (sinklib.trace_store) and the tiny zoo's and
 # SmolLM2's Table 1 runs. Committed and read by every run but `make figures` (the default run, every notebook),
 # which makes them again (regenerated_stores) — so nbval and a reader opening a notebook read them in seconds.

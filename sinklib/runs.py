@@ -19,7 +19,7 @@ from annotated_types import Ge
 from sinklib.validation import (Consent, Count, DType, Device, Flag, Folder, Index, Ks, ModelNames, NonNegative,
                                 Text, did_you_mean, validated)
 from sinklib.evaluation.table1 import MaskingTable, by_task, masking_table
-from sinklib.evaluation.tasks import get_task, task_names, trace_prompts
+from sinklib.evaluation.tasks import TRACE_TASKS, get_task, task_names, trace_prompts
 from sinklib.explorer import export_pages
 from sinklib.generate import demo_trace, encode
 from sinklib.loading import load, load_models
@@ -70,6 +70,10 @@ RUNS: Registry[type] = Registry("notebook")  # notebook stem → its run config 
 # under the paper's layout (the twin: 128 tokens in 128 forwards, about 80 s) and the generations notebook 07's logit
 # lens reads, with its measurements (a forward and a vocabulary softmax per step and layer: about 2 minutes).
 LONG_TRACES = "long-traces"
+# The speed–accuracy evaluations of notebook 08 (sinklib.speed; benchmarks/fast_sampling.py makes them): about an
+# hour on one core, most of it the diffusion twin's plain sampler on 200 problems. Read by `make figures`.
+FAST_SAMPLING = "fast-sampling"
+SPEED_MODELS = ["smollm2-135m-diffusion", "smollm2-135m-autoregressive", "tiny-llada", "tiny-dream"]
 
 
 @dataclass(frozen=True)
@@ -537,6 +541,136 @@ class CarryRun(TaskPart, TracesRun):
                                     seed=self.seed, progress=self.progress, value_ablation=self.value_ablation,
                                     steps=self.steps, gen_length=self.gen_length, block_length=self.block_length)
                 for task, group in by_task(loaded, self.task, self.tasks).items()}
+
+
+@validated
+@dataclass(frozen=True)
+class SpeedRun(OutputsPart, ModelsPart, RunConfig):
+    """Notebook 08: can sinks make a diffusion LM fast? Every model under each of its sampling policies
+    (sinklib.speed: Fast-dLLM's caches and confidence threshold) on n_problems held-out problems of its task and
+    n_timed of them timed side by side; then what a cached policy does to one generation's attention and sinks."""
+    NOTEBOOK = "08_sinks_for_speed"
+    READS_FROM = ("01_attention_distributions",)
+    SECONDS_TO_REGENERATE = 40
+    models: ModelNames = default_copy(SPEED_MODELS)
+    n_problems: Count = 200
+    n_timed: Count = 20
+    trace_model: Text | None = None  # None: the run's first diffusion model on transformers' own code (the twin)
+    trace_policy: Text = "threshold + dual cache"
+    k: Count = 5
+    eps: NonNegative = 3.0
+    seed: Index = 0
+    # Table 1's top-1 and random-1 columns and the oldest keys evicted (the paper's §5.3), on these models (None: the
+    # traced diffusion model and every autoregressive one): a diffusion model under its plain sampler and
+    # masking_policy, an autoregressive one with its KV cache
+    masking_models: ModelNames | None = None
+    masking_policy: Text = "threshold + dual cache"
+    # the diffusion model's sampler for the eviction: a policy of sinklib.speed ("plain": about 90 minutes on one core
+    # for the twin; the default, the fastest policy inside plain's interval, about 15)
+    eviction_policy: Text = "threshold + dual cache"
+    evicted: Ks = default_copy([1, 3])  # the oldest keys evicted (the twins' chat header, "<|im_start|>user\n", is 3)
+    masking_batch_size: Count = 50  # as notebook 04's committed Table 1 runs, which the plain sampler's columns reuse
+
+    def check(self) -> None:
+        """trace_model one of models; trace_policy and masking_policy among sinklib.speed.POLICIES but plain,
+        eviction_policy among them; masking_models among models."""
+        from sinklib import speed  # noqa: PLC0415  (the speed study loads its evaluation stack only here)
+
+        if self.trace_model is not None and self.trace_model not in self.models:
+            raise ValueError(f"trace_model={self.trace_model!r} is not allowed: it must be one of models={self.models!r}")
+        for name in ("trace_policy", "masking_policy"):
+            if getattr(self, name) not in speed.POLICIES or getattr(self, name) == "plain":
+                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: choose one of "
+                                 f"{[p for p in speed.POLICIES if p != 'plain']}")
+        if self.eviction_policy not in speed.POLICIES:
+            raise ValueError(f"eviction_policy={self.eviction_policy!r} is not allowed: choose one of "
+                             f"{list(speed.POLICIES)}")
+        strangers = [name for name in self.masking_models or () if name not in self.models]
+        if strangers:
+            raise ValueError(f"masking_models={self.masking_models!r} is not allowed: {strangers} are not among "
+                             f"models={self.models!r}")
+
+    @property
+    def speed_store(self) -> Path:
+        """Where the evaluations and the timing live: results_dir/fast-sampling (FAST_SAMPLING)."""
+        return Path(self.results_dir) / FAST_SAMPLING
+
+    def collect(self) -> tuple[dict, pd.DataFrame]:
+        """(loaded models, the speed–accuracy table): each (model, policy) evaluated on n_problems problems of its
+        task (the held-out arithmetic) and n_timed of them timed side by side, all read from speed_store when it
+        holds this run's (they resume there otherwise: an hour for the diffusion twin's plain sampler)."""
+        from sinklib import speed  # noqa: PLC0415
+
+        loaded = self.load()
+        task_of = {name: TRACE_TASKS[model.is_zoo] for name, model in loaded.items()}
+        speed.measure(loaded, task_of, self.speed_store, self.n_problems, progress=self.progress)
+        timing = speed.stored_timing(loaded, task_of, self.speed_store, self.n_timed, progress=self.progress)
+        return loaded, speed.frontier(self.speed_store, timing, models=list(loaded))
+
+    def collect_masking(self, loaded: Mapping[str, Any]) -> dict[tuple[str, str], MaskingTable]:
+        """(model, sampler) → Table 1 with its top-1 sink and one random key masked, on n_problems of the model's
+        task: a diffusion model under its plain sampler (notebook 04's runs in results_dir/table1-<task>) and under
+        masking_policy (speed_store/table1), an autoregressive model with its KV cache. Every run resumes from its file
+        (about 45 minutes a column for the diffusion twin's plain sampler on one core, 8 under the fast policy)."""
+        return {(name, sampler): self._masking(loaded[name], sampler, [0, 1])
+                for name in self.masked_models(loaded) for sampler in self._samplers(loaded[name], "plain",
+                                                                                     self.masking_policy)}
+
+    def collect_eviction(self, loaded: Mapping[str, Any]) -> dict[tuple[str, str], MaskingTable]:
+        """(model, sampler) → Table 1 with each model's oldest `evicted` keys evicted (the paper's §5.3), on the
+        models of collect_masking: a diffusion model under eviction_policy, an autoregressive one with its KV cache."""
+        return {(name, sampler): self._masking(loaded[name], sampler, [0, *self.evicted], ["oldest keys"])
+                for name in self.masked_models(loaded) for sampler in self._samplers(loaded[name], self.eviction_policy)}
+
+    @staticmethod
+    def _samplers(model, *policies: str) -> list[str]:
+        from sinklib import speed  # noqa: PLC0415
+
+        return list(policies) if model.family.kind == "diffusion" else [speed.AUTOREGRESSIVE_POLICY]
+
+    def _masking(self, model, sampler: str, ks: list[int], conditions: list[str] | None = None) -> MaskingTable:
+        """One model's Table 1 columns `ks` of `conditions` under `sampler` (a policy of sinklib.speed: "plain" and
+        an autoregressive model's KV cache run its own settings from results_dir/table1-<task>, the others from
+        speed_store/table1)."""
+        from sinklib import speed  # noqa: PLC0415
+
+        task = TRACE_TASKS[model.is_zoo]
+        own = sampler in ("plain", speed.AUTOREGRESSIVE_POLICY)
+        return masking_table([model], task, ks, limit=self.n_problems, batch_size=self.masking_batch_size,
+                             seed=self.seed, progress=self.progress, conditions=conditions,
+                             out_dir=Path(self.results_dir) / f"table1-{task}" if own else self.speed_store / "table1",
+                             sampler=None if own else speed.policy_settings(model, sampler))
+
+    def masked_models(self, loaded: Mapping[str, Any]) -> list[str]:
+        """masking_models, else the run's first diffusion model on transformers' own code (the traced one) and every
+        autoregressive model of the run."""
+        if self.masking_models is not None:
+            return list(self.masking_models)
+        diffusion = [name for name, model in loaded.items() if model.family.kind == "diffusion" and model.calling == "native"]
+        return diffusion[:1] + [name for name, model in loaded.items() if model.family.kind == "autoregressive"]
+
+    def traced(self, loaded: Mapping[str, Any]) -> str:
+        """The model the attention section traces: trace_model, else the run's first diffusion model on transformers'
+        own code (a cache needs one)."""
+        name = self.trace_model or next((name for name, model in loaded.items() if model.family.kind == "diffusion"
+                                         and model.calling == "native"), None)
+        if name is None:
+            raise ValueError(f"models={self.models!r} is not allowed with trace_model=None: no model of the run is a "
+                             "diffusion model on transformers' own code (a cache needs one)")
+        return name
+
+    def collect_traces(self, loaded: Mapping[str, Any]) -> dict[str, Any]:
+        """trace_model's (or the run's first native diffusion model's) first traced prompt under its plain sampler
+        (notebook 01's trace) and under trace_policy,
+        with attention captured, from the trace store (made there if missing)."""
+        from sinklib import speed  # noqa: PLC0415
+
+        model = loaded[self.traced(loaded)]
+        prompt = trace_prompts(model.is_zoo, 1)
+        store = Path(self.results_dir) / "traces"
+        return {f"{policy}": stored_traces(model, prompt, store, seed=self.seed, progress=False,
+                                           sampler=speed.policy_settings(model, policy))[0]
+                for policy in ("plain", self.trace_policy)}
 
 
 def run_for(notebook: str | Path) -> type:

@@ -138,6 +138,9 @@ def confidence_margin(logits_a: torch.Tensor, logits_b: torch.Tensor, dtype: tor
     """
     if kind not in CONFIDENCE_KINDS:
         raise ValueError(f"kind={kind!r} is not allowed: choose one of {CONFIDENCE_KINDS}")
+    if bool(logits_a.isnan().any() or logits_b.isnan().any()) or not (logits_a.isfinite().any(-1).all() and
+                                                                        logits_b.isfinite().any(-1).all()):
+        return float("nan")  # NaN logits, or a row with no finite logit: no decision to measure, never a near-tie
     with torch.no_grad():
         s_a, low_a, high_a = _confidence_bounds(logits_a.double(), kind, dtype, LOGIT_ROUNDING)
         s_b, low_b, high_b = _confidence_bounds(logits_b.double(), kind, dtype, LOGIT_ROUNDING)

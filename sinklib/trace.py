@@ -52,6 +52,9 @@ class Trace:
     token_strings: dict[int, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     margins: torch.Tensor | None = None
+    # [steps, seq] bool: the positions each step's forward computed (a cached sampler's window); None: all of them.
+    # A cached step's scores sum over the computed query rows only (the rest attended with reused keys).
+    recomputed: torch.Tensor | None = None
 
     @property
     def n_steps(self) -> int:
@@ -144,6 +147,9 @@ class Trace:
                   "is_masked": _fixed_list(np.concatenate([self.is_masked.numpy(), np.zeros((1, seq), bool)]), pa.bool_())}
         if self.margins is not None:  # one per step; the final canvas has no decision after it
             canvas["margin"] = np.append(self.margins.numpy(), np.nan)
+        if self.recomputed is not None:  # likewise: no forward after the final canvas
+            canvas["recomputed"] = _fixed_list(np.concatenate([self.recomputed.numpy(), np.zeros((1, seq), bool)]),
+                                               pa.bool_())
         keys = sorted(self.maps)
         maps = pa.table({"step": [k[0] for k in keys], "layer": [k[1] for k in keys], "head": [k[2] for k in keys],
                          "rows": [int(self.maps[k].shape[0]) for k in keys],
@@ -190,6 +196,8 @@ class Trace:
         tokens = torch.from_numpy(_unlist(canvas["tokens"], np.int64, seq))
         is_masked = torch.from_numpy(_unlist(canvas["is_masked"], np.bool_, seq))[:-1]
         margins = torch.from_numpy(canvas["margin"].to_numpy()[:-1].copy()) if "margin" in canvas.column_names else None
+        recomputed = torch.from_numpy(_unlist(canvas["recomputed"], np.bool_, seq))[:-1] \
+            if "recomputed" in canvas.column_names else None
         maps = {}
         for row in pq.read_table(folder / "maps.parquet").to_pylist():
             flat = torch.tensor(row["map"], dtype=torch.float32)
@@ -200,7 +208,7 @@ class Trace:
         return cls(scores=scores, tokens=tokens, is_masked=is_masked, prompt_len=meta["prompt_len"],
                    layer_names=meta["layer_names"], text=meta["text"], masked_keys=masked, maps=maps,
                    token_strings={int(k): v for k, v in meta["token_strings"].items()}, meta=_from_json(meta["meta"]),
-                   margins=margins)
+                   margins=margins, recomputed=recomputed)
 
 
 FORMAT = 2  # 2: SHA-256 of every file in meta.json, tuples and non-string keys kept in meta

@@ -121,6 +121,10 @@ Temperature = Annotated[Number, Ge(0.0), Le(100.0)]
 # Classifier-free guidance: un + (s + 1)(cond − un) in the logits' dtype; the papers use 0–3, and past about 1e4 the
 # product of float32 logits overflows into inf and NaN (empty generations).
 GuidanceScale = Annotated[Number, Ge(0.0), Le(1e4)]
+# A confidence threshold for parallel decoding (Fast-dLLM's `threshold`): a probability in (0, 1]
+Threshold = Annotated[Number, Gt(0.0), Le(1.0)]
+# A drift in a share of attention (a fraction of each query's attention): a number in [0, 1]
+Share = Annotated[Number, Ge(0.0), Le(1.0)]
 Consent = Annotated[bool, BeforeValidator(_consent)]
 Flag = Annotated[bool, BeforeValidator(_flag)]  # an on/off setting: a real bool, never text or a number
 Text = Annotated[str, BeforeValidator(_text)]

@@ -69,6 +69,7 @@ class Recorder:
         self.options = options
         self.intervention = options.intervention
         self.query_mask: torch.Tensor | None = None  # optional [B, S] weights; 0 drops a query row (padding)
+        self.watch = False  # the next forwards' attention is computed and kept as `last_step`, whatever keep_steps says
         self.maps: dict[tuple[int, int, int], torch.Tensor] = {}
         self._wanted_maps = self._resolve_maps(options.maps)
         self._store = StepStore(len(layers), options.store_device, options.keep_steps)
@@ -101,6 +102,14 @@ class Recorder:
     def step_scores(self, step: int) -> torch.Tensor:
         """[layers, batch, heads, keys] scores of one step (sum units)."""
         return self._store.step(step)
+
+    @property
+    def last_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores [layers, batch, heads, keys], query_count [layers, batch]) of the last forward run with
+        `watch` on: what a sampler that watches its own attention (families.cached.BlockCache) reads."""
+        if self._store.last is None:
+            raise ValueError("no watched forward was recorded: set recorder.watch = True before the forward")
+        return self._store.last["scores"], self._store.last["query_count"]
 
     @property
     def scores(self) -> torch.Tensor:
@@ -152,7 +161,7 @@ class Recorder:
         if output is None:  # the forward raised: nothing of it counts
             self._store.current = None
             return
-        record = self._store.end()
+        record = self._store.end(keep_last=self.watch)
         if record is not None and not record["scores"] and record["layers_ran"]:
             impl = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
             raise CaptureError(
@@ -193,7 +202,7 @@ class Recorder:
         map_heads = self._map_heads(step, layer, heads) if self._wanted_maps else ()
         stats_options = {"query_weight": None if self.query_mask is None else self._query_weight(batch, n_queries),
                          "chunk_size": self.options.chunk_size}
-        if self.intervention is None and not map_heads and not self.keep_steps:  # nothing of this call is kept
+        if self.intervention is None and not map_heads and not self.keep_steps and not self.watch:  # nothing is kept
             self._store.add(layer.index, None, None, None)
             return args.as_called(want_lse=False)[0]
         if self.intervention is None and not map_heads and stats_options["query_weight"] is None \

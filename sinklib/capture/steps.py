@@ -21,6 +21,7 @@ class StepStore:
         self.keep_steps = keep_steps
         self.completed = 0
         self.current: dict | None = None
+        self.last: dict | None = None  # the last step ended with keep_last=True, stacked
         self._steps: list[dict] = []
 
     def begin(self) -> None:
@@ -52,16 +53,20 @@ class StepStore:
                 self.add(layer, row_scores, None, query_count)
         self.current["deferred"] = {}
 
-    def end(self) -> dict | None:
-        """Close the step being recorded; it counts (and is kept) only if some attention call was seen.
-        Returns the raw record (None if none was open)."""
-        if self.current is not None and self.keep_steps:
+    def end(self, keep_last: bool = False) -> dict | None:
+        """Close the step being recorded; it counts (and is kept) only if some attention call was seen; keep_last
+        also keeps it, stacked, as `last` (whatever keep_steps says). Returns the raw record (None if none was
+        open)."""
+        if self.current is not None and (self.keep_steps or keep_last):
             self.settle()
         record, self.current = self.current, None
         if record is not None and record["scores"]:
             self.completed += 1
+            stacked = self._stacked(record) if self.keep_steps or keep_last else None
             if self.keep_steps:
-                self._steps.append(self._stacked(record))
+                self._steps.append(stacked)
+            if keep_last:
+                self.last = stacked
         return record
 
     def _stacked(self, record: dict) -> dict:

@@ -27,7 +27,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-from sinklib.validation import (Consent, Count, Index, NonNegative, Temperature, Text, bad_value, check_choice,
+from sinklib.validation import (Consent, Count, Index, NonNegative, Share, Temperature, Text, Threshold, bad_value, check_choice,
                                 check_value, checked, did_you_mean)
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import paper_masking
@@ -106,16 +106,19 @@ def _intervention(family: Family, chosen, mask_top_k: int, mask_eps: float, mask
 @register_model("sinklib")
 class SinklibLM(LM):
     """model_args: pretrained (hub id, local path or zoo name), family, steps, gen_length, block_length,
-    temperature, alg (dream), remasking (llada), mask_top_k / mask_eps / mask_source (the paper's masking:
-    Eq. 3 on the previous step), mask_random_k (the random-key control), policy (any registered masking policy by
-    name, sinklib.interventions.POLICIES, its settings given as policy.<setting>=value; a list as values separated
-    by spaces: policy=mask_keys,policy.positions=0 3), mask_values ("zero" or "mean": the chosen keys keep their
-    attention and their values are ablated instead), seed, dtype, device, batch_size, trust_remote_code."""
+    temperature, alg (dream), remasking (llada), threshold and cache (Fast-dLLM's parallel decoding and prefix / dual
+    KV cache) and refresh (the cache refreshed when the greatest sinks drift: families.cached), mask_top_k / mask_eps /
+    mask_source (the paper's masking: Eq. 3 on the previous step), mask_random_k (the random-key control), policy
+    (any registered masking policy by name, sinklib.interventions.POLICIES, its settings given as
+    policy.<setting>=value; a list as values separated by spaces: policy=mask_keys,policy.positions=0 3), mask_values
+    ("zero" or "mean": the chosen keys keep their attention and their values are ablated instead), seed, dtype,
+    device, batch_size, trust_remote_code."""
 
     @checked
     def __init__(self, pretrained: Text, family: str | None = None, steps: Count | None = None,
                  gen_length: Count | None = None, block_length: Count | None = None, temperature: Temperature = 0.0,
-                 alg: str | None = None, remasking: str | None = None, mask_top_k: Index = 0,
+                 alg: str | None = None, remasking: str | None = None, threshold: Threshold | None = None,
+                 cache: Literal["prefix", "dual"] | None = None, refresh: Share | None = None, mask_top_k: Index = 0,
                  mask_eps: NonNegative = 3.0, mask_source: str = "previous_step", mask_random_k: Index = 0,
                  policy: str | None = None, policy_settings: dict[str, Any] | None = None,
                  mask_values: Literal["zero", "mean"] | None = None, seed: Index = 0, dtype: str | None = None,
@@ -145,9 +148,11 @@ class SinklibLM(LM):
         self._own = resolve_settings(self.loaded, self.loaded.settings_for(), temperature=float(temperature), alg=alg,
                                      remasking=remasking)
         if block_length is not None and not hasattr(self._own, "block_length"):  # fit would drop it without a word
-            raise bad_value("block_length", block_length, f"None for a {self.loaded.family.name} model (its sampler has "
-                            "no blocks)")
-        self.settings = fit(self._own, steps=steps, gen_length=gen_length, block_length=block_length).validate()
+            raise bad_value("block_length", block_length, f"None for {self.loaded.name} (the {self.loaded.family.name} "
+                            "family's sampler has no blocks)")
+        # laid over every fitted layout (they need its blocks)
+        self._fast = {"threshold": threshold, "cache": cache, "refresh": refresh}
+        self.settings = self._fitted(gen_length)
         self.intervention = _intervention(self.loaded.family, chosen, mask_top_k, mask_eps, mask_source,
                                           mask_random_k, mask_values, seed)
         self.seed = seed
@@ -220,7 +225,7 @@ class SinklibLM(LM):
     def settings_for(self, max_gen_toks: int | None):
         """The settings for a task asking max_gen_toks: the task's length is the generation length unless model_args
         set gen_length, which then wins (said once in the log); the layout follows the one rule (families.base.fit)."""
-        steps, gen_length, block_length = self._layout
+        _, gen_length, _ = self._layout
         if max_gen_toks is None or max_gen_toks == self.settings.gen_length:
             return self.settings
         if gen_length is not None:
@@ -229,7 +234,13 @@ class SinklibLM(LM):
                 logger.warning("the task asks for max_gen_toks=%s; model_args gen_length=%s is used instead",
                                max_gen_toks, gen_length)
             return self.settings
-        return fit(self._own, steps=steps, gen_length=int(max_gen_toks), block_length=block_length).validate()
+        return self._fitted(int(max_gen_toks))
+
+    def _fitted(self, gen_length: int | None):
+        """The model's own settings fitted to `gen_length` by the one layout rule, then threshold, cache and refresh."""
+        steps, _, block_length = self._layout
+        return resolve_settings(self.loaded, fit(self._own, steps=steps, gen_length=gen_length,
+                                                 block_length=block_length), **self._fast)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         """Not supported: always raises NotImplementedError (a masked diffusion model has no left-to-right likelihood)."""

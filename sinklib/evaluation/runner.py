@@ -405,7 +405,8 @@ class _Run:
             if sample.id not in done:  # those finished before an interruption were regenerated only to keep the batch whole
                 yield {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,
                        **self.spec.score(trace.text, sample, self.sandbox), "margin": smallest_margin(trace),
-                       "seconds": round(seconds, 4), "config_hash": self.digest}
+                       "seconds": round(seconds, 4), "forwards": trace.n_steps,
+                       "tokens": trace.tokens.shape[1] - trace.prompt_len, "config_hash": self.digest}
 
 
 def _summary(task: str, records: list[dict], limit) -> EvalSummary:
@@ -426,7 +427,8 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
     layout by families.base.fit; another family's option is refused, as by sinklib.generate).
 
     Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
-    margin: the generation's closest decision, seconds, config_hash) and resumes from it: batches are fixed slices
+    margin: the generation's closest decision, seconds, forwards (the batch's model forwards), tokens (the answer's
+    decoded positions), config_hash) and resumes from it: batches are fixed slices
     of the task with a seed of their own, so
     an interrupted and resumed run writes the same records as an uninterrupted one, sampled decoding (temperature
     > 0) and MaskRandomKeys included. batch_size is part of the configuration for that reason.

@@ -20,7 +20,7 @@ from sinklib.validation import Consent, Count, Flag, Index, Ks, NonNegative, bad
 from sinklib.evaluation.runner import config_hash, evaluate, run_config, sampler_settings
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.evaluation.checks import mass_dropped, noop_check
-from sinklib.interventions import AblateValues, MaskRandomKeys, MaskSinks
+from sinklib.interventions import AblateValues, EvictOldest, MaskRandomKeys, MaskSinks
 from sinklib.families.base import Family
 from sinklib.loading import LoadedModel, is_default_model, load
 from sinklib.registry import Registry
@@ -44,7 +44,7 @@ class MaskingTable:
 
     def wide(self) -> pd.DataFrame:
         """Models × conditions, each cell "accuracy [95 % Wilson interval]", columns in the paper's order."""
-        labels = self.frame.assign(column=[_column(c, k) for c, k in zip(self.frame["condition"], self.frame["k"])],
+        labels = self.frame.assign(column=[column_name(c, k) for c, k in zip(self.frame["condition"], self.frame["k"])],
                                    cell=[f"{a:.2f} [{lo:.2f}, {hi:.2f}]" for a, lo, hi in
                                          zip(self.frame["accuracy"], self.frame["ci_low"], self.frame["ci_high"])])
         order = list(dict.fromkeys(labels["column"]))
@@ -95,6 +95,17 @@ class MaskingTable:
         kept = items[items["model"].isin(models) & items["id"].isin(ids)].reset_index(drop=True)
         return MaskingTable(accuracy_rows(kept), self.task, kept)
 
+    @classmethod
+    def joined(cls, *tables: "MaskingTable") -> "MaskingTable":
+        """Tables of one task (e.g. two masking_table calls with other conditions) as one; a run in several (their
+        shared unmasked column) is kept once."""
+        if len({table.task for table in tables}) != 1:
+            raise ValueError(f"tables of tasks {[t.task for t in tables]} are not allowed: join the tables of one task")
+        frame = pd.concat([t.frame for t in tables]).drop_duplicates(["model", "condition", "k"]).reset_index(drop=True)
+        items = None if any(t.items is None for t in tables) else pd.concat([t.items for t in tables]).drop_duplicates(
+            ["model", "condition", "k", "id"]).reset_index(drop=True)
+        return cls(frame, tables[0].task, items)
+
     def _require_items(self, what: str) -> pd.DataFrame:
         if self.items is None or self.items.empty:
             raise ValueError(f"{what} needs the table's items (one row per sample); this table has none")
@@ -110,7 +121,7 @@ class MaskingTable:
     def _correct(self, model: str, condition: str, k: int) -> pd.Series:
         rows = self.items[(self.items["model"] == model) & (self.items["condition"] == condition) & (self.items["k"] == k)]
         if rows.empty:
-            raise ValueError(f"model={model!r} has no {_column(condition, k)} run in this table to compare with")
+            raise ValueError(f"model={model!r} has no {column_name(condition, k)} run in this table to compare with")
         return rows.set_index("id")["correct"]
 
     def checks(self) -> pd.DataFrame:
@@ -145,10 +156,10 @@ class MaskingTable:
         """"<model> (n = N): a unmasked, b with its top-1 sink masked (−drop), c with 1 random key masked (−drop)"
         and, where the items were decided at near-ties, how many."""
         frame = self.frame[self.frame["model"] == name]
-        accuracy = {_column(c, k): a for c, k, a in zip(frame["condition"], frame["k"], frame["accuracy"])}
+        accuracy = {column_name(c, k): a for c, k, a in zip(frame["condition"], frame["k"], frame["accuracy"])}
         tests = {} if self.items is None or self.items.empty or "unmasked" not in accuracy else {
-            _column(r.condition, r.k): r for r in self.paired().itertuples() if r.model == name}
-        parts = [f"{row[column]} {_in_words(column)}" + _change(column, accuracy, tests)
+            column_name(r.condition, r.k): r for r in self.paired().itertuples() if r.model == name}
+        parts = [f"{row[column]} {column_words(column)}" + _change(column, accuracy, tests)
                  for column in _headline_columns(list(row.index))]
         text = f"{shown_name} (n = {int(frame['n'].max())}): " + ", ".join(parts)
         if self.items is not None:
@@ -268,6 +279,9 @@ CONDITIONS: Registry[Condition] = Registry("condition", {
                        lambda family, k, eps, source, seed: paper_masking(family, k, eps, source)),
     "random keys": Condition("random keys", "random", "with {k} random key{s} masked",
                              lambda family, k, eps, source, seed: MaskRandomKeys(k=k, seed=seed)),
+    # the paper's §5.3: the oldest context dropped, sinks or not (the first token among it)
+    "oldest keys": Condition("oldest keys", "oldest", "with its oldest {k} key{s} evicted",
+                             lambda family, k, eps, source, seed: EvictOldest(k=k)),
     **{f"sink values ({mode})": Condition(f"sink values ({mode})", "values", "with its top-{k} sinks' values ablated",
                                           _ablated_sinks(mode)) for mode in AblateValues.MODES},
 })
@@ -278,7 +292,7 @@ def _condition_of(label: str) -> Condition:
     return CONDITIONS.get(label)
 
 
-def _in_words(column: str) -> str:
+def column_words(column: str) -> str:
     """"top-5" → "with its top-5 sinks masked", "random-1" → "with 1 random key masked"."""
     if column == "unmasked":
         return "unmasked"
@@ -287,7 +301,8 @@ def _in_words(column: str) -> str:
     return condition.in_words(int(k))
 
 
-def _column(condition: str, k: int) -> str:
+def column_name(condition: str, k: int) -> str:
+    """The Table 1 column of a condition at k: "unmasked" at k = 0, else the condition's column and k ("top-1")."""
     return "unmasked" if k == 0 else f"{_condition_of(condition).column}-{k}"
 
 
@@ -385,7 +400,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
             if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh
                 digest = config_hash(run_config(loaded, task, intervention, limit, seed, batch_size, task_path, None,
                                                 run_settings))
-                out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{task}-{_column(condition, k)}-{digest}.jsonl"
+                out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{task}-{column_name(condition, k)}-{digest}.jsonl"
             summary = evaluate(loaded, task, intervention=intervention, limit=limit, batch_size=batch_size, out=out,
                                seed=seed, progress=progress, task_path=task_path,
                                allow_code_execution=allow_code_execution, sampler=run_settings)

@@ -62,6 +62,8 @@ def header(trace: Trace, layer_ids: list[int] | None = None) -> dict[str, Any]:
         # each step's decision margin (sinklib.trace); null where none was recorded or nothing was left to decide
         "margins": [m if np.isfinite(m) else None for m in trace.margins.tolist()] if trace.margins is not None
         else [None] * steps,
+        # the positions each step's forward computed (a cached sampler's window, Trace.recomputed); null: all of them
+        "recomputed": trace.recomputed.to(torch.int8).tolist() if trace.recomputed is not None else None,
     }
 
 

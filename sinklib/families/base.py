@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 import torch
 
 from sinklib.registry import Registry
-from sinklib.validation import check_int
+from sinklib.validation import bad_value, check_int
 
 Forward = Callable[..., torch.Tensor]
 S = TypeVar("S")
@@ -100,7 +100,7 @@ class Family:
     uses_cache: ClassVar[bool] = False
 
     def n_forwards(self, settings) -> int:
-        """How many model forwards a run with these (validated) settings makes."""
+        """How many model forwards a run with these (validated) settings makes at most."""
         raise NotImplementedError
 
     def layout(self, canvases: list[torch.Tensor], prompt_lengths: list[int], settings, mask_id, pad_id) -> Canvas:
@@ -122,8 +122,11 @@ class DiffusionFamily(Family):
     kind: ClassVar[str] = "diffusion"
 
     def n_forwards(self, settings) -> int:
-        """One forward per denoising step: settings.steps."""
-        return settings.steps
+        """At most one forward per denoising step: settings.steps; with a confidence threshold, which writes at least
+        one token a step and ends a block when it has no masks, at most gen_length steps; with a sink-anchored refresh,
+        at most three forwards a step (a window whose sinks drifted, the refresh, the window that anchors it)."""
+        steps = settings.gen_length if getattr(settings, "threshold", None) is not None else settings.steps
+        return steps * (3 if getattr(settings, "refresh", None) is not None else 1)
 
     def layout(self, canvases, prompt_lengths, settings, mask_id, pad_id) -> Canvas:
         """The canvases stacked (all share one width); a position is masked where it holds `mask_id` before the
@@ -194,8 +197,9 @@ ZOO_GEN_LENGTH = 16  # the tiny zoo's answer slot, in tokens
 
 def fit(settings: S, *, gen_length: int | None = None, steps: int | None = None, block_length: int | None = None) -> S:
     """The layout rule, one for every family: `settings` (a family's settings dataclass) with the given values in
-    place; a value for a field the family does not have or use is ignored (block_length for dream/arm, steps for arm,
-    whose steps stay None: one forward per token).
+    place; a value for a field the family does not have or use is ignored (block_length for arm, steps for arm,
+    whose steps stay None: one forward per token; a Dream sampler without blocks keeps none unless block_length is
+    given).
 
     A gen_length given alone keeps a valid layout: block_length (where the family has blocks) becomes the largest
     divisor of gen_length not above the current block (32 → 16 for gen_length 16), and steps keep the current
@@ -217,10 +221,27 @@ def fit(settings: S, *, gen_length: int | None = None, steps: int | None = None,
     return dataclasses.replace(settings, **changes)
 
 
+def check_block_layout(steps: int, gen_length: int, block_length: int) -> int:
+    """The blocks a block-wise sampler runs: gen_length a multiple of block_length, steps a multiple of the number of
+    blocks (each block gets as many); → the number of blocks."""
+    block = check_int(block_length, "block_length", 1)
+    if gen_length % block:
+        raise bad_value("gen_length", gen_length, f"a multiple of block_length={block}")
+    blocks = gen_length // block
+    if steps % blocks:
+        raise bad_value("steps", steps, f"a multiple of the number of blocks ({blocks} = gen_length {gen_length} / "
+                                        f"block_length {block})")
+    return blocks
+
+
 def record(settings: Any) -> dict[str, Any]:
     """What a run's records are keyed by: every field of `settings` but the special ids (which come with the
-    weights), by name."""
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in SPECIAL_IDS}
+    weights), by name — and but the fields a settings class names in KEYED_WHEN_SET while they hold their default:
+    fields added after runs were first keyed (Fast-dLLM's threshold and cache), whose default runs the sampler as it
+    ran before they existed, so those runs stay resumable under their keys."""
+    late = getattr(type(settings), "KEYED_WHEN_SET", ())
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+            if f.name not in SPECIAL_IDS and not (f.name in late and getattr(settings, f.name) == f.default)}
 
 
 def register_family(name: str, target: "str | Family", *, replace: bool = False) -> None:

@@ -8,16 +8,26 @@ maskgit_plus = max prob, topk_margin = top1 − top2, entropy = Σ p log p. int(
 positions are written per step (all the rest on the last), the most confident masked ones anywhere, or
 sampled with alg_temp > 0. alg="origin" writes each masked token with probability 1 − s/t.
 With left padding, padded positions neither attend nor are attended, and position ids skip them.
+
+Block-wise (`block_length`, Fast-dLLM's Dream sampler): blocks of the answer in turn, each with steps / blocks
+steps on its own schedule linspace(1, final_time, steps per block + 1); a block's first forward writes the block's
+first position (predicted from the position before it, in full context), and each later step writes by `alg` among
+the block's masks. `threshold` (with alg="maskgit_plus": confidence is the top probability, upstream's
+"confidence_threshold") writes every masked position of the block at or above it, at least the most confident one,
+until the block has no masks; `cache` ("prefix" / "dual") makes the block's later steps windows that reuse the
+first forward's keys (families.cached).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
 
-from sinklib.validation import (Count, Index, NonNegative, Number, Temperature, bad_value, check_choice, check_int,
-                                validated)
-from sinklib.families.base import DiffusionFamily, Forward
+from sinklib.validation import (Count, Index, NonNegative, Number, Share, Temperature, Threshold, bad_value, check_choice,
+                                check_int, validated)
+from sinklib.families.base import DiffusionFamily, Forward, check_block_layout
+from sinklib.families.cached import BlockCache, check_refresh, threshold_choice, threshold_margin
 from sinklib.ties import argmax_margin, choice_margin, note_decisions
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
@@ -29,6 +39,7 @@ CONFIDENCE_KIND = {"maskgit_plus": "probability", "topk_margin": "probability_ga
 @dataclass(frozen=True)
 class DreamSettings:
     """Dream's sampler: `steps` forwards for `gen_length` new tokens, confidence by `alg`."""
+    KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("block_length", "threshold", "cache", "refresh")  # families.base.record
     steps: Count
     gen_length: Count
     temperature: Temperature = 0.0
@@ -38,10 +49,17 @@ class DreamSettings:
     top_k: Count | None = None
     final_time: Number = 1e-3  # upstream Dream's `eps`: the schedule runs from t = 1 down to this
     mask_id: Index = 151666
+    block_length: Count | None = None  # None: the whole answer at once (Dream's own sampler); else Fast-dLLM's blocks
+    threshold: Threshold | None = None  # parallel decoding (with blocks and alg="maskgit_plus")
+    cache: Literal["prefix", "dual"] | None = None  # reuse each block's first forward's keys (with blocks)
+    refresh: Share | None = None  # with a cache: refresh when a layer's greatest sink moves or its share by this much
 
     def validate(self) -> "DreamSettings":
         """Refuse steps or gen_length below 1, an unknown alg, a negative temperature, top_p outside (0, 1], top_k
-        below 1 or final_time outside (0, 1); returns self."""
+        below 1 or final_time outside (0, 1); with blocks, a gen_length that is not a multiple of block_length, steps
+        that are not a multiple of the number of blocks or fewer than 2 a block (without a threshold) and
+        alg="origin"; a threshold or cache without blocks, a threshold with an alg other than maskgit_plus and a
+        refresh without a cache; returns self."""
         check_int(self.steps, "steps", 1)
         check_int(self.gen_length, "gen_length", 1)
         check_choice(self.alg, "alg", ALGS)
@@ -53,7 +71,27 @@ class DreamSettings:
             check_int(self.top_k, "top_k", 1)
         if not 0 < self.final_time < 1:
             raise bad_value("final_time", self.final_time, "a number in (0, 1)")
+        check_refresh(self.refresh, self.cache)
+        if self.block_length is None:
+            for name in ("threshold", "cache"):
+                if getattr(self, name) is not None:
+                    raise bad_value(name, getattr(self, name), "None without block_length (Dream's parallel and cached "
+                                                               "decoding run block by block: set block_length)")
+            return self
+        self._check_blocks()
         return self
+
+    def _check_blocks(self) -> None:
+        blocks = check_block_layout(self.steps, self.gen_length, self.block_length)
+        if self.threshold is None and self.block_length > 1 and self.steps // blocks < 2:
+            raise bad_value("steps", self.steps, f"at least 2 a block ({2 * blocks}): a block's first step writes "
+                                                 "only its first position")
+        if self.alg == "origin":
+            raise bad_value("alg", self.alg, "one of maskgit_plus, topk_margin, entropy with block_length (upstream's "
+                                             "block-wise sampler ranks positions; origin writes at random)")
+        if self.threshold is not None and self.alg != "maskgit_plus":
+            raise bad_value("alg", self.alg, f"'maskgit_plus' with threshold={self.threshold} (the threshold compares "
+                                             "each position's top probability, upstream's confidence_threshold)")
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None) -> torch.Tensor:
@@ -96,11 +134,12 @@ def shift_right(logits: torch.Tensor) -> torch.Tensor:
     return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
 
 
-def _step(x, logits, i, timesteps, settings: DreamSettings, generator) -> torch.Tensor:
+def _step(x, logits, i, timesteps, last: bool, settings: DreamSettings, generator) -> torch.Tensor:
+    """Step i of the schedule `timesteps` over x [B, W] (the canvas, or a block) with logits [B, W, V] aligned to
+    it; `last`: the schedule's last step, which writes every mask left."""
     mask_index = x == settings.mask_id
     mask_logits = logits[mask_index]
     t, s = timesteps[i], timesteps[i + 1]
-    last = i == settings.steps - 1
     x = x.clone()
     if settings.alg == "origin":  # random by design: no margin to note
         note_decisions(torch.full((x.shape[0],), float("nan")))
@@ -156,13 +195,89 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     if prompt_mask is not None and not bool(prompt_mask.all()):
         attention_mask = torch.nn.functional.pad(prompt_mask, (0, settings.gen_length), value=1)
         position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    if settings.block_length is not None:
+        return _blocks(forward, x, attention_mask, position_ids, prompt_ids.shape[1], settings, generator)
     timesteps = torch.linspace(1, settings.final_time, settings.steps + 1, device=x.device)
     canvases = [x.clone()]
     for i in range(settings.steps):
         logits = shift_right(forward(x, attention_mask, position_ids))
-        x = _step(x, logits, i, timesteps, settings, generator)
+        x = _step(x, logits, i, timesteps, i == settings.steps - 1, settings, generator)
         canvases.append(x.clone())
     return canvases
+
+
+def _blocks(forward: Forward, x, attention_mask, position_ids, prompt_len: int, settings: DreamSettings,
+            generator) -> list[torch.Tensor]:
+    """Fast-dLLM's block-wise Dream sampler (its generation_utils_block.py), block after block (_block)."""
+    canvases = [x.clone()]
+    steps_per_block = settings.steps // (settings.gen_length // settings.block_length)
+    timesteps = torch.linspace(1, settings.final_time, steps_per_block + 1, device=x.device)
+    for start in range(prompt_len, x.shape[1], settings.block_length):
+        x = _block(forward, x, attention_mask, position_ids, start, timesteps, settings, generator, canvases)
+    return canvases
+
+
+def _block(forward: Forward, x, attention_mask, position_ids, start: int, timesteps, settings: DreamSettings,
+           generator, canvases: list) -> torch.Tensor:
+    """One block from `start`: a full forward that writes the block's first position (predicted from the position
+    before it, in full context), then steps until the block has no masks (tested before each forward: a block its
+    first step cleared costs no more; at most its length or schedule), each over the block alone (prefix cache:
+    the block and after; dual: the block; no cache: a full forward; a refresh bound: a full forward again whenever
+    the window's greatest sinks drift, families.cached.BlockCache) by the threshold rule or the block's schedule.
+    Appends each forward's canvas to `canvases`; returns the last."""
+    end = start + settings.block_length
+    stop = end if settings.cache == "dual" else x.shape[1]
+    cache = None if settings.cache is None else BlockCache(
+        lambda ids, **cached: forward(ids, attention_mask, position_ids, **cached), start, stop, settings.refresh,
+        canvases)
+    logits = forward(x, attention_mask, position_ids) if cache is None else cache.full(x)
+    first = shift_right(logits)[:, start]
+    token = sample_tokens(first, settings, generator)[1]
+    note_decisions(argmax_margin(filter_logits(first, settings.temperature, settings.top_p, settings.top_k)).cpu()
+                   if settings.temperature == 0 else torch.full((x.shape[0],), float("nan")))
+    x = x.clone()
+    x[:, start] = token
+    canvases.append(x.clone())
+    steps_per_block = len(timesteps) - 1
+    # at most one step per position (threshold) or the block's schedule: a model that predicts the mask id itself
+    # would otherwise keep upstream's loop going for ever
+    last = settings.block_length if settings.threshold is not None else steps_per_block
+    step = 1
+    while bool((x[:, start:end] == settings.mask_id).any()) and step < last:
+        window = None if cache is None else cache.window(x)
+        if window is not None:
+            logits = shift_right(window)[:, :end - start]
+        else:
+            logits = shift_right(forward(x, attention_mask, position_ids) if cache is None else cache.full(x))[:, start:end]
+        block = x[:, start:end]
+        x = x.clone()
+        if settings.threshold is not None:
+            x[:, start:end] = _threshold_step(block, logits, settings, generator)
+        else:
+            x[:, start:end] = _step(block, logits, step, timesteps, step == steps_per_block - 1, settings, generator)
+        canvases.append(x.clone())
+        step += 1
+    return x
+
+
+def _threshold_step(block, logits, settings: DreamSettings, generator) -> torch.Tensor:
+    """Write every masked position of `block` [B, W] whose top probability (logits [B, W, V]) is at or above
+    settings.threshold, and at least the most confident one."""
+    mask_index = block == settings.mask_id
+    confidence, x0 = sample_tokens(logits[mask_index], settings, generator)
+    full_confidence = torch.full(block.shape, float("-inf"), dtype=logits.dtype, device=block.device)
+    full_confidence[mask_index] = confidence.to(logits.dtype)
+    transfer = threshold_choice(full_confidence, mask_index, settings.threshold)
+    candidate = torch.full_like(block, settings.mask_id)
+    candidate[mask_index] = x0
+    if settings.temperature > 0:
+        note_decisions(torch.full((block.shape[0],), float("nan")))
+    else:
+        filtered = filter_logits(logits, settings.temperature, settings.top_p, settings.top_k)
+        written = torch.where(transfer, argmax_margin(filtered).cpu(), torch.full(transfer.shape, float("inf"),
+                              dtype=torch.float64)).amin(-1)
+        note_decisions(torch.minimum(written, threshold_margin(full_confidence, mask_index, settings.threshold)))
+    return torch.where(transfer, candidate, block)
 
 
 # The paper's generation: 128 tokens in 128 steps, confidence by entropy (as Dream's Table 1 runs decode: one token

@@ -144,9 +144,12 @@ def test_value_ablation_is_reachable_from_model_args_and_refused_without_a_key_p
 
 
 def test_a_block_length_for_a_family_without_blocks_is_refused_not_dropped():
-    """Dream's sampler has no blocks: block_length=4 used to be dropped without a word by the layout fit."""
-    with pytest.raises(ValueError, match=r"block_length=4 is not allowed: block_length must be None for a dream model"):
-        SinklibLM.create_from_arg_string("pretrained=tiny-dream,block_length=4")
+    """The autoregressive sampler has no blocks: block_length=4 used to be dropped without a word by the layout fit.
+    Dream's has them now (Fast-dLLM's block-wise sampler) and takes it."""
+    with pytest.raises(ValueError, match=r"block_length=4 is not allowed: block_length must be None for tiny-arm "
+                                         r"\(the arm family's sampler"):
+        SinklibLM.create_from_arg_string("pretrained=tiny-arm,block_length=4")
+    assert SinklibLM.create_from_arg_string("pretrained=tiny-dream,block_length=4").settings.block_length == 4
 
 
 def test_the_docstrings_policy_example_builds_its_policy():

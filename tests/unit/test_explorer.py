@@ -233,3 +233,14 @@ def test_the_explorer_refuses_a_model_that_did_not_make_the_trace():
 
     with pytest.raises(ValueError, match=r"loaded='tiny-dream' is not allowed: this trace was made by 'tiny-llada'"):
         Explorer(_one_trace(), sinklib.load("tiny-dream"))
+
+
+def test_header_says_which_queries_a_cached_step_computed():
+    """A cached sampler's trace carries Trace.recomputed into the explorer's data (its step label names the window);
+    a plain trace's is null."""
+    loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
+    cached = sinklib.generate(loaded, [5, 9, 2, 33], steps=4, gen_length=8, block_length=4, cache="dual", progress=False)
+    header = payload.header(cached)
+    assert header["recomputed"][0] == [1] * 12 and header["recomputed"][1] == [0] * 4 + [1] * 4 + [0] * 4
+    plain = sinklib.generate(loaded, [5, 9, 2, 33], steps=4, gen_length=8, block_length=4, progress=False)
+    assert payload.header(plain)["recomputed"] is None

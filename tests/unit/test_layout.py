@@ -108,8 +108,12 @@ def test_layout_options_are_checked_on_every_path_and_a_block_above_the_length_i
     from sinklib.evaluation.runner import evaluate, sampler_settings
     from sinklib.evaluation.tasks import Task, score_final_number
 
-    with pytest.raises(ValueError, match=r"block_length=8 is not allowed for the dream family: it applies to llada/mmada"):
-        evaluate("tiny-dream", "arithmetic", limit=1, progress=False, block_length=8)
+    with pytest.raises(ValueError, match=r"block_length=8 is not allowed for the arm family: it applies to "
+                                         r"dream/llada/mmada"):
+        evaluate("tiny-arm", "arithmetic", limit=1, progress=False, block_length=8)
+    dream = sinklib.load("tiny-dream")  # Dream's block-wise sampler (Fast-dLLM's) takes blocks by the same rule
+    assert sampler_settings(dream, "arithmetic", block_length=8).block_length == 8
+    assert dream.settings_for(block_length=4).block_length == 4
     with pytest.raises(ValueError, match=r"steps=-2 is not allowed: steps must be an integer >= 1"):
         evaluate("tiny-arm", "arithmetic", limit=1, progress=False, steps=-2)
     # one fit from the model's settings, as settings_for does it: not a refit of the task's 16-token layout

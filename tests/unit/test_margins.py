@@ -59,3 +59,13 @@ def test_an_unknown_confidence_kind_is_refused_by_name():
 def test_closest_margin_leaves_exact_ties_out(margins, closest):
     found = closest_margin(margins)
     assert (math.isnan(found) if closest is None else found == closest)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("-inf")])
+def test_logits_with_no_decision_to_measure_are_never_called_a_near_tie(poison):
+    """NaN logits, or a row whose logits are all −inf, decide nothing measurable: the margin is NaN (never a
+    near-tie), where it used to say one."""
+    good = rows(2.0)
+    bad = torch.full_like(good, poison) if math.isinf(poison) else good.clone().fill_(poison)
+    margin = confidence_margin(good, bad, torch.float32, "probability")
+    assert math.isnan(margin) and not is_near_tie(margin)

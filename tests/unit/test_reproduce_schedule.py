@@ -108,6 +108,6 @@ def test_the_figure_notebooks_declare_what_they_read_and_every_maker_exists():
     stems = {run.path.stem for run in runs}
     assert {run.path.stem: run.reads_from for run in runs if run.reads_from} == {
         "02_moving_sinks": ("01_attention_distributions",), "03_threshold_sweep": ("01_attention_distributions",),
-        "07_what_sinks_carry": ("01_attention_distributions",)}
+        "07_what_sinks_carry": ("01_attention_distributions",), "08_sinks_for_speed": ("01_attention_distributions",)}
     assert all(set(run.reads_from) <= stems for run in runs)
     assert reproduce.default_jobs({}) == 2 and reproduce.default_jobs({"device": "cuda"}) == 1

@@ -247,7 +247,7 @@ def test_a_key_the_selected_notebooks_do_not_declare_is_named_as_changing_nothin
     from sinklib import reproduce
 
     reproduce.check_parameters({"eps": 2.0}, reproduce.notebook_paths(["03"]))
-    assert ("note: eps (notebooks 02 04 05 06 07): not a parameter of notebooks 03, so it changes nothing in this run"
+    assert ("note: eps (notebooks 02 04 05 06 07 08): not a parameter of notebooks 03, so it changes nothing in this run"
             in capsys.readouterr().err)
 
 
@@ -279,3 +279,31 @@ def test_notebook_07s_dose_response_samples_with_the_runs_layout_as_notebook_04s
                 for p in (tmp_path / "table1-arithmetic").glob("tiny-llada-arithmetic-unmasked-*.provenance.json")]
     assert {key: config["settings"][key] for key in ("steps", "gen_length", "block_length")} == \
         {"steps": 4, "gen_length": 8, "block_length": 4}
+
+
+@pytest.mark.transformers
+def test_notebook_08s_masking_sections_run_each_model_under_its_samplers_where_they_keep_their_runs(tmp_path):
+    """collect_masking: a diffusion model under its plain sampler (notebook 04's folder) and masking_policy
+    (fast-sampling/table1), an autoregressive one with its KV cache; collect_eviction: eviction_policy; each run
+    samples with what its sampler says."""
+    import json
+
+    import sinklib
+
+    run = runs.SpeedRun(models=["tiny-llada", "tiny-arm"], n_problems=2, masking_batch_size=2, evicted=[1],
+                        results_dir=str(tmp_path), figures_dir=str(tmp_path), progress=False)
+    loaded = {name: sinklib.load(name) for name in run.models}
+    masking, eviction = run.collect_masking(loaded), run.collect_eviction(loaded)
+    assert set(masking) == {("tiny-llada", "plain"), ("tiny-llada", "threshold + dual cache"), ("tiny-arm", "KV cache")}
+    assert set(eviction) == {("tiny-llada", "threshold + dual cache"), ("tiny-arm", "KV cache")}
+    assert sorted(zip(eviction["tiny-arm", "KV cache"].frame["condition"], eviction["tiny-arm", "KV cache"].frame["k"])) \
+        == [("oldest keys", 1), ("sinks", 0)]
+
+    def settings(folder, model, column):
+        [path] = (tmp_path / folder).glob(f"{model}-arithmetic-{column}-*.provenance.json")
+        return next(iter(json.loads(path.read_text()).values()))["config"]["settings"]
+
+    assert settings("table1-arithmetic", "tiny-llada", "top-1").get("cache") is None
+    fast = settings("fast-sampling/table1", "tiny-llada", "oldest-1")
+    assert (fast["cache"], fast["threshold"]) == ("dual", 0.9)
+    assert settings("table1-arithmetic", "tiny-arm", "oldest-1")["gen_length"] == loaded["tiny-arm"].settings_for().gen_length

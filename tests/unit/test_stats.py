@@ -1,5 +1,6 @@
 """Intervals and paired tests (sinklib.stats) against independent references, and Table 1's paired views on a
 hand-made table."""
+import itertools
 import math
 import random
 
@@ -8,6 +9,7 @@ import pytest
 
 from sinklib import stats
 from sinklib.evaluation.table1 import MaskingTable, accuracy_rows
+from sinklib.stats import difference_of_changes
 
 
 def _wilson_by_hand(successes, n, z=1.959963984540054):
@@ -96,3 +98,32 @@ def test_table1_paired_views_count_each_problem_once():
     assert accuracy[("a", "sinks", 0)] == 1.0 and accuracy[("b", "sinks", 0)] == 1.0
     assert accuracy[("a", "sinks", 1)] == pytest.approx(3 / 4)
     assert "[" in table.wide().loc["a", "top-1"]  # cells carry their interval
+
+
+def _sign_flip_p(differences) -> float:
+    """Every assignment of signs to the nonzero differences, enumerated independently of sinklib's matrix form."""
+    moving = [d for d in differences if d]
+    observed = abs(sum(differences))
+    patterns = list(itertools.product([-1, 1], repeat=len(moving)))
+    return sum(abs(sum(s * d for s, d in zip(signs, moving))) >= observed for signs in patterns) / len(patterns)
+
+
+def test_difference_of_changes_is_the_difference_in_differences_with_an_exact_sign_flip_test():
+    # the intervention costs 6 of 12 problems under the second setting and 1 under the first
+    first_before = [True] * 12
+    first_after = [True] * 11 + [False]
+    second_before = [True] * 12
+    second_after = [True] * 6 + [False] * 6
+    result = difference_of_changes(first_before, first_after, second_before, second_after)
+    differences = [(sa - sb) - (fa - fb) for fb, fa, sb, sa in zip(first_before, first_after, second_before, second_after)]
+    assert result.n == 12 and result.delta == pytest.approx(sum(differences) / 12) == pytest.approx(-5 / 12)
+    assert result.p == pytest.approx(_sign_flip_p(differences))  # 2 of the 32 patterns as extreme: 0.0625
+    assert result.low <= result.delta <= result.high < 0
+
+
+def test_difference_of_changes_finds_nothing_where_the_settings_agree_and_refuses_unequal_runs():
+    runs = [[True, False, True, True], [True, False, False, True]]
+    result = difference_of_changes(*runs, *runs)
+    assert (result.delta, result.low, result.high, result.p) == (0.0, 0.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"answered \[4, 4, 4, 3\] problems"):
+        difference_of_changes(*runs, runs[0], runs[1][:3])

@@ -317,3 +317,13 @@ def test_a_trace_is_never_saved_over_other_files(tmp_path):
     with pytest.raises(ValueError, match=r"holds files that are not a Trace's \(\['mine.txt'\]\)"):
         trace.save(folder)
     assert (folder / "mine.txt").read_text() == "keep"
+
+
+def test_an_explicit_none_option_keeps_the_given_samplers_value(loaded):
+    """None means "not given": generate(model, prompt, sampler, temperature=None) samples at the sampler's
+    temperature, never at the default's."""
+    import dataclasses
+
+    hot = dataclasses.replace(loaded.settings_for(gen_length=8, steps=8, block_length=4), temperature=0.5)
+    trace = sinklib.generate(loaded, PROMPT, hot, temperature=None, remasking=None, progress=False)
+    assert trace.meta["settings"]["temperature"] == 0.5

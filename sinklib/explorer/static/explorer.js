@@ -165,7 +165,12 @@ function render({ model, el }) {
     const scores = all.subarray((layer * nHeads + head) * seq, (layer * nHeads + head + 1) * seq);
     const sinks = findSinks(scores, model.get("eps"));
     slider.value = model.get("step");
-    stepLabel.textContent = `step ${step} / ${nSteps - 1}`;
+    // a cached sampler's step computed only a window of queries (Trace.recomputed); its scores sum over those rows
+    const window = header.recomputed ? header.recomputed[step] : null;
+    const first = window ? window.indexOf(1) : -1;
+    const cached = window && window.includes(0)
+      ? ` · cached: queries ${first}–${window.lastIndexOf(1)} recomputed, the rest reused` : "";
+    stepLabel.textContent = `step ${step} / ${nSteps - 1}${cached}`;
     stepLabel.dataset.step = step;
     headLabel.textContent = `layer ${header.layer_ids[layer]} · head ${head}`;
     headLabel.dataset.layer = layer;

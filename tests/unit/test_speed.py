@@ -1,0 +1,130 @@
+"""sinklib.speed: the policies' settings, the frontier's numbers against hand-counted records, and timing that is
+never reused from other jobs."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import sinklib
+from sinklib import analyses, speed
+from sinklib.dynamics import comparable_scores
+from sinklib.evaluation.table1 import MaskingTable, accuracy_rows
+from sinklib.stats import mcnemar_exact, wilson_interval
+from tests.models import MASK_ID, diffusion_llama
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {"llada": sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID),
+            "dream": sinklib.load(diffusion_llama("dream"), mask_id=MASK_ID)}
+
+
+def test_policies_lay_fast_dllm_fields_over_the_models_own_settings(models):
+    llada = models["llada"]
+    own = llada.settings_for()
+    assert speed.policy_settings(llada, "plain") == own
+    dual = speed.policy_settings(llada, "threshold + dual cache")
+    assert (dual.cache, dual.threshold, dual.block_length, dual.steps) == ("dual", 0.9, own.block_length, own.steps)
+    dream = speed.policy_settings(models["dream"], "threshold")
+    # Dream's own sampler has no blocks: one block of the whole answer, ranked by top probability
+    assert (dream.block_length, dream.alg, dream.threshold) == (dream.gen_length, "maskgit_plus", 0.9)
+    assert speed.policy_settings(models["dream"], "dual cache", block_length=4).block_length == 4
+    with pytest.raises(ValueError, match="policy='fast' is not allowed: policy must be one of"):
+        speed.policy_settings(llada, "fast")
+
+
+def test_the_prefix_cache_is_left_out_where_it_is_the_dual_cache(models):
+    """With the whole answer one block, the prefix cache's window (the block and everything after) is the block."""
+    assert "prefix cache" in speed.policies_for(models["llada"])  # the zoo's two blocks of 8
+    assert "prefix cache" not in speed.policies_for(models["dream"])
+    assert "prefix cache" in speed.policies_for(models["dream"], block_length=4)
+
+
+def _write(folder, policy, rows):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = speed.results_path(folder.parent, folder.name, policy)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_frontier_counts_accuracy_intervals_and_the_paired_test_by_hand(tmp_path):
+    plain = [{"id": i, "correct": i < 6, "forwards": 28, "tokens": 28, "seconds": 1.0} for i in range(10)]
+    # the cached policy loses problems 0 and 1 and gains 8: 5 right of 10
+    fast = [{"id": i, "correct": (2 <= i < 6) or i == 8, "forwards": 4, "tokens": 28, "seconds": 0.2} for i in range(10)]
+    _write(tmp_path / "m", "plain", plain)
+    _write(tmp_path / "m", "threshold + dual cache", fast)
+    timing = pd.DataFrame([{"model": "m", "policy": p, "id": i, "seconds": s, "forwards": f, "tokens": 28,
+                            "settings": "{}"} for i in range(3) for p, s, f in (("plain", 2.0 + i, 28),
+                                                                                  ("threshold + dual cache", 0.5, 4))])
+    table = speed.frontier(tmp_path, timing).set_index("policy")
+    assert list(table.index) == ["plain", "threshold + dual cache"]
+    row = table.loc["threshold + dual cache"]
+    assert (row["n"], row["accuracy"], row["lost"], row["gained"]) == (10, 0.5, 2, 1)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(wilson_interval(5, 10))
+    assert row["mcnemar_p"] == pytest.approx(mcnemar_exact(2, 1))
+    assert row["forwards_per_answer"] == 4
+    assert row["seconds_per_answer"] == 0.5 and row["speedup"] == pytest.approx(3.0 / 0.5)  # medians: 3.0 vs 0.5
+    assert row["tokens_per_second"] == pytest.approx(28 * 3 / 1.5)
+
+
+def test_timing_made_for_other_jobs_is_refused_never_reused(tmp_path):
+    tiny = {"tiny-llada": sinklib.load("tiny-llada")}
+    task_of = {"tiny-llada": "arithmetic"}
+    speed.stored_timing(tiny, task_of, tmp_path, 1, progress=False)
+    first = (tmp_path / speed.TIMING_FILE).read_text()
+    again = speed.stored_timing(tiny, task_of, tmp_path, 1, progress=False)
+    assert (tmp_path / speed.TIMING_FILE).read_text() == first and len(again) == len(speed.policies_for(tiny["tiny-llada"]))
+    with pytest.raises(ValueError, match="timing.csv was timed for other jobs, settings or problems"):
+        speed.stored_timing(tiny, task_of, tmp_path, 2, progress=False)  # another problem count
+    with pytest.raises(ValueError, match="tiny-llada / dual cache"):
+        speed.stored_timing(tiny, task_of, tmp_path, 1, block_length=4, progress=False)
+    assert (tmp_path / speed.TIMING_FILE).read_text() == first
+
+
+def test_a_cached_steps_scores_are_put_on_the_full_steps_scale(models):
+    """A cached window's scores sum over its rows only: comparable_scores rescales them to mean 1 over the keys,
+    like a full step's, so sinks are found by one rule on every step."""
+    trace = sinklib.generate(models["llada"], [5, 9, 2, 33], steps=4, gen_length=8, block_length=4, cache="dual",
+                             progress=False)
+    means = comparable_scores(trace).nanmean(-1)
+    torch.testing.assert_close(means, torch.ones_like(means), rtol=1e-4, atol=1e-4)
+    assert trace.scores[1].nansum(-1).mean() == pytest.approx(4.0, rel=1e-4)  # a window of 4 query rows
+
+
+def _table(model: str, runs: dict[tuple[str, int], list[bool]]) -> MaskingTable:
+    items = pd.DataFrame([{"model": model, "condition": condition, "k": k, "id": f"p{i}", "correct": right,
+                           "output": "", "margin": float("inf")}
+                          for (condition, k), answers in runs.items() for i, right in enumerate(answers)])
+    return MaskingTable(accuracy_rows(items), "arithmetic-english", items)
+
+
+def test_the_sampler_and_eviction_analyses_count_changes_by_hand():
+    """sink_reliance_by_sampler and oldest_context_evicted on hand-made runs of 10 problems: each change is the
+    masked run's accuracy minus the same sampler's unmasked one, and each difference of changes is computed by hand."""
+    right, sinks_cost_2, sinks_cost_6 = [True] * 10, [False] * 2 + [True] * 8, [False] * 6 + [True] * 4
+    plain = _table("dlm", {("sinks", 0): right, ("sinks", 1): sinks_cost_2, ("random keys", 1): right,
+                           ("oldest keys", 1): right, ("oldest keys", 3): sinks_cost_2})
+    fast = _table("dlm", {("sinks", 0): right, ("sinks", 1): sinks_cost_6, ("random keys", 1): right,
+                          ("oldest keys", 1): right, ("oldest keys", 3): right})
+    arm = _table("arm", {("sinks", 0): right, ("sinks", 1): [False] * 10, ("random keys", 1): right,
+                         ("oldest keys", 1): [False] * 10, ("oldest keys", 3): [False] * 10})
+    tables = {("dlm", "plain"): plain, ("dlm", "fast"): fast, ("arm", "KV cache"): arm}
+
+    reliance = analyses.sink_reliance_by_sampler(tables)
+    rows = reliance.tables["masked_by_sampler"].set_index(["model", "sampler", "column"])
+    assert rows.loc[("dlm", "plain", "top-1"), "change"] == pytest.approx(-0.2)
+    assert rows.loc[("dlm", "fast", "top-1"), "change"] == pytest.approx(-0.6)
+    difference = reliance.tables["masked_by_sampler_differences"].set_index(["model", "sampler", "column"])
+    assert difference.loc[("dlm", "fast", "top-1"), "difference"] == pytest.approx(-0.4)  # 4 more lost under fast
+    assert difference.loc[("dlm", "fast", "top-1"), "p"] == pytest.approx(2 / 16)  # 4 problems moved, all one way
+    assert difference.loc[("dlm", "fast", "random-1"), "difference"] == 0
+    assert "dlm, with its top-1 sink masked: plain 0.800" in reliance.shown.findings[0]
+
+    evicted = analyses.oldest_context_evicted(tables)
+    rows = evicted.tables["oldest_context_evicted"].set_index(["model", "sampler", "column"])
+    assert set(rows.index.get_level_values("column")) == {"unmasked", "oldest-1", "oldest-3"}  # no top-1 here
+    assert rows.loc[("arm", "KV cache", "oldest-1"), "change"] == pytest.approx(-1.0)
+    differences = evicted.tables["oldest_context_evicted_differences"].set_index(["model", "sampler", "column"])
+    assert differences.loc[("dlm", "plain", "oldest-3"), "difference"] == pytest.approx(-0.2 - -1.0)
+    assert differences.loc[("dlm", "fast", "oldest-1"), "difference"] == pytest.approx(1.0)
+    assert len(differences) == 4  # two diffusion settings × two columns, each against the one autoregressive model
