@@ -592,6 +592,12 @@ def _columns_by_sampler(tables: SamplerTables, columns: Sequence[str]) -> pd.Dat
     return pd.DataFrame(rows)
 
 
+def _by_sampler_shown(frame: pd.DataFrame) -> pd.DataFrame:
+    """_columns_by_sampler's rows as a notebook shows them: indexed by model, sampler and column."""
+    return frame.set_index(["model", "sampler", "column"])[
+        ["n", "accuracy", "ci_low", "ci_high", "change", "change_low", "change_high", "p_mcnemar"]]
+
+
 def _correct(table: MaskingTable, model: str, column: str) -> pd.Series:
     items = table.items[table.items["model"] == model]
     chosen = items[[column_name(c, k) == column for c, k in zip(items["condition"], items["k"])]]
@@ -640,9 +646,7 @@ def sink_reliance_by_sampler(tables: SamplerTables, columns: Sequence[str] = ("t
                     f"p = {significant(test['p'])}).")
     differences = pd.DataFrame(tests, columns=["model", "sampler", "column", "n", "difference", "low", "high", "p"])
     result = Result(figures={"fig_sinks_by_sampler": plots.columns_by_setting_plot(frame, "Table 1 under each sampler")},
-                    shown=Summary(frame.set_index(["model", "sampler", "column"])[
-                        ["n", "accuracy", "ci_low", "ci_high", "change", "change_low", "change_high", "p_mcnemar"]],
-                        findings))
+                    shown=Summary(_by_sampler_shown(frame), findings))
     result.add_table("masked_by_sampler", frame, MASKED_BY_SAMPLER)
     result.add_table("masked_by_sampler_differences", differences, Layout(("model", "sampler", "column"), "none"))
     return result
@@ -675,9 +679,7 @@ def oldest_context_evicted(tables: SamplerTables, ks: Sequence[int] = (1, 3)) ->
     differences = pd.DataFrame(tests, columns=["model", "sampler", "against", "column", "n", "difference", "low", "high",
                                                "p"])
     result = Result(figures={"fig_oldest_context_evicted": plots.columns_by_setting_plot(frame, "the oldest keys evicted")},
-                    shown=Summary(frame.set_index(["model", "sampler", "column"])[
-                        ["n", "accuracy", "ci_low", "ci_high", "change", "change_low", "change_high", "p_mcnemar"]],
-                        findings))
+                    shown=Summary(_by_sampler_shown(frame), findings))
     result.add_table("oldest_context_evicted", frame, MASKED_BY_SAMPLER)
     result.add_table("oldest_context_evicted_differences", differences,
                      Layout(("model", "sampler", "against", "column"), "none"))

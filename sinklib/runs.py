@@ -28,6 +28,7 @@ from sinklib.plots import save_figure
 from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule
+from sinklib import speed
 from sinklib.summary import Result
 from sinklib.trace_store import stored_traces
 from sinklib.zoo import over_training
@@ -574,8 +575,6 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
     def check(self) -> None:
         """trace_model one of models; trace_policy and masking_policy among sinklib.speed.POLICIES but plain,
         eviction_policy among them; masking_models among models."""
-        from sinklib import speed  # noqa: PLC0415  (the speed study loads its evaluation stack only here)
-
         if self.trace_model is not None and self.trace_model not in self.models:
             raise ValueError(f"trace_model={self.trace_model!r} is not allowed: it must be one of models={self.models!r}")
         for name in ("trace_policy", "masking_policy"):
@@ -599,8 +598,6 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         """(loaded models, the speed–accuracy table): each (model, policy) evaluated on n_problems problems of its
         task (the held-out arithmetic) and n_timed of them timed side by side, all read from speed_store when it
         holds this run's (they resume there otherwise: an hour for the diffusion twin's plain sampler)."""
-        from sinklib import speed  # noqa: PLC0415
-
         loaded = self.load()
         task_of = {name: TRACE_TASKS[model.is_zoo] for name, model in loaded.items()}
         speed.measure(loaded, task_of, self.speed_store, self.n_problems, progress=self.progress)
@@ -624,16 +621,12 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
 
     @staticmethod
     def _samplers(model, *policies: str) -> list[str]:
-        from sinklib import speed  # noqa: PLC0415
-
         return list(policies) if model.family.kind == "diffusion" else [speed.AUTOREGRESSIVE_POLICY]
 
     def _masking(self, model, sampler: str, ks: list[int], conditions: list[str] | None = None) -> MaskingTable:
         """One model's Table 1 columns `ks` of `conditions` under `sampler` (a policy of sinklib.speed: "plain" and
         an autoregressive model's KV cache run its own settings from results_dir/table1-<task>, the others from
         speed_store/table1)."""
-        from sinklib import speed  # noqa: PLC0415
-
         task = TRACE_TASKS[model.is_zoo]
         own = sampler in ("plain", speed.AUTOREGRESSIVE_POLICY)
         return masking_table([model], task, ks, limit=self.n_problems, batch_size=self.masking_batch_size,
@@ -663,8 +656,6 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         """trace_model's (or the run's first native diffusion model's) first traced prompt under its plain sampler
         (notebook 01's trace) and under trace_policy,
         with attention captured, from the trace store (made there if missing)."""
-        from sinklib import speed  # noqa: PLC0415
-
         model = loaded[self.traced(loaded)]
         prompt = trace_prompts(model.is_zoo, 1)
         store = Path(self.results_dir) / "traces"
