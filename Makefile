@@ -40,11 +40,12 @@ $(VENV4)/.installed: pyproject.toml
 
 # Every tier (tests/conftest.py): `make test` is what CI runs. Everything but two files runs on both cores
 # (pytest-xdist: two workers of one torch thread each, a test file per worker at a time, so a file's model fixtures
-# load once; the notebooks the reproduce and docs tests start inherit the one thread). Those two run alone: nbval
+# load once, the costliest files first, as tests/conftest.py orders them, so that no minute-long file starts last;
+# the notebooks the reproduce and docs tests start inherit the one thread). Those two run alone: nbval
 # re-executes the committed notebooks two at a time itself, each kernel on one torch thread, as `make figures` made
 # their outputs (another thread count moves last bits and near-tie tokens); the explorer's browser tests wait on
 # JupyterLab with timeouts that contention would turn into flakes.
-ON_BOTH_CORES := -n 2 --dist loadfile
+ON_BOTH_CORES := -n 2 --dist loadfile --no-loadscope-reorder
 ALONE := tests/notebooks/test_notebooks.py tests/notebooks/test_explorer_browser.py
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(ON_BOTH_CORES) $(addprefix --ignore=,$(ALONE))

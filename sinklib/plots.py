@@ -22,6 +22,12 @@ CMAP = "cividis"
 SCORE_LABEL = "incoming attention score (sum over queries)"
 
 
+def in_order(column: pd.Series) -> list:
+    """The column's distinct values in order of first appearance. (pd.unique, not dict.fromkeys: iterating a
+    column of millions of scores' model names one by one took most of notebook 01's time.)"""
+    return list(pd.unique(column))
+
+
 def save_figure(fig: plt.Figure, name: str, folder: str | Path = "figures",
                 record: dict[str, Any] | None = None) -> list[Path]:
     """Write `name`.png and `name`.pdf (reproducible: no timestamps in the PDF). `record` (sinklib.provenance):
@@ -65,7 +71,7 @@ def _score_label(trace: Trace) -> str:
 
 def score_histograms(distribution: pd.DataFrame, bins: int = 60) -> plt.Figure:
     """Fig. 3 / 9: distribution of scores across steps, layers and heads, one panel per model (log count)."""
-    models = list(dict.fromkeys(distribution["model"]))
+    models = in_order(distribution["model"])
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
     for ax, model, colour in zip(axes[0], models, PALETTE):
         values = distribution.loc[distribution["model"] == model, "score"]
@@ -179,7 +185,7 @@ def transient_sink(trace: Trace, step: int, layer: int, head: int, position: int
 def sink_token_bars(frame: pd.DataFrame, models: Sequence[str] | None = None, eps: float | None = None) -> plt.Figure:
     """Table 2 as bars: relative frequency of the most frequent sink tokens, per model. A model without any
     sink at ε gets a labelled empty panel that says so."""
-    models = list(models) if models is not None else list(dict.fromkeys(frame["model"]))
+    models = list(models) if models is not None else in_order(frame["model"])
     if not models:
         models = ["(no model)"]
     fig, axes = plt.subplots(1, len(models), figsize=(3.8 * len(models), 3.2), squeeze=False)
@@ -212,7 +218,7 @@ def masking_plot(frame: pd.DataFrame, task: str) -> plt.Figure:
     """Table 1 as a figure: accuracy against k (keys masked per layer and head), one line per model and condition
     (solid: the top-k sinks, dotted: k random keys), with standard errors. `frame`: MaskingTable.frame."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(dict.fromkeys(frame["model"]))}
+    colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(in_order(frame["model"]))}
     unmasked = frame[frame["k"] == 0]
     for (name, condition), group in frame.groupby(["model", "condition"], sort=False):
         if condition != "sinks":  # each control's line starts from the model's unmasked accuracy
@@ -235,7 +241,7 @@ def training_dynamics_plot(frame: pd.DataFrame) -> plt.Figure:
     here), the shipped model last: accuracy unmasked / top-1 sink masked / one random key masked; the share of
     sink detections per token group; the top key's score; how often a head's greatest sink moves.
     `frame`: over_training's rows for one measurement setting."""
-    names = list(dict.fromkeys(frame["model"]))
+    names = in_order(frame["model"])
     fig, axes = plt.subplots(len(names), 4, figsize=(17, 3.1 * len(names)), squeeze=False)
     for row, name in zip(axes, names):
         rows = frame[frame["model"] == name].sort_values(["checkpoint"], key=lambda c: c == "shipped", kind="stable")
@@ -281,7 +287,7 @@ def carry_plot(frame: pd.DataFrame) -> plt.Figure:
     near no-op sink); right, the sink's share of the head's output against its share of the attention.
     `frame`: carry.sink_carry rows (only those whose greatest key is a sink are drawn)."""
     sinks = frame[frame["is_sink"]]
-    names = list(dict.fromkeys(frame["model"]))
+    names = in_order(frame["model"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     left.boxplot([sinks.loc[sinks["model"] == name, "value_ratio"].dropna() for name in names], showfliers=False)
     left.set_xticks(range(1, len(names) + 1), names, rotation=20, fontsize=7, ha="right")
@@ -330,8 +336,8 @@ def key_type_stability_plot(frame: pd.DataFrame) -> plt.Figure:
     of bars per key type (all keys, prompt, decoded, still masked), one bar per model. `frame`:
     dynamics.stability_by_key_type rows."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
-    models = list(dict.fromkeys(frame["model"]))
-    types = list(dict.fromkeys(frame["key_type"]))
+    models = in_order(frame["model"])
+    types = in_order(frame["key_type"])
     width = 0.8 / max(1, len(models))
     for index, name in enumerate(models):
         rows = frame[frame["model"] == name].set_index("key_type").reindex(types)
@@ -355,7 +361,7 @@ def lens_plot(curve: pd.DataFrame) -> plt.Figure:
     """What sinks store (logit lens): by layer (relative depth), the share of positions whose lens argmax is already
     the token the generation ends with there, one panel per model, one line per group (masked sinks, other masked
     positions, sinks on decoded or prompt keys). `curve`: analyses.what_sinks_store's by-layer table."""
-    models = list(dict.fromkeys(curve["model"]))
+    models = in_order(curve["model"])
     fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.6), squeeze=False)
     styles = {"masked sink": ("tab:red", "-"), "other masked": ("tab:blue", "-"), "sink, not masked": ("tab:red", ":"),
               "other": ("grey", ":")}
@@ -382,7 +388,7 @@ def frontier_plot(table: pd.DataFrame) -> plt.Figure:
     model's answer time drawn as a dashed line on every panel. `table`: sinklib.speed.frontier rows."""
     autoregressive = table[table["policy"] == "KV cache"]
     diffusion = table[table["policy"] != "KV cache"]
-    models = list(dict.fromkeys(diffusion["model"]))
+    models = in_order(diffusion["model"])
     fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 3.8), squeeze=False)
     markers = dict(zip(sorted(set(diffusion["policy"])), itertools.cycle("osD^v<>p")))
     colours = dict(zip(sorted(set(diffusion["policy"])), itertools.cycle(PALETTE)))
@@ -418,7 +424,7 @@ def columns_by_setting_plot(frame: pd.DataFrame, title: str = "") -> plt.Figure:
     """Accuracy with its Wilson 95 % interval per Table 1 column (x, in the frame's order), one colour per (model,
     sampler); the lines join a setting's columns. `frame`: analyses' rows with model, sampler, column, accuracy,
     ci_low, ci_high."""
-    columns = list(dict.fromkeys(frame["column"]))
+    columns = in_order(frame["column"])
     settings = list(dict.fromkeys(zip(frame["model"], frame["sampler"])))
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(columns), 3.6))
     width = 0.5 / max(1, len(settings))

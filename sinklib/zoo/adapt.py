@@ -51,6 +51,7 @@ from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.evaluation.tasks import plain
 from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl
+from sinklib.zoo.train import restores_torch_threads
 
 BASE = ADAPTED_MODELS["smollm2-135m-diffusion"].base
 MASK_ID = ADAPTED_MODELS["smollm2-135m-diffusion"].mask_id  # 16, `<empty_output>`: unused by SmolLM2's chat template
@@ -402,6 +403,7 @@ def _checked_run(name: str, spec: AdaptSpec | None, steps: int | None, threads: 
     return spec, spec.steps if steps is None else check_int(steps, "steps", 1, spec.steps)  # past it the cosine turns back
 
 
+@restores_torch_threads
 def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: int | None = None,
           progress: bool = True, spec: AdaptSpec | None = None):
     """Train one twin from its seed, resuming from the latest checkpoint in `checkpoints` (default

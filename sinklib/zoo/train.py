@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 import transformers
@@ -27,6 +29,7 @@ from sinklib.validation import Count, checked
 from sinklib.zoo.data import Problem, held_out, problems
 from sinklib.zoo.tokenizer import build_tokenizer, save_tokenizer
 
+T = TypeVar("T")
 GEN_LENGTH = 16  # response slot: worked answer + "#### N" + [EOS] padding
 MASK_EPS = 1e-3
 
@@ -335,7 +338,24 @@ def _resume_point(checkpoints: Path | None, checkpoint_at: tuple[int, ...], tota
     return saved[max(usable)] if usable else None
 
 
+def restores_torch_threads(function: Callable[..., T]) -> Callable[..., T]:
+    """Give the process back its torch thread count when `function` returns or raises: training pins its own count
+    (a loss curve's last bits depend on it), and whatever the caller runs next must not run on that count unasked
+    (a test worker of one thread that trained a model computed on two, and its results no longer matched a fresh
+    process's)."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        before = torch.get_num_threads()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
+
+
 @checked
+@restores_torch_threads
 def train(name: str, zoo_dir: Path, steps: Count | None = None, progress: bool = True, threads: Count = 2,
           curve_path: Path | None = None, spec: ZooSpec | None = None, checkpoints: Path | None = None,
           checkpoint_at: tuple[int, ...] = ()) -> tuple[transformers.LlamaForCausalLM, list[dict]]:

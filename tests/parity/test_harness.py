@@ -27,10 +27,13 @@ def offline_from_the_repository_root(monkeypatch):
 
 
 def _harness(model_args: str, limit: int):
+    """lm-eval's simple_evaluate on our task, its task manager indexing only our tasks' folder (lm-eval's own
+    thousands of task files take it 16 s to index, each time; the command line, tested below, indexes them all)."""
     from lm_eval.tasks import TaskManager
 
     return lm_eval.simple_evaluate(model="sinklib", model_args=model_args, tasks=["zoo_arithmetic"], limit=limit,
-                                   batch_size=4, log_samples=True, task_manager=TaskManager(include_path=str(TASKS)))
+                                   batch_size=4, log_samples=True,
+                                   task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))
 
 
 def _by_doc(samples):

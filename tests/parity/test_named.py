@@ -15,6 +15,7 @@ import sinklib
 from sinklib import cache_manifest, compat, named
 from sinklib.paths import ZOO_DIR
 from sinklib.generate import encode
+from tests.conftest import FRESH_CONVERSION
 from tests.models import eager_twin
 
 NAME = "smollm2-135m-instruct"
@@ -111,11 +112,15 @@ def test_a_mistyped_name_suggests_the_named_model():
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """One real conversion, into a temporary cache as a first load makes it (about half a minute; its 540 MB are
-    removed afterwards)."""
+    """A conversion by this checkout's code, in a temporary cache as a first load makes it (its 540 MB removed
+    afterwards): a copy of the one this session's start made into the shared cache when it made one (`make test` on
+    a fresh machine; tests/conftest.py), else one made here (about half a minute on one thread)."""
     root = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SINKLIB_CACHE", str(root))
+        fresh = os.environ.get(FRESH_CONVERSION)
+        if fresh and Path(fresh).is_dir():
+            shutil.copytree(fresh, named.converted_folder(NAME))
         folder = Path(named.resolve_named(NAME, progress=False))
     yield folder
     shutil.rmtree(root)

@@ -72,12 +72,19 @@ def test_dream_sampler_on_the_twin_matches_the_reference_loop(diffusion):
 @pytest.mark.parametrize("name", [DIFFUSION, AUTOREGRESSIVE])
 def test_each_twin_answers_most_held_out_problems(name):
     """Both twins, loaded by name with this checkout's code, must really solve the task (the issue's bar: at least 0.5
-    held out). Four problems here — the diffusion twin pays 28 forwards of the batch per answer, about 10 s a problem
-    on one thread — of which the committed records (the diffusion twin's card, both twins' unmasked Table 1 runs in
-    data/results) have the diffusion twin right on three and its autoregressive twin on all four."""
-    from sinklib.zoo.evaluate import accuracy
+    held out), on the first eight held-out problems. The diffusion twin samples with Fast-dLLM's "threshold + dual
+    cache" (about 2 forwards an answer, 0.835 [0.777, 0.880] on n = 200 with the plain sampler's 0.810): its plain
+    sampler pays 28 forwards an answer, about 10 s a problem on one thread, and is checked token for token against
+    the reference loop above, and at n = 200 by the committed Table 1 runs that `make check` regenerates. On an AMD
+    EPYC (Zen 3) the diffusion twin answers 6 of the 8 and the autoregressive twin all 8."""
+    from sinklib.evaluation.runner import evaluate
+    from sinklib.speed import policy_settings
 
-    assert accuracy(sinklib.load(name), 4, progress=False, task="arithmetic-english")["accuracy"] >= 0.5
+    loaded = sinklib.load(name)
+    policy = "threshold + dual cache" if name == DIFFUSION else "KV cache"
+    summary = evaluate(loaded, "arithmetic-english", limit=8, batch_size=8, progress=False,
+                       sampler=policy_settings(loaded, policy))
+    assert summary.n == 8 and summary.accuracy >= 0.5, [record["output"] for record in summary.records]
 
 
 def test_an_adapter_folder_without_weights_is_refused_naming_it(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sinklib.ties import NEAR_TIE
-from sinklib import stats
+from sinklib import notebook_outputs, stats
 from sinklib.evaluation.table1 import MaskingTable, accuracy_rows
 from sinklib.summary import FOOTNOTE, Summary, caption, near_tie_models, significant
 
@@ -87,13 +87,10 @@ def _widget(text):
 
 
 def test_progress_bars_are_told_from_other_outputs():
-    pytest.importorskip("papermill")  # sinklib.reproduce belongs to the notebooks (their extra)
-    from sinklib import reproduce
-
-    assert reproduce.is_progress_bar(_widget("traces tiny-llada:   0%|          | 0/6 [00:00<?, ?it/s]"))
-    assert reproduce.is_progress_bar({"output_type": "stream", "name": "stderr",
-                                      "text": "Loading weights: 100%|██████████| 38/38 [00:00<00:00, 4214.15it/s]\n"})
-    assert not reproduce.is_progress_bar(_widget("Explorer(tiny-llada: 16 steps, 4 layers x 4 heads, eps=3.0)"))
-    assert not reproduce.is_progress_bar({"output_type": "stream", "name": "stdout", "text": "50%| of 2 [done]\n"})
-    assert not reproduce.is_progress_bar({"output_type": "execute_result", "data": {"text/plain": "0%|  | 0/6 ["}})
+    assert notebook_outputs.is_progress_bar(_widget("traces tiny-llada:   0%|          | 0/6 [00:00<?, ?it/s]"))
+    assert notebook_outputs.is_progress_bar({"output_type": "stream", "name": "stderr",
+                                             "text": "Loading weights: 100%|██████████| 38/38 [00:00<00:00, 4214.15it/s]\n"})
+    assert not notebook_outputs.is_progress_bar(_widget("Explorer(tiny-llada: 16 steps, 4 layers x 4 heads, eps=3.0)"))
+    assert not notebook_outputs.is_progress_bar({"output_type": "stream", "name": "stdout", "text": "50%| of 2 [done]\n"})
+    assert not notebook_outputs.is_progress_bar({"output_type": "execute_result", "data": {"text/plain": "0%|  | 0/6 ["}})
     assert math.isnan(float(significant(float("nan"))))

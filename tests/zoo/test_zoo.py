@@ -59,7 +59,11 @@ LOSS_RTOL = 1e-5
 
 @pytest.mark.parametrize("name", NAMES)
 def test_retraining_reproduces_the_shipped_loss_curve_first_steps(name, tmp_path):
+    """...on the recipe's two threads, then gives the process back its own thread count (`make test`'s workers run
+    one): what the process computes after training must compute as before it."""
+    threads = torch.get_num_threads()
     _, curve = train(name, ZOO_DIR, steps=3, progress=False)
+    assert torch.get_num_threads() == threads
     with (ZOO_DIR / name / "loss_curve.csv").open() as handle:
         shipped = [float(row["loss"]) for row in csv.DictReader(handle)][:3]
     assert [row["loss"] for row in curve] == pytest.approx(shipped, rel=LOSS_RTOL, abs=0)
