@@ -5,14 +5,18 @@ conversion, lets a load refuse a folder whose weights were damaged, whose config
 another model's files, naming the file. Hashing the ~540 MB of weights costs about a third of a second; a file's
 digest is kept for the rest of the process, keyed by its path and (inode, size, mtime_ns, ctime_ns) — any write
 changes ctime, which no `touch` can set back — so a second load in the same process checks sizes and stat only.
+
+The models the project ships in data/models/ (the zoo, the twins' adapters) carry a manifest of the files that make
+the model (weights, configs, tokenizer), written by their training; check_shipped refuses a folder that differs.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 MANIFEST = "sinklib-manifest.json"
 FORMAT = "sinklib-manifest 1"
@@ -50,12 +54,13 @@ def weights_fingerprint(folder: Path) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()[:16]
 
 
-def write_manifest(folder: Path, header: dict[str, Any]) -> dict[str, Any]:
-    """Hash every file in `folder` (a flat folder: a subfolder is refused) and write the manifest there, beside them:
-    `header` (what made the files) plus {"files": {name: {"size", "sha256"}}}. Returns the manifest written."""
+def write_manifest(folder: Path, header: dict[str, Any], skip: Collection[str] = ()) -> dict[str, Any]:
+    """Hash every file in `folder` but those named in `skip` (a flat folder: a subfolder is refused) and write the
+    manifest there, beside them: `header` (what made the files) plus {"files": {name: {"size", "sha256"}}}. Returns
+    the manifest written."""
     files = {}
     for entry in sorted(Path(folder).iterdir()):
-        if entry.name == MANIFEST:
+        if entry.name == MANIFEST or entry.name in skip:
             continue
         if not entry.is_file():
             raise ValueError(f"{str(entry)!r} is not a file: a manifest covers a flat folder of files")
@@ -83,13 +88,13 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     return manifest
 
 
-def folder_problems(folder: Path, manifest: dict[str, Any]) -> list[str]:
+def folder_problems(folder: Path, manifest: dict[str, Any], skip: Collection[str] = ()) -> list[str]:
     """What in `folder` disagrees with `manifest`, one line per file (empty: every file is as written): a file
-    missing, a file the manifest does not list, a size or a SHA-256 that differs. Sizes are compared first, so a
-    truncated file costs no hashing."""
+    missing, a file the manifest does not list (but those named in `skip`), a size or a SHA-256 that differs. Sizes
+    are compared first, so a truncated file costs no hashing."""
     folder = Path(folder)
     files: dict[str, dict[str, Any]] = manifest["files"]
-    present = {entry.name for entry in folder.iterdir() if entry.name != MANIFEST}
+    present = {entry.name for entry in folder.iterdir() if entry.name != MANIFEST and entry.name not in skip}
     problems = [f"{name}: not written by the conversion (the manifest does not list it)"
                 for name in sorted(present - files.keys())]
     for name, recorded in sorted(files.items()):
@@ -102,3 +107,45 @@ def folder_problems(folder: Path, manifest: dict[str, Any]) -> list[str]:
             problems.append(f"{name}: SHA-256 {sha256_of(path)[:16]}… where the manifest records {recorded['sha256'][:16]}… "
                             "(damaged or edited)")
     return problems
+
+
+class FolderCheckError(ValueError):
+    """A folder that fails its check against its manifest: the `folder` and the names of the offending `files` (the
+    message says what to run)."""
+
+    def __init__(self, message: str, folder: Path, files: list[str]):
+        super().__init__(message)
+        self.folder = folder
+        self.files = files
+
+
+# What a shipped model's folder holds beside the model: its card and learning curve, written (and rewritten) after
+# training by the evaluation that measures it; they change nothing the model computes.
+SHIPPED_DOCUMENTS = ("README.md", "card.json", "loss_curve.csv")
+
+
+def write_shipped_manifest(folder: Path, name: str) -> dict[str, Any]:
+    """The manifest of a shipped model (a zoo model or a twin's adapter), written by its training once the model's
+    files are in `folder`: every file but SHIPPED_DOCUMENTS."""
+    return write_manifest(folder, {"model": name}, skip=SHIPPED_DOCUMENTS)
+
+
+def check_shipped(folder: Path, name: str, remake: str) -> None:
+    """Refuse a shipped model's folder unless every file that makes the model is as its training wrote it (damaged,
+    edited, cut, swapped for another model's, missing, or a file no training wrote): FolderCheckError naming the
+    folder, each file and the fix (`remake`: the command that trains the files again), before anything is loaded."""
+    folder = Path(folder)
+    try:
+        manifest = read_manifest(folder)
+        problems = [f"{MANIFEST}: missing"] if manifest is None else folder_problems(folder, manifest, SHIPPED_DOCUMENTS)
+        if manifest is not None and manifest.get("model") != name:
+            problems.insert(0, f"{MANIFEST}: written for {manifest.get('model')!r}, not {name!r} (another model's files?)")
+    except ValueError as error:
+        problems = [str(error)]
+    if problems:
+        listed = "\n  ".join(problems)
+        raise FolderCheckError(
+            f"name_or_model={name!r}: the shipped model folder {str(folder)!r} fails its check against its manifest:\n"
+            f"  {listed}\nNothing was loaded. Restore the shipped files (in a checkout: git checkout -- "
+            f"{shlex.quote(str(folder))}; installed: reinstall sinklib), or train them again: {remake}", folder,
+            [problem.split(":", 1)[0] for problem in problems])

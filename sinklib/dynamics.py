@@ -58,13 +58,19 @@ def first_masked(trace: Trace) -> torch.Tensor:
     return torch.where(first == masked.shape[1], torch.full_like(first, -1), first)
 
 
+def _top_keys(trace: Trace, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(position, score, whether it is an Eq. 3 sink) of the top key of every step, layer and head, each
+    [steps, layers, heads]."""
+    scores = torch.nan_to_num(comparable_scores(trace), nan=float("-inf"))
+    top_score, top_position = scores.max(-1)
+    return top_position, top_score, sink_mask(trace, eps).gather(-1, top_position[..., None]).squeeze(-1)
+
+
 def greatest_sinks(trace: Trace, eps: float = 3.0, layers: Sequence[int] | None = None,
                    heads: Sequence[int] | None = None) -> pd.DataFrame:
     """One row per (step, layer, head): position, token and score of the top key, whether it is a sink,
     and the unmasking frontier at that step (paper Fig. 7)."""
-    scores = torch.nan_to_num(comparable_scores(trace), nan=float("-inf"))
-    top_score, top_position = scores.max(-1)
-    is_sink = sink_mask(trace, eps).gather(-1, top_position[..., None]).squeeze(-1)
+    top_position, top_score, is_sink = _top_keys(trace, eps)
     steps, n_layers, n_heads = top_score.shape
     grid = np.meshgrid(np.arange(steps), np.arange(n_layers), np.arange(n_heads), indexing="ij")
     frame = pd.DataFrame({"step": grid[0].ravel(), "layer": grid[1].ravel(), "head": grid[2].ravel(),
@@ -123,33 +129,20 @@ def dynamics_summary(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
     sink to the unmasking frontier, and the share of heads × steps that have any sink."""
     rows = []
     for index, trace in enumerate(traces):
-        top = greatest_sinks(trace, eps)
-        lifetimes, moves, pairs = [], 0, 0
-        for _, group in top.groupby(["layer", "head"]):
-            positions = group.sort_values("step")[["position", "is_sink"]].to_numpy()
-            run = 0
-            for t in range(len(positions)):
-                if not positions[t, 1]:
-                    if run:
-                        lifetimes.append(run)
-                    run = 0
-                    continue
-                if t and positions[t - 1, 1]:
-                    pairs += 1
-                    if positions[t, 0] != positions[t - 1, 0]:
-                        moves += 1
-                        lifetimes.append(run)
-                        run = 0
-                run += 1
-            if run:
-                lifetimes.append(run)
-        with_frontier = top[top["is_sink"] & (top["frontier"] >= 0)]
+        position, _, sink = (tensor.numpy() for tensor in _top_keys(trace, eps))  # [steps, layers, heads]
+        # a head's greatest sink lives from the step it appears, or moves, to the step it moves or vanishes: every
+        # sink step belongs to one such run, so the mean lifetime is sink steps over runs
+        both = sink[1:] & sink[:-1]  # consecutive steps with a sink at each
+        moved = both & (position[1:] != position[:-1])
+        runs = int(sink[0].sum()) + int((sink[1:] & ~(both & ~moved)).sum())
+        frontier = first_masked(trace).numpy()[:, None, None]
+        with_frontier = sink & (frontier >= 0)
+        distance = int((position - frontier)[with_frontier].sum())  # exact: integers
         rows.append({"trace": index, "model": trace.meta.get("model", ""), "family": trace.meta.get("family", ""),
-                     "mean_lifetime": float(np.mean(lifetimes)) if lifetimes else float("nan"),
-                     "move_rate": moves / pairs if pairs else float("nan"),
-                     "mean_distance_to_frontier": float((with_frontier["position"] - with_frontier["frontier"]).mean())
-                     if len(with_frontier) else float("nan"),
-                     "share_heads_with_sink": float(top["is_sink"].mean())})
+                     "mean_lifetime": int(sink.sum()) / runs if runs else float("nan"),
+                     "move_rate": int(moved.sum()) / int(both.sum()) if both.any() else float("nan"),
+                     "mean_distance_to_frontier": distance / int(with_frontier.sum()) if with_frontier.any() else float("nan"),
+                     "share_heads_with_sink": int(sink.sum()) / sink.size})
     return pd.DataFrame(rows)
 
 

@@ -27,6 +27,7 @@ from sinklib import compat, mmada_repo, named
 from sinklib.validation import Consent, Index, bad_value, check_choice, checked, did_you_mean
 from sinklib.families.base import Family, family_names, fit, get_family
 from sinklib.families.cached import Window, forward_cached
+from sinklib.cache_manifest import check_shipped
 from sinklib.paths import ZOO_DIR
 
 CALLING = ("native", "remote")
@@ -191,11 +192,13 @@ def zoo_names() -> list[str]:
 def resolve_name(name: str) -> str:
     """A zoo name, a local folder or a hub id → what transformers should open, settled offline where it can be:
     a mistyped zoo name, a missing folder or a folder without config.json is refused at once (with "did you
-    mean"), never after a minute of hub retries."""
+    mean"), never after a minute of hub retries; a shipped model (a zoo model, a twin's adapter) whose files differ
+    from its manifest is refused naming each file (cache_manifest.check_shipped)."""
     source = model_source(name)
     if source == "named":
         return _resolve_named(name)
-    if source == "zoo":
+    if source == "zoo":  # a shipped model: every file as its training wrote it, before any is read
+        check_shipped(ZOO_DIR / name, name, f"python -m sinklib.zoo train {name}")
         return str(ZOO_DIR / name)
     path = Path(name).expanduser()
     if source == "folder":
@@ -219,6 +222,7 @@ def _resolve_named(name: str) -> str:
     """A named model's folder: its converted GGUF (or, without the package, the same model on the hub where it can
     be reached); an adapted model's base's (its adapter is merged once the base is loaded)."""
     if name in named.ADAPTED_MODELS:  # the GGUF conversion it was trained on, never the hub's unquantised weights
+        named.check_adapter(named.ADAPTED_MODELS[name])  # the shipped adapter as trained, before its base loads
         return named.resolve_named(named.ADAPTED_MODELS[name].base)
     spec = named.NAMED_MODELS[name]
     try:

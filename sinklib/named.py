@@ -14,6 +14,7 @@ changed — attention made bidirectional, the sampler family, the mask token, th
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -30,7 +31,8 @@ import transformers
 from tqdm.auto import tqdm
 
 from sinklib._version import __version__
-from sinklib.cache_manifest import MANIFEST, folder_problems, read_manifest, sha256_of, write_manifest
+from sinklib.cache_manifest import (MANIFEST, FolderCheckError, check_shipped, folder_problems, read_manifest, sha256_of,
+                                    write_manifest)
 from sinklib.compat import make_bidirectional, transformers_major
 from sinklib.paths import ZOO_DIR
 
@@ -121,15 +123,23 @@ def quiet_peft():
         yield
 
 
+def check_adapter(spec: AdaptedModel) -> Path:
+    """The adapter's folder, refused unless it holds the adapter its training wrote (cache_manifest.check_shipped):
+    sinklib.load checks it before the base loads, apply_adapter again before peft reads it."""
+    folder = adapter_folder(spec.name)
+    if not (folder / "adapter_model.safetensors").is_file():
+        raise FileNotFoundError(f"name_or_model={spec.name!r}: {folder} holds no adapter_model.safetensors; retrain it "
+                                f"with python -m sinklib.zoo adapt {spec.name}")
+    check_shipped(folder, spec.name, f"python -m sinklib.zoo adapt {spec.name}")
+    return folder
+
+
 def apply_adapter(spec: AdaptedModel, model: torch.nn.Module, tokenizer) -> torch.nn.Module:
     """The base with spec's adapter merged into its weights (peft), made bidirectional when spec says so, its
     config carrying the mask id, and the tokenizer given the chat template the adapter was trained with."""
     import peft  # noqa: PLC0415  (optional heavy dependency: only adapted models need it)
 
-    folder = adapter_folder(spec.name)
-    if not (folder / "adapter_model.safetensors").is_file():
-        raise FileNotFoundError(f"name_or_model={spec.name!r}: {folder} holds no adapter_model.safetensors; retrain it "
-                                f"with python -m sinklib.zoo adapt {spec.name}")
+    folder = check_adapter(spec)
     with quiet_peft():
         merged = peft.PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
     if spec.bidirectional:
@@ -179,14 +189,9 @@ def converted_folder(name: str) -> Path:
 CONVERTER_VERSION = 2
 
 
-class CacheCheckError(ValueError):
+class CacheCheckError(FolderCheckError):
     """A converted named model's folder that fails its check against its manifest: the `folder` and the names of
     the offending `files` (the message says what to run)."""
-
-    def __init__(self, message: str, folder: Path, files: list[str]):
-        super().__init__(message)
-        self.folder = folder
-        self.files = files
 
 
 def resolve_named(name: str, progress: bool = True) -> str:
@@ -278,6 +283,30 @@ def _adopt_unchecked(spec: NamedModel, target: Path, progress: bool) -> None:
         os.replace(partial, target / MANIFEST)
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """While converting: one parse of a GGUF file and one tensor-name map. transformers parses the file three times
+    (for the tokenizer, the config and the weights: 8 s each, most of it the 49k-entry vocabulary) and builds gguf's
+    tensor-name map once per tensor (397 times); both are pure functions of their arguments, which transformers
+    imports from gguf at each call, so the conversion's files are the same bytes in a third of the time."""
+    import gguf  # noqa: PLC0415  (the conversion's dependency, checked by convert)
+
+    parse, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    parsed: dict[tuple, Any] = {}
+
+    def parsed_once(path, *args, **kwargs):
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in parsed:
+            parsed[key] = parse(path, *args, **kwargs)
+        return parsed[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = parsed_once, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = parse, name_map
+
+
 def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True, desc: str | None = None) -> None:
     """GGUF → float32 safetensors + tokenizer + chat template, written beside the target with a manifest of every
     file's SHA-256 (written last) and renamed into place (an interrupted conversion leaves nothing that looks finished)."""
@@ -290,7 +319,8 @@ def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True,
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
     try:
-        with tqdm(total=3, desc=desc or f"converting {spec.name} (once)", disable=not progress) as bar:
+        with tqdm(total=3, desc=desc or f"converting {spec.name} (once)", disable=not progress) as bar, \
+                _gguf_parsed_once():
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(source), gguf_file=spec.gguf_file)
             bar.update(1)
             quantised = transformers.AutoModelForCausalLM.from_pretrained(str(source), gguf_file=spec.gguf_file,

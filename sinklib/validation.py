@@ -187,12 +187,18 @@ def _named(error: ValidationError, name: str) -> ValueError:
 def checked(function: Callable[..., T]) -> Callable[..., T]:
     """Check, at every call, each parameter whose annotation declares a rule (see the module docstring)."""
     signature = inspect.signature(function)
-    hints = typing.get_type_hints(function, include_extras=True)
-    rules = {name: hints[name] for name in signature.parameters if name in hints and _constrained(hints[name])}
+
+    @functools.cache
+    def declared_rules() -> dict[str, Any]:
+        # resolved at the first call, not at import: an annotation may name a class whose module is slow to import
+        # (zoo.train returns a transformers model class: 2 s), which a process that never calls the function skips
+        hints = typing.get_type_hints(function, include_extras=True)
+        return {name: hints[name] for name in signature.parameters if name in hints and _constrained(hints[name])}
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
+        rules = declared_rules()
         for name, value in bound.arguments.items():
             if name in rules:
                 bound.arguments[name] = check_value(value, rules[name], name)

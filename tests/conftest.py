@@ -96,7 +96,8 @@ def pytest_sessionstart(session):
                 os.environ[FRESH_CONVERSION] = folder
 
 
-# the folder of a SmolLM2 conversion this test session made (inherited by the workers, which start after this hook)
+# the folder of a SmolLM2 conversion this test session made (inherited by the workers, which start after this hook);
+# a conversion found in the cache may be older code's, so test_named then converts with this checkout's
 FRESH_CONVERSION = "SINKLIB_TESTS_FRESH_CONVERSION"
 
 

@@ -25,7 +25,7 @@ from sinklib.validation import Consent, Count, Index, bad_value, checked
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.interventions import identity
 from sinklib.provenance import as_text, describe
-from sinklib.cache_manifest import weights_fingerprint
+from sinklib.cache_manifest import MANIFEST, weights_fingerprint
 from sinklib.families.base import fit, record
 from sinklib.loading import LoadedModel, load
 
@@ -91,9 +91,10 @@ def run_config(model: LoadedModel, task: str, intervention, limit: int | None, s
 
 
 # A model folder's files that shape what it computes beside its weights (which the key holds): configs, the
-# adapter's config (rank, scale, target modules), tokenizer and chat template. Not its card or its README.
+# adapter's config (rank, scale, target modules), tokenizer and chat template. Not its card or its README, nor its
+# manifest (the hashes of those same files: cache_manifest.check_shipped holds the folder to it at every load).
 SHAPING_SUFFIXES = (".json", ".jinja", ".model", ".txt")
-NOT_SHAPING = ("card.json",)
+NOT_SHAPING = ("card.json", MANIFEST)
 
 
 def run_inputs(model: LoadedModel, spec: Any, samples: list) -> dict[str, Any]:

@@ -44,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sinklib import compat
-from sinklib.cache_manifest import fingerprint, weights_fingerprint
+from sinklib.cache_manifest import check_shipped, fingerprint, weights_fingerprint, write_shipped_manifest
 from sinklib.validation import (Count, Flag, Index, Positive, Text, bad_value, check_choice, check_int,
                                 validated)
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
@@ -327,6 +327,7 @@ def _load_shipped_adapter(model, name: str) -> None:
     if not source.is_file():
         raise FileNotFoundError(f"init_from={name!r}: {source} does not exist; train and export {name} first "
                                 f"(python -m sinklib.zoo adapt {name})")
+    check_shipped(source.parent, name, f"python -m sinklib.zoo adapt {name}")  # as its training wrote it
     result = peft.set_peft_model_state_dict(model, load_file(str(source)))
     if result.unexpected_keys:
         raise ValueError(f"init_from={name!r}: its adapter has keys this recipe's has not: {result.unexpected_keys[:3]}")
@@ -467,6 +468,7 @@ def export_adapter(name: str, step: int | None = None, checkpoints: Path | None 
     model.peft_config["default"].base_model_name_or_path = BASE  # a name, not this machine's cache path
     model.save_pretrained(str(target))
     _sort_target_modules(target / "adapter_config.json")
+    write_shipped_manifest(target, name)  # what every load checks the adapter against (not its card)
     return target
 
 

@@ -24,7 +24,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from sinklib import compat
-from sinklib.cache_manifest import sha256_of
+from sinklib.cache_manifest import sha256_of, write_shipped_manifest
 from sinklib.validation import Count, checked
 from sinklib.zoo.data import Problem, held_out, problems
 from sinklib.zoo.tokenizer import build_tokenizer, save_tokenizer
@@ -428,12 +428,13 @@ class _CurveWriter:
 
 
 def save(name: str, model, zoo_dir: Path, curve: list[dict], extra: dict) -> Path:
-    """Write the model, its tokenizer and card.json (spec, steps trained, final loss, wall seconds, parameter count,
-    then `extra`) to zoo_dir/name; returns that folder."""
+    """Write the model, its tokenizer, their manifest (cache_manifest.write_shipped_manifest) and card.json (spec,
+    steps trained, final loss, wall seconds, parameter count, then `extra`) to zoo_dir/name; returns that folder."""
     folder = zoo_dir / name
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     save_tokenizer(folder)
+    write_shipped_manifest(folder, name)  # what every load checks the folder against (not the card, written next)
     spec = ZOO[name]
     card = {"name": name, "spec": asdict(spec), "train_steps": len(curve), "final_loss": curve[-1]["loss"],
             "wall_seconds": curve[-1]["seconds"], "parameters": sum(p.numel() for p in model.parameters()), **extra}

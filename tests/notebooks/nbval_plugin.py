@@ -6,9 +6,19 @@ table is also shown as text/plain, which is compared) and progress bars (tqdm's 
 committed notebooks by notebook_outputs.strip_volatile and here from the fresh run). What a near-tie may change is
 masked by nbval_sanitize.cfg.
 """
+import importlib.util
+from pathlib import Path
+
 import nbval.plugin
 
-from sinklib.notebook_outputs import is_progress_bar
+# sinklib/notebook_outputs.py read as a file of its own (it imports only the standard library): `import
+# sinklib.notebook_outputs` would run the package's __init__, torch and transformers with it, 3 s in each of nbval's
+# three processes before the first kernel starts
+_spec = importlib.util.spec_from_file_location("sinklib_notebook_outputs",
+                                               Path(__file__).resolve().parents[2] / "sinklib" / "notebook_outputs.py")
+_outputs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_outputs)
+is_progress_bar = _outputs.is_progress_bar
 
 SKIPPED = ("text/html",)
 _compare_outputs = nbval.plugin.IPyNbCell.compare_outputs

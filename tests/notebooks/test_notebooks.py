@@ -32,9 +32,7 @@ PAPER_FIGURES = ["fig01_token_step_*", "fig03_score_histograms", "fig04_moving_s
 def nbval_run(tmp_path_factory):
     """(the temporary root, nbval's report): notebooks/ copied there, so "../figures" and "../data/results"
     resolve inside it."""
-    import sinklib
-
-    sinklib.load("smollm2-135m-instruct")  # a first load converts the GGUF (with a progress bar): not inside a notebook
+    named.resolve_named("smollm2-135m-instruct")  # converted here if it must be (a progress bar): not inside a notebook
     root = tmp_path_factory.mktemp("committed")
     notebooks = root / "notebooks"
     notebooks.mkdir()

@@ -114,7 +114,8 @@ def test_a_mistyped_name_suggests_the_named_model():
 def converted(tmp_path_factory):
     """A conversion by this checkout's code, in a temporary cache as a first load makes it (its 540 MB removed
     afterwards): a copy of the one this session's start made into the shared cache when it made one (`make test` on
-    a fresh machine; tests/conftest.py), else one made here (about half a minute on one thread)."""
+    a fresh machine; tests/conftest.py), else one made here (about 25 s on one thread): a conversion found in the
+    cache may be older code's, and this is the one test that runs convert() itself."""
     root = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SINKLIB_CACHE", str(root))
@@ -151,7 +152,7 @@ def refusal(folder: Path) -> named.CacheCheckError:
     return caught.value
 
 
-@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 25 s
 def test_a_good_cache_loads_after_each_file_is_checked_against_its_manifest(converted, monkeypatch):
     manifest = json.loads((converted / cache_manifest.MANIFEST).read_text())
     written = {f.name for f in converted.iterdir()} - {cache_manifest.MANIFEST}
@@ -171,7 +172,7 @@ def test_a_good_cache_loads_after_each_file_is_checked_against_its_manifest(conv
     assert checked == [converted] and loaded.model.config._name_or_path == str(converted), "loaded from the checked folder"
 
 
-@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 25 s
 def test_bit_flipped_weights_are_refused_naming_the_folder_and_the_file(converted, tmp_path, monkeypatch):
     folder = copied_cache(converted, tmp_path, monkeypatch, weights=True)
     weights = folder / "model.safetensors"
@@ -189,7 +190,7 @@ def test_bit_flipped_weights_are_refused_naming_the_folder_and_the_file(converte
     assert error.files == ["model.safetensors"] and "model.safetensors: SHA-256" in str(error)
 
 
-@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 25 s
 def test_a_config_with_ropes_old_base_10000_is_refused(converted, tmp_path, monkeypatch):
     folder = copied_cache(converted, tmp_path, monkeypatch)
     config = folder / "config.json"
@@ -214,7 +215,7 @@ def tiny_arm_dressed_as_smollm2(converted, root: Path, monkeypatch, manifest: bo
     return folder
 
 
-@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 25 s
 def test_another_models_folder_with_a_copied_stamp_and_manifest_is_refused(converted, tmp_path, monkeypatch):
     folder = tiny_arm_dressed_as_smollm2(converted, tmp_path, monkeypatch, manifest=True)
     error = refusal(folder)
@@ -229,7 +230,7 @@ def pretend_to_convert(converted, calls: list):
     return convert
 
 
-@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 25 s
 def test_another_models_folder_with_only_a_copied_stamp_is_refused_after_a_fresh_conversion(converted, tmp_path, monkeypatch):
     folder = tiny_arm_dressed_as_smollm2(converted, tmp_path, monkeypatch, manifest=False)
     calls = []
@@ -241,7 +242,7 @@ def test_another_models_folder_with_only_a_copied_stamp_is_refused_after_a_fresh
     assert [p.name for p in folder.parent.iterdir()] == [folder.name], "the fresh conversion is removed"
 
 
-@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 25 s
 def test_a_cache_from_before_manifests_is_checked_once_against_a_fresh_conversion(converted, tmp_path, monkeypatch):
     folder = copied_cache(converted, tmp_path, monkeypatch, manifest=False)
     calls = []
@@ -283,7 +284,7 @@ def _edit_manifest(key, value):
     (_edit_manifest("model", "tiny-arm"), cache_manifest.MANIFEST, "model 'tiny-arm'"),
     (_edit_manifest("source", "0" * 64), cache_manifest.MANIFEST, "reinstalled at another version"),
 ], ids=["missing-file", "extra-file", "unreadable-manifest", "old-converter", "other-model", "other-gguf"])
-@pytest.mark.slow  # the `converted` fixture: one real conversion, about 20 s
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 25 s
 def test_a_missing_or_extra_file_or_a_foreign_manifest_is_refused(converted, tmp_path, monkeypatch, damage, named_file, says):
     folder = copied_cache(converted, tmp_path, monkeypatch)
     damage(folder)
@@ -299,3 +300,27 @@ def test_a_files_digest_is_reused_only_while_its_stat_is_unchanged(tmp_path):
     file.write_bytes(b"b" * 4096)  # same size, mtime set back: only ctime (and the bytes) tell
     os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert cache_manifest.sha256_of(file) == hashlib.sha256(b"b" * 4096).hexdigest() != first
+
+
+def test_a_conversion_parses_each_gguf_once_and_puts_gguf_back(monkeypatch):
+    """named._gguf_parsed_once: inside, gguf's reader is made once per file (transformers asks three times) and its
+    tensor-name map once per arguments; outside, gguf's own functions are back, also after an error."""
+    import gguf
+
+    made = []
+
+    class Reader:
+        def __init__(self, path, mode="r"):
+            made.append((path, mode))
+
+    monkeypatch.setattr(gguf, "GGUFReader", Reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda arch, blocks: object())
+    originals = (gguf.GGUFReader, gguf.get_tensor_name_map)
+    with named._gguf_parsed_once():
+        first, again, other = gguf.GGUFReader("a.gguf"), gguf.GGUFReader("a.gguf"), gguf.GGUFReader("b.gguf")
+        assert first is again and first is not other and made == [("a.gguf", "r"), ("b.gguf", "r")]
+        assert gguf.get_tensor_name_map(1, 30) is gguf.get_tensor_name_map(1, 30)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == originals
+    with pytest.raises(RuntimeError), named._gguf_parsed_once():
+        raise RuntimeError("a conversion that fails")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == originals
