@@ -16,7 +16,7 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, NamedTuple
 
 MANIFEST = "sinklib-manifest.json"
 FORMAT = "sinklib-manifest 1"
@@ -88,24 +88,38 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     return manifest
 
 
-def folder_problems(folder: Path, manifest: dict[str, Any], skip: Collection[str] = ()) -> list[str]:
-    """What in `folder` disagrees with `manifest`, one line per file (empty: every file is as written): a file
-    missing, a file the manifest does not list (but those named in `skip`), a size or a SHA-256 that differs. Sizes
-    are compared first, so a truncated file costs no hashing."""
+class FileProblem(NamedTuple):
+    """What is wrong with one file of a checked folder: its name and what differs (printed "file: what")."""
+
+    file: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.what}"
+
+
+def folder_problems(folder: Path, manifest: dict[str, Any], skip: Collection[str] = (),
+                    writer: str = "the conversion") -> list[FileProblem]:
+    """What in `folder` disagrees with `manifest`, one FileProblem per file (empty: every file is as `writer` wrote
+    it): a file missing or unreadable, a file the manifest does not list (but those named in `skip`), a size or a
+    SHA-256 that differs. Sizes are compared first, so a truncated file costs no hashing."""
     folder = Path(folder)
     files: dict[str, dict[str, Any]] = manifest["files"]
     present = {entry.name for entry in folder.iterdir() if entry.name != MANIFEST and entry.name not in skip}
-    problems = [f"{name}: not written by the conversion (the manifest does not list it)"
+    problems = [FileProblem(name, f"not written by {writer} (the manifest does not list it)")
                 for name in sorted(present - files.keys())]
     for name, recorded in sorted(files.items()):
         path = folder / name
-        if name not in present or not path.is_file():
-            problems.append(f"{name}: missing")
-        elif path.stat().st_size != recorded["size"]:
-            problems.append(f"{name}: {path.stat().st_size} bytes where the manifest records {recorded['size']}")
-        elif sha256_of(path) != recorded["sha256"]:
-            problems.append(f"{name}: SHA-256 {sha256_of(path)[:16]}… where the manifest records {recorded['sha256'][:16]}… "
-                            "(damaged or edited)")
+        try:
+            if name not in present or not path.is_file():
+                problems.append(FileProblem(name, "missing" if name not in present else "not a file"))
+            elif path.stat().st_size != recorded["size"]:
+                problems.append(FileProblem(name, f"{path.stat().st_size} bytes where the manifest records {recorded['size']}"))
+            elif sha256_of(path) != recorded["sha256"]:
+                problems.append(FileProblem(name, f"SHA-256 {sha256_of(path)[:16]}… where the manifest records "
+                                                  f"{str(recorded['sha256'])[:16]}… (damaged or edited)"))
+        except OSError as error:  # a file that cannot be read is one this folder cannot vouch for
+            problems.append(FileProblem(name, f"unreadable ({error.strerror or error})"))
     return problems
 
 
@@ -130,22 +144,32 @@ def write_shipped_manifest(folder: Path, name: str) -> dict[str, Any]:
     return write_manifest(folder, {"model": name}, skip=SHIPPED_DOCUMENTS)
 
 
-def check_shipped(folder: Path, name: str, remake: str) -> None:
+def check_shipped(folder: Path, name: str, remake: str, param: str = "name_or_model") -> None:
     """Refuse a shipped model's folder unless every file that makes the model is as its training wrote it (damaged,
-    edited, cut, swapped for another model's, missing, or a file no training wrote): FolderCheckError naming the
-    folder, each file and the fix (`remake`: the command that trains the files again), before anything is loaded."""
+    edited, cut, swapped for another model's, missing, unreadable, or a file no training wrote): FolderCheckError
+    naming the parameter `param` that named the model, the folder, each file and the fix (`remake`: the command that
+    trains the files again), before anything is loaded. The manifest guards against accidents (a bad copy, an
+    edit, a partial checkout), not against someone who rewrites it to match their files."""
     folder = Path(folder)
     try:
         manifest = read_manifest(folder)
-        problems = [f"{MANIFEST}: missing"] if manifest is None else folder_problems(folder, manifest, SHIPPED_DOCUMENTS)
-        if manifest is not None and manifest.get("model") != name:
-            problems.insert(0, f"{MANIFEST}: written for {manifest.get('model')!r}, not {name!r} (another model's files?)")
-    except ValueError as error:
-        problems = [str(error)]
+        if manifest is None:
+            problems = [FileProblem(MANIFEST, "missing")]
+        else:
+            problems = folder_problems(folder, manifest, SHIPPED_DOCUMENTS, writer="its training")
+            if manifest.get("model") != name:
+                problems.insert(0, FileProblem(MANIFEST, f"written for {manifest.get('model')!r}, not {name!r} "
+                                                         "(another model's files?)"))
+    except ValueError as error:  # read_manifest: unreadable or not a manifest
+        problems = [FileProblem(MANIFEST, str(error).removeprefix(f"{MANIFEST}: "))]
+    except OSError as error:  # the folder itself cannot be listed
+        problems = [FileProblem(".", f"the folder cannot be read ({error.strerror or error})")]
     if problems:
-        listed = "\n  ".join(problems)
+        listed = "\n  ".join(map(str, problems))
+        extra = [problem.file for problem in problems if problem.what.startswith("not written by")]
+        remove = f", then remove the files it does not list ({', '.join(extra)})" if extra else ""
         raise FolderCheckError(
-            f"name_or_model={name!r}: the shipped model folder {str(folder)!r} fails its check against its manifest:\n"
+            f"{param}={name!r}: the shipped model folder {str(folder)!r} fails its check against its manifest:\n"
             f"  {listed}\nNothing was loaded. Restore the shipped files (in a checkout: git checkout -- "
-            f"{shlex.quote(str(folder))}; installed: reinstall sinklib), or train them again: {remake}", folder,
-            [problem.split(":", 1)[0] for problem in problems])
+            f"{shlex.quote(str(folder))}{remove}; installed: reinstall sinklib), or train them again: {remake}", folder,
+            [problem.file for problem in problems])

@@ -167,9 +167,23 @@ def model_source(name_or_model: str | os.PathLike | nn.Module) -> str:
     name = str(name_or_model)
     if name in named.named_names():
         return "named"
-    if "/" not in name and os.sep not in name and (ZOO_DIR / name).is_dir():
+    if _is_zoo_name(name):
         return "zoo"
     return "folder" if Path(name).expanduser().exists() else "hub"
+
+
+def _is_zoo_name(name: str) -> bool:
+    """A plain folder name of data/models/ ("tiny-arm"; never "", "..", a hidden name or a path)."""
+    return bool(name) and not name.startswith(".") and "/" not in name and os.sep not in name and (ZOO_DIR / name).is_dir()
+
+
+def _check_if_shipped(folder: Path) -> None:
+    """A folder of data/models/ reached by its path ("data/models/tiny-arm", an absolute path, a symlink) is a shipped
+    model all the same: checked against its manifest as loading it by name is."""
+    resolved = folder.resolve()
+    if resolved.is_dir() and resolved.parent == ZOO_DIR.resolve() and not resolved.name.startswith("."):
+        verb = "adapt" if resolved.name in named.ADAPTED_MODELS else "train"
+        check_shipped(resolved, resolved.name, f"python -m sinklib.zoo {verb} {resolved.name}")
 
 
 def is_default_model(name: str) -> bool:
@@ -193,7 +207,8 @@ def resolve_name(name: str) -> str:
     """A zoo name, a local folder or a hub id → what transformers should open, settled offline where it can be:
     a mistyped zoo name, a missing folder or a folder without config.json is refused at once (with "did you
     mean"), never after a minute of hub retries; a shipped model (a zoo model, a twin's adapter) whose files differ
-    from its manifest is refused naming each file (cache_manifest.check_shipped)."""
+    from its manifest is refused naming each file (cache_manifest.check_shipped), whether named or reached by its
+    path."""
     source = model_source(name)
     if source == "named":
         return _resolve_named(name)
@@ -202,6 +217,7 @@ def resolve_name(name: str) -> str:
         return str(ZOO_DIR / name)
     path = Path(name).expanduser()
     if source == "folder":
+        _check_if_shipped(path)
         if not path.is_dir():
             raise bad_value("name_or_model", name, "a model folder (this is a file), a zoo name or a hub id")
         if not (path / "config.json").is_file():

@@ -17,10 +17,12 @@ import contextlib
 import functools
 import importlib.metadata
 import importlib.util
+import json
 import os
 import shlex
 import shutil
 import tempfile
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +33,8 @@ import transformers
 from tqdm.auto import tqdm
 
 from sinklib._version import __version__
-from sinklib.cache_manifest import (MANIFEST, FolderCheckError, check_shipped, folder_problems, read_manifest, sha256_of,
-                                    write_manifest)
+from sinklib.cache_manifest import (MANIFEST, FileProblem, FolderCheckError, check_shipped, folder_problems, read_manifest,
+                                    sha256_of, write_manifest)
 from sinklib.compat import make_bidirectional, transformers_major
 from sinklib.paths import ZOO_DIR
 
@@ -123,14 +125,16 @@ def quiet_peft():
         yield
 
 
-def check_adapter(spec: AdaptedModel) -> Path:
-    """The adapter's folder, refused unless it holds the adapter its training wrote (cache_manifest.check_shipped):
-    sinklib.load checks it before the base loads, apply_adapter again before peft reads it."""
+def check_adapter(spec: AdaptedModel, param: str = "name_or_model") -> Path:
+    """The adapter's folder, refused unless it holds the adapter its training wrote (cache_manifest.check_shipped),
+    the error naming `param`, the parameter that named the twin: sinklib.load checks it before the base loads,
+    apply_adapter again before peft reads it (a second check in one process costs a stat per file: sha256_of keeps
+    each digest while the file is unchanged)."""
     folder = adapter_folder(spec.name)
     if not (folder / "adapter_model.safetensors").is_file():
-        raise FileNotFoundError(f"name_or_model={spec.name!r}: {folder} holds no adapter_model.safetensors; retrain it "
+        raise FileNotFoundError(f"{param}={spec.name!r}: {folder} holds no adapter_model.safetensors; retrain it "
                                 f"with python -m sinklib.zoo adapt {spec.name}")
-    check_shipped(folder, spec.name, f"python -m sinklib.zoo adapt {spec.name}")
+    check_shipped(folder, spec.name, f"python -m sinklib.zoo adapt {spec.name}", param)
     return folder
 
 
@@ -234,14 +238,14 @@ def _manifest_header(spec: NamedModel, source: Path) -> dict[str, Any]:
                        "size": gguf.stat().st_size, "sha256": sha256_of(gguf)}}
 
 
-def _refusal(spec: NamedModel, target: Path, problems: list[str], why: str = "fails its check against its manifest"):
+def _refusal(spec: NamedModel, target: Path, problems: list[FileProblem], why: str = "fails its check against its manifest"):
     """The error for a cached folder that cannot be trusted: the folder, each offending file, and the command that
     converts it afresh (the folder is never deleted for the user)."""
-    listed = "\n  ".join(problems)
+    listed = "\n  ".join(map(str, problems))
     return CacheCheckError(
         f"name_or_model={spec.name!r}: the cached conversion {str(target)!r} {why}:\n  {listed}\nNothing was loaded "
         f"and nothing deleted. Delete that folder and load again to convert it afresh from {spec.gguf_file} (about half a "
-        f"minute): rm -r {shlex.quote(str(target))}", target, [problem.split(":", 1)[0] for problem in problems])
+        f"minute): rm -r {shlex.quote(str(target))}", target, [problem.file for problem in problems])
 
 
 def _check_conversion(spec: NamedModel, target: Path) -> None:
@@ -251,15 +255,16 @@ def _check_conversion(spec: NamedModel, target: Path) -> None:
     try:
         manifest = read_manifest(target)
     except ValueError as error:
-        raise _refusal(spec, target, [str(error)]) from error
+        raise _refusal(spec, target, [FileProblem(MANIFEST, str(error).removeprefix(f"{MANIFEST}: "))]) from error
     if manifest is None:  # removed since resolve_named saw it
-        raise _refusal(spec, target, [f"{MANIFEST}: missing"])
+        raise _refusal(spec, target, [FileProblem(MANIFEST, "missing")])
     expected = _manifest_header(spec, package_folder(spec))
-    problems = [f"{MANIFEST}: {key} {manifest.get(key)!r} where this sinklib's is {expected[key]!r}"
+    problems = [FileProblem(MANIFEST, f"{key} {manifest.get(key)!r} where this sinklib's is {expected[key]!r}")
                 for key in ("model", "converter") if manifest.get(key) != expected[key]]
     recorded = manifest.get("source") if isinstance(manifest.get("source"), dict) else {}
-    problems += [f"{MANIFEST}: converted from a GGUF with {key} {recorded.get(key)!r}, but the installed {spec.gguf_file} has "
-                 f"{expected['source'][key]!r} (the package was reinstalled at another version?)"
+    problems += [FileProblem(MANIFEST, f"converted from a GGUF with {key} {recorded.get(key)!r}, but the installed "
+                                       f"{spec.gguf_file} has {expected['source'][key]!r} (the package was reinstalled "
+                                       "at another version?)")
                  for key in ("file", "size", "sha256") if recorded.get(key) != expected["source"][key]]
     problems = problems or folder_problems(target, manifest)
     if problems:
@@ -269,18 +274,35 @@ def _check_conversion(spec: NamedModel, target: Path) -> None:
 def _adopt_unchecked(spec: NamedModel, target: Path, progress: bool) -> None:
     """A folder without a manifest (converted before manifests existed, or put there by hand) is trusted only when
     it equals a fresh conversion: the GGUF is converted again into a temporary sibling (removed afterwards), and the
-    folder gets that conversion's manifest when every file matches it — checked once, never again — or is refused
-    naming the files that differ. Nothing in the folder is replaced or deleted."""
+    folder gets a manifest of its own files when each matches the fresh one — byte for byte, or a JSON file that
+    differs only in the `transformers_version` its writer stamped (a conversion made under another transformers
+    minor: the same model) — checked once, never again; otherwise it is refused naming the files that differ.
+    Nothing in the folder is replaced or deleted."""
     source = package_folder(spec)
     with tempfile.TemporaryDirectory(prefix=f".{spec.name}-check-", dir=target.parent) as scratch:
         fresh = Path(scratch) / target.name
         convert(spec, source, fresh, progress, desc=f"checking {spec.name}'s cache against a fresh conversion (once)")
-        problems = folder_problems(target, read_manifest(fresh))
+        manifest = read_manifest(fresh)
+        problems = [problem for problem in folder_problems(target, manifest)
+                    if not _same_but_writer_version(target / problem.file, fresh / problem.file)]
         if problems:
             raise _refusal(spec, target, problems, "has no manifest and differs from a fresh conversion of the package's GGUF")
-        partial = target / (MANIFEST + ".partial")
-        shutil.copyfile(fresh / MANIFEST, partial)
-        os.replace(partial, target / MANIFEST)
+        write_manifest(target, {key: value for key, value in manifest.items() if key not in ("format", "files")})
+
+
+def _same_but_writer_version(ours: Path, fresh: Path) -> bool:
+    """Both files JSON objects, equal once the `transformers_version` save_pretrained writes into them is dropped."""
+    try:
+        a, b = (json.loads(path.read_text()) for path in (ours, fresh))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return False
+    return {k: v for k, v in a.items() if k != "transformers_version"} == \
+        {k: v for k, v in b.items() if k != "transformers_version"}
+
+
+_GGUF_PATCHED = threading.RLock()  # gguf's functions are patched process-wide: one conversion at a time
 
 
 @contextlib.contextmanager
@@ -288,10 +310,11 @@ def _gguf_parsed_once():
     """While converting: one parse of a GGUF file and one tensor-name map. transformers parses the file three times
     (for the tokenizer, the config and the weights: 8 s each, most of it the 49k-entry vocabulary) and builds gguf's
     tensor-name map once per tensor (397 times); both are pure functions of their arguments, which transformers
-    imports from gguf at each call, so the conversion's files are the same bytes in a third of the time."""
+    imports from gguf at each call, so the conversion's files are the same bytes in a third of the time. The patch
+    is the process's: a second conversion in another thread waits for the first (_GGUF_PATCHED), so neither puts
+    back the other's patch as gguf's own functions."""
     import gguf  # noqa: PLC0415  (the conversion's dependency, checked by convert)
 
-    parse, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     parsed: dict[tuple, Any] = {}
 
     def parsed_once(path, *args, **kwargs):
@@ -300,11 +323,13 @@ def _gguf_parsed_once():
             parsed[key] = parse(path, *args, **kwargs)
         return parsed[key]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = parsed_once, functools.lru_cache(maxsize=None)(name_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = parse, name_map
+    with _GGUF_PATCHED:
+        parse, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        gguf.GGUFReader, gguf.get_tensor_name_map = parsed_once, functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = parse, name_map
 
 
 def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True, desc: str | None = None) -> None:

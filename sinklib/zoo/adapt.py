@@ -44,10 +44,10 @@ import torch
 from tqdm.auto import tqdm
 
 from sinklib import compat
-from sinklib.cache_manifest import check_shipped, fingerprint, weights_fingerprint, write_shipped_manifest
+from sinklib.cache_manifest import fingerprint, weights_fingerprint, write_shipped_manifest
 from sinklib.validation import (Count, Flag, Index, Positive, Text, bad_value, check_choice, check_int,
                                 validated)
-from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, quiet_peft
+from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, check_adapter, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.evaluation.tasks import plain
 from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl
@@ -323,11 +323,9 @@ def _load_shipped_adapter(model, name: str) -> None:
     import peft  # noqa: PLC0415  (optional heavy dependency)
     from safetensors.torch import load_file  # noqa: PLC0415  (only a recipe that starts from a twin reads one)
 
-    source = ZOO_DIR / name / "adapter_model.safetensors"
-    if not source.is_file():
-        raise FileNotFoundError(f"init_from={name!r}: {source} does not exist; train and export {name} first "
-                                f"(python -m sinklib.zoo adapt {name})")
-    check_shipped(source.parent, name, f"python -m sinklib.zoo adapt {name}")  # as its training wrote it
+    # as its training wrote it (its manifest), before peft reads it: the same check sinklib.load makes
+    spec = ADAPTED_MODELS[check_choice(name, "init_from", sorted(ADAPTED_MODELS))]
+    source = check_adapter(spec, param="init_from") / "adapter_model.safetensors"
     result = peft.set_peft_model_state_dict(model, load_file(str(source)))
     if result.unexpected_keys:
         raise ValueError(f"init_from={name!r}: its adapter has keys this recipe's has not: {result.unexpected_keys[:3]}")

@@ -24,7 +24,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from sinklib import compat
-from sinklib.cache_manifest import sha256_of, write_shipped_manifest
+from sinklib.cache_manifest import check_shipped, sha256_of, write_shipped_manifest
 from sinklib.validation import Count, checked
 from sinklib.zoo.data import Problem, held_out, problems
 from sinklib.zoo.tokenizer import build_tokenizer, save_tokenizer
@@ -189,6 +189,8 @@ def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaFo
         if not (source / "model.safetensors").exists():
             raise FileNotFoundError(f"{spec.name} starts from {spec.init_from}'s weights: train {spec.init_from} first "
                                     f"(python -m sinklib.zoo train {spec.init_from})")
+        # the donor as its training wrote it (its manifest), as sinklib.load reads a zoo model
+        check_shipped(source, spec.init_from, f"python -m sinklib.zoo train {spec.init_from}", "init_from")
         donor = transformers.LlamaForCausalLM.from_pretrained(source)
         model.load_state_dict(donor.state_dict())
     compat.make_bidirectional(model)

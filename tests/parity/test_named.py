@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -253,6 +254,33 @@ def test_a_cache_from_before_manifests_is_checked_once_against_a_fresh_conversio
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]
 
 
+@pytest.mark.slow  # the `converted` fixture: one real conversion, about 25 s
+def test_a_cache_from_before_manifests_written_under_another_transformers_minor_is_adopted(converted, tmp_path, monkeypatch):
+    """The issue's false alarm: a folder converted before manifests under another transformers 5.x differs from a
+    fresh conversion only in the version save_pretrained stamps into config.json and generation_config.json; it is
+    the same model, adopted with a manifest of its own files. A changed value beside it is still refused."""
+    folder = copied_cache(converted, tmp_path, monkeypatch, manifest=False)
+    for name in ("config.json", "generation_config.json"):
+        _edit_json(folder / name, transformers_version="5.0.0.dev0")
+    calls = []
+    monkeypatch.setattr(named, "convert", pretend_to_convert(converted, calls))
+    assert named.resolve_named(NAME, progress=False) == str(folder) and len(calls) == 1
+    manifest = json.loads((folder / cache_manifest.MANIFEST).read_text())
+    assert manifest["files"]["config.json"]["sha256"] == cache_manifest.sha256_of(folder / "config.json")
+    assert named.resolve_named(NAME, progress=False) == str(folder) and len(calls) == 1, "checked once, then by its manifest"
+
+    other = copied_cache(converted, tmp_path / "other", monkeypatch, manifest=False)
+    _edit_json(other / "config.json", transformers_version="5.0.0.dev0", rms_norm_eps=1e-6)
+    error = refusal(other)
+    assert error.files == ["config.json"] and "has no manifest and differs from a fresh conversion" in str(error)
+
+
+def _edit_json(path, **changes):
+    settings = json.loads(path.read_text())
+    settings.update(changes)
+    path.write_text(json.dumps(settings, indent=2, sort_keys=True))
+
+
 def _drop_tokenizer(folder):
     (folder / "tokenizer.json").unlink()
 
@@ -324,3 +352,38 @@ def test_a_conversion_parses_each_gguf_once_and_puts_gguf_back(monkeypatch):
     with pytest.raises(RuntimeError), named._gguf_parsed_once():
         raise RuntimeError("a conversion that fails")
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == originals
+
+
+def test_two_conversions_in_two_threads_leave_gguf_as_it_was(monkeypatch):
+    """The patch is process-wide: a second thread's conversion waits for the first, so neither records the other's
+    patched functions as gguf's own (without the lock, the thread that entered second put a patch back)."""
+    import threading
+
+    import gguf
+
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path, mode="r": object())
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda arch, blocks: object())
+    originals = (gguf.GGUFReader, gguf.get_tensor_name_map)
+    first_inside, second_tried, first_done = threading.Event(), threading.Event(), threading.Event()
+    seen_by_second = []
+
+    def first():
+        with named._gguf_parsed_once():
+            first_inside.set()
+            second_tried.wait(timeout=5)
+            time.sleep(0.2)  # the second thread is now at its `with`: blocked on the lock (or, unlocked, inside)
+        first_done.set()
+
+    def second():
+        first_inside.wait(timeout=5)
+        second_tried.set()
+        with named._gguf_parsed_once():
+            first_done.wait(timeout=2)  # unlocked, the first would now put back gguf's functions under this one
+            seen_by_second.append(gguf.GGUFReader("a.gguf") is gguf.GGUFReader("a.gguf"))
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert seen_by_second == [True] and (gguf.GGUFReader, gguf.get_tensor_name_map) == originals

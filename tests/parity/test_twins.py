@@ -122,7 +122,7 @@ def test_a_twin_started_from_another_starts_from_its_shipped_adapter():
         a = adapt._hidden(started, batch.ids, causal)[batch.attention_mask.bool()]
         b = adapt._hidden(source, batch.ids, batch.attention_mask)[batch.attention_mask.bool()]
     assert torch.equal(a, b)
-    with pytest.raises(FileNotFoundError, match="init_from='nope'"):
+    with pytest.raises(ValueError, match="init_from='nope' is not allowed"):
         adapt._load_shipped_adapter(started, "nope")
 
 

@@ -96,3 +96,29 @@ def test_no_import_circle_between_sinklib_modules():
         if module not in state:
             visit(module, [module])
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+@pytest.mark.process  # importing every module: the sandbox's finds libc with ldconfig
+def test_every_checked_signature_resolves():
+    """validation.checked reads a function's annotations at its first call (an annotation may name a slow import),
+    so a misspelt or unimportable annotation would surface only when a user first calls it: resolve them all here."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    resolved = 0
+    for module_info in pkgutil.walk_packages([str(PACKAGE)], prefix="sinklib."):
+        if module_info.name.endswith("__main__"):
+            continue
+        try:
+            module = importlib.import_module(module_info.name)
+        except ModuleNotFoundError as error:  # an optional extra this environment lacks (not a sinklib module)
+            assert not (error.name or "").startswith("sinklib"), error
+            continue
+        for _, member in inspect.getmembers(module):
+            for function in [member, *vars(member).values()] if inspect.isclass(member) else [member]:
+                rules = getattr(inspect.unwrap(function, stop=lambda f: hasattr(f, "declared_rules")), "declared_rules", None)
+                if callable(rules):
+                    rules()  # NameError / TypeError here names the annotation that cannot resolve
+                    resolved += 1
+    assert resolved >= 20, resolved

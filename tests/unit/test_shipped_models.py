@@ -119,7 +119,64 @@ def test_a_twin_started_from_a_damaged_shipped_adapter_is_refused_before_it_is_r
 
     shutil.copytree(ZOO_DIR / AUTOREGRESSIVE, tmp_path / AUTOREGRESSIVE)
     _edit_json(tmp_path / AUTOREGRESSIVE / "adapter_config.json", lora_alpha=128)
-    monkeypatch.setattr(adapt, "ZOO_DIR", tmp_path)
+    monkeypatch.setattr(named, "ZOO_DIR", tmp_path)
     with pytest.raises(FolderCheckError, match="adapter_config.json: ") as caught:
         adapt._load_shipped_adapter(None, AUTOREGRESSIVE)  # refused before the model is touched
     assert f"python -m sinklib.zoo adapt {AUTOREGRESSIVE}" in str(caught.value)
+    assert f"init_from={AUTOREGRESSIVE!r}" in str(caught.value)  # the parameter that named it
+
+
+@pytest.fixture
+def zoo_copy(tmp_path, monkeypatch):
+    """A copy of tiny-llada's shipped folder in a data/models/ that sinklib.load reads instead of the real one."""
+    shutil.copytree(ZOO_DIR / "tiny-llada", tmp_path / "tiny-llada")
+    monkeypatch.setattr(loading, "ZOO_DIR", tmp_path)
+    return tmp_path / "tiny-llada"
+
+
+@pytest.mark.parametrize("spelling", ["absolute", "relative", "trailing slash", "symlink"])
+def test_a_shipped_folder_reached_by_its_path_is_checked_as_by_its_name(zoo_copy, spelling, monkeypatch, tmp_path):
+    _edit_json(zoo_copy / "config.json", num_hidden_layers=1)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "link").symlink_to(zoo_copy)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    path = {"absolute": str(zoo_copy), "relative": "../tiny-llada", "trailing slash": str(zoo_copy) + "/",
+            "symlink": "link"}[spelling]
+    with pytest.raises(FolderCheckError) as caught:
+        sinklib.load(path)
+    assert caught.value.files == ["config.json"] and "python -m sinklib.zoo train tiny-llada" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", ""])
+def test_a_name_that_is_not_a_zoo_folder_is_never_taken_for_one(zoo_copy, name):
+    (zoo_copy.parent / ".hidden").mkdir()
+    assert loading.model_source("tiny-llada") == "zoo"
+    assert loading.model_source(name) != "zoo"
+    with pytest.raises((ValueError, OSError)) as caught:
+        sinklib.load(name)
+    assert "git checkout" not in str(caught.value)  # never advised to "restore" a folder that is not a model
+
+
+def test_an_extra_file_and_a_folder_in_place_of_a_file_are_named_with_the_fix(zoo_copy):
+    (zoo_copy / "notes: mine.txt").write_text("a file a user put there\n")
+    (zoo_copy / "generation_config.json").unlink()
+    (zoo_copy / "generation_config.json").mkdir()
+    with pytest.raises(FolderCheckError) as caught:
+        sinklib.load("tiny-llada")
+    assert caught.value.files == ["notes: mine.txt", "generation_config.json"]
+    message = str(caught.value)
+    assert "notes: mine.txt: not written by its training" in message and "generation_config.json: not a file" in message
+    assert "then remove the files it does not list (notes: mine.txt)" in message
+
+
+def test_a_zoo_model_trained_from_a_damaged_donor_is_refused_before_it_is_read(zoo_copy, monkeypatch):
+    """tiny-dream starts from tiny-arm's weights (ZooSpec.init_from): the donor is read only as its training wrote it."""
+    from sinklib.zoo import train
+
+    shutil.copytree(ZOO_DIR / "tiny-arm", zoo_copy.parent / "tiny-arm")
+    _flip_a_byte(zoo_copy.parent / "tiny-arm" / "model.safetensors")
+    monkeypatch.setattr(train.transformers.LlamaForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the donor was read"))
+    with pytest.raises(FolderCheckError, match="(?s)init_from=.tiny-arm.: .*model.safetensors: SHA-256") as caught:
+        train.build_model(train.ZOO["tiny-dream"], train.build_tokenizer(), zoo_copy.parent)
+    assert "python -m sinklib.zoo train tiny-arm" in str(caught.value)
