@@ -1,13 +1,15 @@
 """Do another CPU's kernels decide a generation differently, and does the near-tie margin name every such decision?
 
-    python benchmarks/cpu_rounding_bound.py [--models tiny-llada tiny-dream ...] [--n 100]
+    python benchmarks/cpu_rounding_bound.py [--models tiny-llada tiny-dream ...] [--n 100] [--mask-top K]
 
 Runs the same greedy generations twice in one run, side by side: with this CPU's kernels and in a child process
 with ATEN_CPU_CAPABILITY=default (torch's portable kernels: another CPU's float32 arithmetic on this one). Prints,
 per model, the largest difference of the first forward's logits (relative to 1 + |logit|), how many generations
 parted from each other, whether each parting step was marked a near-tie (margin in (0, NEAR_TIE]) in both runs,
 and how many generations carry a near-tie at all (what notebook 04 counts). ties.NEAR_TIE must stay above
-every measured parting margin; sinklib/agreement.py quotes this script's numbers.
+every measured parting margin; sinklib/agreement.py quotes this script's numbers. --mask-top K generates under
+Table 1's top-K sink masking (evaluation.table1.paper_masking), whose answers --check bounds as well: the report's
+`against` cell then names the condition.
 """
 from __future__ import annotations
 
@@ -22,22 +24,24 @@ import torch
 import sinklib
 from sinklib.ties import NEAR_TIE, is_near_tie
 from sinklib.ties import LANE_SHARE, LOGIT_ROUNDING
+from sinklib.evaluation.table1 import paper_masking
 from sinklib.evaluation.tasks import get_task
 
 DEFAULT_MODELS = ("tiny-arm", "tiny-llada", "tiny-dream")
 
 
-def _generations(name: str, n: int) -> dict:
-    """n held-out arithmetic problems, greedy, in batches of 25: every step's canvas and margin, and the first
-    forward's logits of the first batch."""
+def _generations(name: str, n: int, mask_top: int) -> dict:
+    """n held-out arithmetic problems, greedy, in batches of 25 (with the top-`mask_top` sinks masked when it is
+    not 0): every step's canvas and margin, and the first forward's logits of the first batch."""
     torch.set_num_threads(1)
     loaded = sinklib.load(name)
+    intervention = paper_masking(loaded.family, mask_top) if mask_top else None
     task = get_task("arithmetic-english" if name.startswith("smollm2") else "arithmetic")
     prompts = [sample.prompt for sample in task.samples()[:n]]
     rows, first_logits = [], None
     for start in range(0, n, 25):
         traces = sinklib.generate(loaded, prompts[start:start + 25], loaded.settings_for(), keep_scores=False,
-                                  progress=False, chat=task.chat)
+                                  progress=False, chat=task.chat, intervention=intervention)
         for trace in traces:
             rows.append({"canvases": trace.tokens.tolist(),
                          "margins": trace.margins.tolist() if trace.margins is not None else None})
@@ -47,16 +51,17 @@ def _generations(name: str, n: int) -> dict:
     return {"rows": rows, "logits": first_logits}
 
 
-def _run(name: str, n: int, capability: str | None) -> dict:
+def _run(name: str, n: int, capability: str | None, mask_top: int) -> dict:
     env = dict(os.environ, **({"ATEN_CPU_CAPABILITY": capability} if capability else {}))
-    out = subprocess.run([sys.executable, __file__, "--child", name, "--n", str(n)], env=env, check=True,
-                         capture_output=True, text=True)
+    command = [sys.executable, __file__, "--child", name, "--n", str(n), "--mask-top", str(mask_top)]
+    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def compare(name: str, n: int, capability: str) -> str:
-    """One line of the report: one model, this CPU's kernels against `capability`'s."""
-    native, portable = _run(name, n, None), _run(name, n, capability)
+def compare(name: str, n: int, capability: str, mask_top: int = 0) -> str:
+    """One line of the report: one model, this CPU's kernels against `capability`'s (under top-`mask_top` sink
+    masking when it is not 0)."""
+    native, portable = _run(name, n, None, mask_top), _run(name, n, capability, mask_top)
     logit_a, logit_b = torch.tensor(native["logits"]), torch.tensor(portable["logits"])
     logit_bound = float(((logit_a - logit_b).abs() / (1 + logit_a.abs())).max())
     parted, named, answers = 0, 0, 0
@@ -71,7 +76,8 @@ def compare(name: str, n: int, capability: str) -> str:
         named += all(is_near_tie(m) for m in margins)
         worst = max([worst] + [m for m in margins if m is not None])
     flagged = sum(any(is_near_tie(m) for m in (row["margins"] or [])) for row in native["rows"])
-    return (f"| {name} | {capability} | {n} | {logit_bound:.2g} | {parted} | {answers} | {named} of {parted} | {worst:.2g} | "
+    against = f"{capability} (top-{mask_top} sinks masked)" if mask_top else capability
+    return (f"| {name} | {against} | {n} | {logit_bound:.2g} | {parted} | {answers} | {named} of {parted} | {worst:.2g} | "
             f"{flagged} ({flagged / n:.0%}) |")
 
 
@@ -81,10 +87,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100, help="held-out problems per model")
     parser.add_argument("--against", nargs="+", default=["default", "avx2"],
                         help="ATEN_CPU_CAPABILITY values to compare this CPU's kernels with")
+    parser.add_argument("--mask-top", type=int, default=0, help="generate with Table 1's top-K sinks masked")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(_generations(args.child, args.n)))
+        print(json.dumps(_generations(args.child, args.n, args.mask_top)))
         return
     print(f"NEAR_TIE = {NEAR_TIE:g}, LOGIT_ROUNDING = {LOGIT_ROUNDING:g}, LANE_SHARE = {LANE_SHARE:g}; this CPU's kernels: "
           f"{torch.backends.cpu.get_cpu_capability()}\n")
@@ -93,7 +100,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models:
         for capability in args.against:
-            print(compare(name, args.n, capability), flush=True)
+            print(compare(name, args.n, capability, args.mask_top), flush=True)
 
 
 if __name__ == "__main__":

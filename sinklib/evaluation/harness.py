@@ -18,6 +18,8 @@ import atexit
 import inspect
 import logging
 import os
+import types
+import typing
 from collections import defaultdict
 from typing import Any, Literal
 
@@ -58,6 +60,10 @@ def _named_policy(name: str, settings: dict[str, Any]):
             raise ValueError(f"model_args {POLICY_PREFIX}{key}= is not allowed: policy {name!r} takes "
                              f"{[POLICY_PREFIX + t for t in takes]}"
                              f"{did_you_mean(POLICY_PREFIX + key, [POLICY_PREFIX + t for t in takes])}")
+    hints = typing.get_type_hints(POLICIES.get(name))
+    # one value where the policy takes several ("policy.layers=3") is a list of one, as "policy.layers=3 5" is of two
+    settings = {key: [value] if _takes_several(hints.get(key)) and not isinstance(value, (list, tuple)) else value
+                for key, value in settings.items()}
     missing = [key for key, parameter in parameters.items()
                if parameter.default is parameter.empty and parameter.kind is parameter.POSITIONAL_OR_KEYWORD
                and key not in settings]
@@ -65,6 +71,12 @@ def _named_policy(name: str, settings: dict[str, Any]):
         raise ValueError(f"model_args {POLICY_PREFIX}{missing[0]}= is required by policy {name!r} "
                          f"(e.g. policy={name},{POLICY_PREFIX}{missing[0]}=1)")
     return make_policy(name, **settings)
+
+
+def _takes_several(hint: Any) -> bool:
+    """A type hint for a tuple or list of values (possibly None): tuple[int, ...], list[int] | None."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return any(typing.get_origin(option) in (tuple, list) or option in (tuple, list) for option in options)
 
 
 def _policy_arg(text: str) -> Any:
@@ -181,6 +193,9 @@ class SinklibLM(LM):
         allowed = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "policy_settings")]
         arg_dict = dict(arg_dict)
         settings = {key[len(POLICY_PREFIX):]: arg_dict.pop(key) for key in list(arg_dict) if key.startswith(POLICY_PREFIX)}
+        if settings and "policy_settings" in arg_dict:
+            raise bad_value("policy_settings", arg_dict["policy_settings"], f"left out when model_args give "
+                            f"{[POLICY_PREFIX + key for key in settings]} (one place for the policy's settings)")
         if settings:
             arg_dict["policy_settings"] = settings
         for key in arg_dict:

@@ -158,3 +158,20 @@ def test_a_block_length_for_a_family_without_blocks_is_refused_not_dropped():
 def test_the_docstrings_policy_example_builds_its_policy():
     model = SinklibLM.create_from_arg_string("pretrained=tiny-llada,policy=mask_keys,policy.positions=0 3")
     assert model.intervention.positions == (0, 3)
+
+
+@pytest.mark.parametrize("model_args, setting, expected", [
+    ("policy=mask_sinks,policy.top_k=1,policy.layers=3", "layers", (3,)),
+    ("policy=mask_keys,policy.positions=0 3,policy.layers=1", "layers", (1,)),
+    ("policy=mask_keys,policy.positions=5", "positions", (5,)),
+])
+def test_one_value_for_a_setting_that_takes_several_is_a_list_of_one(model_args, setting, expected):
+    """policy.layers=3 is the list [3], as policy.layers=3 5 is [3, 5] (it raised "'int' object is not iterable")."""
+    model = SinklibLM.create_from_arg_string(f"pretrained=tiny-llada,{model_args}")
+    assert getattr(model.intervention, setting) == expected
+
+
+def test_policy_settings_beside_policy_dot_settings_is_refused_not_overwritten():
+    with pytest.raises(ValueError, match=r"policy_settings='x' is not allowed: policy_settings must be left out when "
+                                         r"model_args give \['policy.top_k'\]"):
+        SinklibLM.create_from_arg_string("pretrained=tiny-llada,policy=mask_sinks,policy.top_k=1,policy_settings=x")

@@ -112,6 +112,33 @@ def test_a_divergence_that_is_no_near_tie_fails_the_check(tmp_path):
     assert not report.agrees and report.failing == ["generations", "moving_sink_events"]
 
 
+@pytest.mark.parametrize("scale, agrees", [(1 + 1e-4, True), (2.0, False), (1000.0, False)])
+def test_margins_scaled_by_hand_differ_where_rounding_only_moves_them(tmp_path, scale, agrees):
+    """A generations table whose margin column was multiplied (it decides which changes a near-tie excuses) differs;
+    the same margins a rounding apart agree."""
+    canvas = [[1, 9], [1, 2], [1, 3]]
+    margins = {("a", 0): [0.4, 0.02, 0.3]}
+    _write(tmp_path / "c", "generations", _generations({("a", 0): canvas}, margins))
+    _write(tmp_path / "r", "generations", _generations({("a", 0): canvas}, {("a", 0): [m * scale for m in margins[("a", 0)]]}))
+    row = agreement.compare_folders(tmp_path / "c", tmp_path / "r").rows[0]
+    assert (row.status != DIFFERS) is agrees, row
+    if not agrees:
+        assert "the margins of steps whose canvases agree differ" in row.detail
+
+
+@pytest.mark.parametrize("scale, agrees", [(1 + 1e-4, True), (1000.0, False)])
+def test_table1_margins_scaled_by_hand_differ(tmp_path, scale, agrees):
+    _table1(tmp_path, "c", True, 0.3)
+    _table1(tmp_path, "r", True, 0.3)
+    items = pd.read_parquet(tmp_path / "c" / "table1_masking_arithmetic_items.parquet")
+    _write(tmp_path / "c", "table1_masking_arithmetic_items", items.assign(margin=items["margin"] * scale))
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    assert report.agrees is agrees, report.to_text()
+    if not agrees:
+        assert report.failing == ["table1_masking_arithmetic_items"]
+        assert "closest margins of answers decided alike differ" in report.to_text()
+
+
 def test_a_file_missing_on_either_side_differs(tmp_path):
     _write(tmp_path / "c", "sink_dynamics", pd.DataFrame({"model": ["a"], "trace": [0], "move_rate": [0.1]}))
     (tmp_path / "r").mkdir()
