@@ -30,10 +30,11 @@ from sinklib.evaluation.tasks import get_task
 DEFAULT_MODELS = ("tiny-arm", "tiny-llada", "tiny-dream")
 
 
-def _generations(name: str, n: int, mask_top: int) -> dict:
+def _generations(name: str, n: int, mask_top: int, threads: int = 1) -> dict:
     """n held-out arithmetic problems, greedy, in batches of 25 (with the top-`mask_top` sinks masked when it is
-    not 0): every step's canvas and margin, and the first forward's logits of the first batch."""
-    torch.set_num_threads(1)
+    not 0) on `threads` torch threads: every step's canvas and margin, and the first forward's logits of the first
+    batch."""
+    torch.set_num_threads(threads)
     loaded = sinklib.load(name)
     intervention = paper_masking(loaded.family, mask_top) if mask_top else None
     task = get_task("arithmetic-english" if name.startswith("smollm2") else "arithmetic")
@@ -52,8 +53,12 @@ def _generations(name: str, n: int, mask_top: int) -> dict:
 
 
 def _run(name: str, n: int, capability: str | None, mask_top: int) -> dict:
-    env = dict(os.environ, **({"ATEN_CPU_CAPABILITY": capability} if capability else {}))
-    command = [sys.executable, __file__, "--child", name, "--n", str(n), "--mask-top", str(mask_top)]
+    """One child's generations: this CPU's kernels on one thread (capability None), another capability's kernels
+    ("default", "avx2"), or this CPU's kernels on more threads ("threads=2": reductions split otherwise)."""
+    threads = int(capability.split("=", 1)[1]) if capability and capability.startswith("threads=") else 1
+    kernels = capability if capability and not capability.startswith("threads=") else None
+    env = dict(os.environ, **({"ATEN_CPU_CAPABILITY": kernels} if kernels else {}))
+    command = [sys.executable, __file__, "--child", name, "--n", str(n), "--mask-top", str(mask_top), "--threads", str(threads)]
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -86,12 +91,14 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
     parser.add_argument("--n", type=int, default=100, help="held-out problems per model")
     parser.add_argument("--against", nargs="+", default=["default", "avx2"],
-                        help="ATEN_CPU_CAPABILITY values to compare this CPU's kernels with")
+                        help="ATEN_CPU_CAPABILITY values to compare this CPU's kernels with, or threads=N (this CPU's "
+                             "kernels on N threads)")
     parser.add_argument("--mask-top", type=int, default=0, help="generate with Table 1's top-K sinks masked")
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(_generations(args.child, args.n, args.mask_top)))
+        print(json.dumps(_generations(args.child, args.n, args.mask_top, args.threads)))
         return
     print(f"NEAR_TIE = {NEAR_TIE:g}, LOGIT_ROUNDING = {LOGIT_ROUNDING:g}, LANE_SHARE = {LANE_SHARE:g}; this CPU's kernels: "
           f"{torch.backends.cpu.get_cpu_capability()}\n")

@@ -161,17 +161,26 @@ def as_text(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True, ensure_ascii=True, default=str)
 
 
-def write_parquet(frame: pd.DataFrame, path: str | Path, record: dict[str, Any], layout: Any = None) -> Path:
-    """`frame` as parquet with the record's content part in its schema metadata (read it back with read_record)
-    and, when given, the table's comparison layout (a summary.Layout; read it back with read_layout)."""
+def write_parquet(frame: pd.DataFrame, path: str | Path, record: dict[str, Any], layout: Any = None,
+                  extra: dict[str, Any] | None = None) -> Path:
+    """`frame` as parquet with the record's content part in its schema metadata (read it back with read_record),
+    when given the table's comparison layout (a summary.Layout; read it back with read_layout) and `extra` entries
+    (name → a JSON value; read them back with read_metadata)."""
     table = pa.Table.from_pandas(frame)
-    metadata = {KEY.encode(): as_text(content_part(record)).encode()}
+    metadata = {KEY.encode(): as_text(content_part(record)).encode(),
+                **{name.encode(): as_text(value).encode() for name, value in (extra or {}).items()}}
     if layout is not None:
         metadata[LAYOUT_KEY.encode()] = as_text(dataclasses.asdict(layout)).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     path = Path(path)
     pq.write_table(table, path)
     return path
+
+
+def read_metadata(path: str | Path, name: str) -> Any:
+    """The JSON value write_parquet stored under `name` in a parquet file's metadata (None when it holds none)."""
+    raw = (pq.read_schema(Path(path)).metadata or {}).get(name.encode())
+    return None if raw is None else json.loads(raw)
 
 
 def read_layout(path: str | Path) -> dict[str, Any] | None:

@@ -342,7 +342,8 @@ def _checked(model, task: str, intervention, allow_code_execution: bool, out, ta
     require_code_execution_opt_in(spec, allow_code_execution, "evaluate")
     samples = spec.samples(task_path)
     if not spec.executes_code:  # HumanEval's scorer runs code in a sandbox: not tried on a made-up output
-        check_scorer(spec, samples[0])
+        for sample in samples:  # each sample: a scorer may read a field only some samples lack
+            check_scorer(spec, sample)
     if isinstance(model, (str, os.PathLike)):
         model = load(model)
     return model, spec, samples
@@ -358,9 +359,11 @@ def check_scorer(spec: Any, sample: Any) -> None:
         except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
             raise ValueError(f"task={spec.name!r} is not allowed: its scorer {_qualified(spec.scorer)} fails on the output "
                              f"{output!r} for sample {sample.id!r} ({type(error).__name__}: {error})") from None
-        if not isinstance(scored, dict) or not isinstance(scored.get("correct"), bool):
+        bools = ("correct", "correct_flexible") if isinstance(scored, dict) and "correct_flexible" in scored else ("correct",)
+        if not isinstance(scored, dict) or not all(isinstance(scored.get(key), bool) for key in bools):
             raise ValueError(f"task={spec.name!r} is not allowed: its scorer {_qualified(spec.scorer)} must return a dict "
-                             f"with a bool 'correct'; on the output {output!r} it returned {scored!r}")
+                             f"with a bool 'correct' (and, if it gives one, a bool 'correct_flexible'; bool(x) converts "
+                             f"numpy's); on the output {output!r} for sample {sample.id!r} it returned {scored!r}")
 
 
 def _open_results(out_path: Path | None, digest: str, config: dict, inputs: dict):
@@ -405,9 +408,22 @@ class _Run:
         for sample, trace in zip(batch, traces):
             if sample.id not in done:  # those finished before an interruption were regenerated only to keep the batch whole
                 yield {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,
-                       **self.spec.score(trace.text, sample, self.sandbox), "margin": smallest_margin(trace),
+                       **self._scored(trace.text, sample), "margin": smallest_margin(trace),
                        "seconds": round(seconds, 4), "forwards": trace.n_steps,
                        "tokens": trace.tokens.shape[1] - trace.prompt_len, "config_hash": self.digest}
+
+
+    def _scored(self, output: str, sample) -> dict:
+        """The task's fields for one generated output; a scorer that fails on it (it passed check_scorer's outputs)
+        is named with the sample and the output, not left as a bare error from inside it."""
+        if self.spec.executes_code:  # HumanEval's judge reports the program's faults itself
+            return self.spec.score(output, sample, self.sandbox)
+        try:
+            return self.spec.score(output, sample, self.sandbox)
+        except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
+            raise ValueError(f"task={self.spec.name!r}: its scorer {_qualified(self.spec.scorer)} failed on the generated "
+                             f"output {output!r} for sample {sample.id!r} ({type(error).__name__}: {error}); the "
+                             "records before it are kept and the run resumes from them") from error
 
 
 def _summary(task: str, records: list[dict], limit) -> EvalSummary:

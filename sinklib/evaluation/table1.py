@@ -21,8 +21,10 @@ from sinklib.evaluation.runner import config_hash, evaluate, run_config, sampler
 from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
 from sinklib.evaluation.checks import mass_dropped, noop_check
 from sinklib.interventions import AblateValues, EvictOldest, MaskRandomKeys, MaskSinks
-from sinklib.families.base import Family
-from sinklib.loading import LoadedModel, is_default_model, load
+from sinklib.families.base import Family, get_family
+from sinklib.loading import LoadedModel, infer_family_from_dict, is_default_model, load, model_source
+from sinklib.named import ADAPTED_MODELS
+from sinklib.paths import ZOO_DIR
 from sinklib.registry import Registry
 from sinklib.summary import EVALUATION, EVALUATION_ITEMS, Result, Summary, is_near_tie, label
 
@@ -388,6 +390,10 @@ def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic",
     if sampler is not None and len(models) > 1:
         raise bad_value("sampler", sampler, "settings for a table of one model (one family's settings); for several "
                         "models give steps / gen_length / block_length, which refit each model's own layout")
+    for model in models:  # every model whose family is known before loading: its conditions built before any run
+        family = _family_before_loading(model)
+        if family is not None:
+            table_conditions(family, ks, random_control, eps, source, seed, value_ablation, conditions)
     rows, items = [], []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)
@@ -444,6 +450,24 @@ class _Audit:
             scratch.write_text(json.dumps(checks, sort_keys=True) + "\n")
             scratch.replace(stored)
         return checks
+
+
+def _family_before_loading(model: LoadedModel | str | os.PathLike) -> Family | None:
+    """The family `model` loads as where it is known without loading it: a loaded model's, a twin's, or the one its
+    config.json declares (a zoo model's `sinklib_family`, a family's words in model_type / architectures); None where
+    only loading tells (its conditions are then built when its turn comes)."""
+    if isinstance(model, LoadedModel):
+        return model.family
+    name = str(model)
+    if name in ADAPTED_MODELS:
+        return get_family(ADAPTED_MODELS[name].family)
+    config = (ZOO_DIR / name if model_source(name) == "zoo" else Path(name).expanduser()) / "config.json"
+    try:
+        raw = json.loads(config.read_text())
+        declared = raw.get("sinklib_family") or infer_family_from_dict(raw)
+        return get_family(declared) if declared else None
+    except (OSError, ValueError, AttributeError):  # no readable config here: load() says what is wrong with it
+        return None
 
 
 def _checked_models(models) -> list:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
@@ -56,8 +56,16 @@ class Task:
     def samples(self, path: str | None = None) -> list[Sample]:
         """The task's samples (from `path` when given), refusing a file with no sample or an id twice (one
         question would go unscored and another count twice)."""
-        samples = self.load(path)
         where = f"task_path={path!r}" if path else f"task={self.name!r}"
+        loaded = self.load(path)
+        if not isinstance(loaded, Iterable) or isinstance(loaded, (str, bytes, Mapping)):
+            raise ValueError(f"{where} is not allowed: its loader {_name_of(self.load)} returned "
+                             f"{type(loaded).__name__} {loaded!r:.80}, not a list of Sample")
+        samples = list(loaded)  # a generator is read once, here
+        wrong = next((item for item in samples if not isinstance(item, Sample)), None)
+        if wrong is not None:
+            raise ValueError(f"{where} is not allowed: its loader {_name_of(self.load)} gave {type(wrong).__name__} "
+                             f"{wrong!r:.80}, not a Sample (sinklib.evaluation.tasks.Sample(id, prompt, target))")
         if not samples:
             raise ValueError(f"{where} is not allowed: it holds no sample")
         seen: dict[str, int] = {}
@@ -73,6 +81,10 @@ class Task:
         to the task's first stop string."""
         output = cut_at_stops(output, self.stops)
         return self.scorer(output, sample, sandbox) if self.executes_code else self.scorer(output, sample)
+
+
+def _name_of(function: Callable) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
 
 
 def score_final_number(output: str, sample: Sample) -> dict:

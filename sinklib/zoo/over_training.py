@@ -14,6 +14,8 @@ written after every checkpoint, and a rerun measures only the checkpoints withou
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -31,7 +33,7 @@ from sinklib.evaluation.tasks import trace_prompts
 from sinklib.generate import collect_traces
 from sinklib.loading import LoadedModel, load
 from sinklib.paths import DATA_DIR, ZOO_DIR
-from sinklib.provenance import describe, locked, record_artifacts, write_parquet
+from sinklib.provenance import describe, locked, read_metadata, record_artifacts, write_parquet
 from sinklib.summary import Result, Summary
 from sinklib.validation import Count, Index, NonNegative, checked, validated
 from sinklib.zoo.train import (ZOO, checked_checkpoint, checkpoint_folder, checkpoint_steps, recipe, saved_checkpoints,
@@ -188,15 +190,41 @@ def _training_point(path: Path, name: str, checkpoint: str) -> dict[str, Any]:
 
 
 def read_rows(results: Path = RESULTS_PATH) -> pd.DataFrame:
-    """The measured rows (empty, with the columns, when the file does not exist yet); a file with other columns
-    is refused (it is not this module's, and would be rewritten)."""
+    """The measured rows (empty, with the columns, when the file does not exist yet). A file with other columns is
+    refused (it is not this module's, and would be rewritten), and so is one whose rows are not those their
+    measurements wrote (each row's SHA-256, kept in the file's metadata: a value edited by hand would be kept as
+    measured and never measured again)."""
     if not Path(results).exists():
         return pd.DataFrame(columns=COLUMNS)
     rows = pd.read_parquet(results)
     if list(rows.columns) != COLUMNS:
         raise ValueError(f"results={str(results)!r} is not allowed: its columns {list(rows.columns)} are not "
                          f"{COLUMNS}; give a sinks-over-training results file or a new path")
+    recorded, digests = read_metadata(results, ROW_DIGESTS), row_digests(rows)
+    if recorded != digests:
+        if recorded is None:
+            which = "its rows carry no digests (written by another program?)"
+        elif not isinstance(recorded, list) or len(recorded) != len(digests):
+            which = "its rows are not those their measurements wrote (rows added or removed)"
+        else:
+            edited = [f"{model} {checkpoint}" for model, checkpoint, digest, kept
+                      in zip(rows["model"], rows["checkpoint"], digests, recorded) if digest != kept]
+            which = f"the rows of {edited} are not what their measurements wrote (edited since)"
+        raise ValueError(f"results={str(results)!r} is not allowed: {which}; nothing is resumed from it: measure "
+                         "into a new path, or restore the file (in a checkout: git checkout -- it)")
     return rows
+
+
+ROW_DIGESTS = "sinklib.row_sha256"  # the parquet metadata entry: each row's digest, in row order
+
+
+def row_digests(rows: pd.DataFrame) -> list[str]:
+    """Each row's SHA-256 (first 16 hex digits) over its values as JSON, numbers as Python numbers (the same row
+    read back from parquet gives the same digest)."""
+    def plain(value: Any) -> Any:
+        return value.item() if hasattr(value, "item") else value
+    return [hashlib.sha256(json.dumps([plain(v) for v in row], default=str).encode()).hexdigest()[:16]
+            for row in rows[COLUMNS].itertuples(index=False, name=None)]
 
 
 def _ordered(rows: pd.DataFrame, names: Sequence[str] | None = None) -> pd.DataFrame:
@@ -213,7 +241,8 @@ def _write(rows: pd.DataFrame, results: Path, record: dict[str, Any]) -> None:
     handle, scratch = tempfile.mkstemp(dir=results.parent, prefix=f".{results.name}.", suffix=".partial")
     os.close(handle)
     try:
-        write_parquet(_ordered(rows), scratch, record)
+        ordered = _ordered(rows)
+        write_parquet(ordered, scratch, record, extra={ROW_DIGESTS: row_digests(ordered)})
         os.replace(scratch, results)
     finally:
         if os.path.exists(scratch):

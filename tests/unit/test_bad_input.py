@@ -721,6 +721,25 @@ def test_conditions_that_cannot_make_a_table_are_refused_before_any_run(conditio
     assert list(tmp_path.iterdir()) == [], "nothing ran"
 
 
+@pytest.mark.parametrize("models", [["tiny-llada", "tiny-arm"], ["tiny-llada", str(ZOO_DIR / "tiny-arm")],
+                                    ["tiny-llada", "smollm2-135m-autoregressive"]])
+def test_a_condition_no_later_models_family_can_build_is_refused_before_the_first_model_runs(models, tmp_path):
+    """A policy that builds nothing for the autoregressive family only: refused before tiny-llada's runs (it was
+    refused at the autoregressive model's turn, after tiny-llada's runs were written)."""
+    from sinklib.evaluation.table1 import CONDITIONS, Condition, masking_table
+    from sinklib.interventions import MaskRandomKeys
+
+    CONDITIONS.register("diffusion only", Condition(
+        "diffusion only", "diffusion", "with {k} random key{s} masked (diffusion models only)",
+        lambda family, k, eps, source, seed: MaskRandomKeys(k=k, seed=seed) if family.name != "arm" else None))
+    try:
+        with pytest.raises(ValueError, match=r"the policy of 'diffusion only' builds no intervention for a arm model"):
+            masking_table(models, ks=[0, 1], conditions=["diffusion only"], limit=2, out_dir=tmp_path, progress=False)
+    finally:
+        CONDITIONS.unregister("diffusion only")
+    assert list(tmp_path.iterdir()) == [], "nothing ran"
+
+
 def test_one_familys_sampler_for_several_models_is_refused_before_any_run(tmp_path):
     from sinklib.evaluation.table1 import masking_table
     from sinklib.families.llada import LLaDASettings

@@ -453,15 +453,61 @@ def test_the_same_inputs_resume_without_running_again(first_run, monkeypatch):
 
 @pytest.mark.parametrize("scorer, message", [
     (lambda output, sample: {"correct": int(output) == 3}, r"its scorer .* fails on the output '' for sample '0' \(ValueError"),
-    (lambda output, sample: {"right": True}, r"its scorer .* must return a dict with a bool 'correct'; on the output '' it "
-                                             r"returned \{'right': True\}"),
+    (lambda output, sample: {"right": True}, r"its scorer .* must return a dict with a bool 'correct' .*; on the output '' "
+                                             r"for sample '0' it returned \{'right': True\}"),
     (lambda output, sample: {"correct": 1.0}, r"its scorer .* must return a dict with a bool 'correct'"),
+    # a field only the second sample lacks: every sample is tried, not the first alone
+    (lambda output, sample: {"correct": sample.meta["unit"] == "kg"}, r"its scorer .* fails on the output '' for sample "
+                                                                      r"'1' \(KeyError: 'unit'\)"),
+    (lambda output, sample: {"correct": True, "correct_flexible": "no"}, r"its scorer .* \(and, if it gives one, a bool 'correct_flexible'"),
+    (lambda output, sample: {"correct": True, "correct_flexible": 5}, r"its scorer .* \(and, if it gives one, a bool 'correct_flexible'"),
 ])
 def test_a_custom_task_whose_scorer_fails_is_refused_before_any_generation(scorer, message, monkeypatch):
     from sinklib.evaluation import runner, tasks
 
-    task = tasks.Task("broken", lambda path: [tasks.Sample("0", "Q: 1 + 2 ? A:", "3")], False, scorer)
+    task = tasks.Task("broken", lambda path: [tasks.Sample("0", "Q: 1 + 2 ? A:", "3", {"unit": "kg"}),
+                                              tasks.Sample("1", "Q: 2 + 2 ? A:", "4")], False, scorer)
     monkeypatch.setitem(tasks.TASKS._entries, "broken", task)
     monkeypatch.setattr(runner, "load", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=rf"task='broken' is not allowed: {message}"):
         evaluate("tiny-arm", "broken", progress=False)
+
+
+@pytest.mark.parametrize("loader, message", [
+    (lambda path: [{"id": "0", "prompt": "Q", "target": "1"}], r"its loader .* gave dict \{'id': '0'.*, not a Sample"),
+    (lambda path: "Q: 1 + 2 ? A:", r"its loader .* returned str 'Q: 1 \+ 2 \? A:', not a list of Sample"),
+    (lambda path: None, r"its loader .* returned NoneType None, not a list of Sample"),
+])
+def test_a_custom_task_whose_loader_gives_no_samples_is_refused_naming_it(loader, message, monkeypatch):
+    from sinklib.evaluation import runner, tasks
+
+    monkeypatch.setitem(tasks.TASKS._entries, "broken", tasks.Task("broken", loader, False, tasks.score_final_number))
+    monkeypatch.setattr(runner, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=rf"task='broken' is not allowed: {message}"):
+        evaluate("tiny-arm", "broken", progress=False)
+
+
+def test_a_loader_that_yields_its_samples_is_read_once():
+    from sinklib.evaluation import tasks
+
+    def loader(path):
+        yield from [tasks.Sample("0", "Q: 1 + 2 ? A:", "3"), tasks.Sample("1", "Q: 2 + 2 ? A:", "4")]
+
+    assert [s.id for s in tasks.Task("yields", loader, False, tasks.score_final_number).samples()] == ["0", "1"]
+
+
+def test_a_scorer_that_fails_on_a_generated_output_is_named_with_the_sample(monkeypatch):
+    """It passed the made-up outputs; the real one breaks it after generation: the task, the sample and the output."""
+    from sinklib.evaluation import tasks
+
+    def scorer(output, sample):
+        if output not in ("", sample.target):
+            raise ArithmeticError("math domain error")
+        return {"correct": output == sample.target}
+
+    monkeypatch.setitem(tasks.TASKS._entries, "fragile", tasks.Task(
+        "fragile", lambda path: [tasks.Sample("0", "Q: tom has 1 apple . tom gets 2 more apples . how many apples does "
+                                                   "tom have now ? A:", "999")], False, scorer))
+    with pytest.raises(ValueError, match=r"task='fragile': its scorer .* failed on the generated output .* for sample '0' "
+                                         r"\(ArithmeticError: math domain error\)"):
+        evaluate("tiny-arm", "fragile", progress=False)

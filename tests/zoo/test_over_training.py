@@ -7,6 +7,7 @@ import typing
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 
@@ -286,3 +287,37 @@ def test_measurements_of_two_models_running_at_once_keep_each_others_rows(tmp_pa
         writer.join()
     rows = over_training.read_rows(results)
     assert sorted(rows.groupby("model").size().tolist()) == [15, 15]
+
+
+def _one_row_file(results: Path) -> None:
+    for step in (0, 6):
+        row = {column: 0.5 for column in over_training.COLUMNS} | {
+            "model": "tiny-arm", "checkpoint": f"step-{step:05d}", "step": step, "weights": "w", "top_sink_token": ""}
+        over_training._add_row(row, results, describe({}, what="sinks over training"))
+
+
+def test_rows_edited_by_hand_are_refused_never_kept_as_measured(tmp_path):
+    """Issue 52: a measurement edited by hand (its metadata kept) or rewritten by another program (pandas drops the
+    metadata) was kept as measured and never measured again; each row carries the digest its measurement wrote."""
+    import pyarrow.parquet as pq
+
+    results = tmp_path / "rows.parquet"
+    _one_row_file(results)
+    assert over_training.read_rows(results)["accuracy"].tolist() == [0.5, 0.5]
+
+    table = pq.read_table(results)
+    edited = table.to_pandas()
+    edited.loc[1, "accuracy"] = 0.99
+    pq.write_table(pa.Table.from_pandas(edited).replace_schema_metadata(table.schema.metadata), results)
+    with pytest.raises(ValueError, match=r"the rows of \['tiny-arm step-00006'\] are not what their measurements wrote "
+                                         r"\(edited since\); nothing is resumed from it"):
+        over_training.read_rows(results)
+
+    edited.to_parquet(results)  # pandas writes its own metadata, not sinklib's
+    with pytest.raises(ValueError, match=r"its rows carry no digests \(written by another program\?\)"):
+        over_training.read_rows(results)
+
+
+def test_the_committed_measurements_carry_the_digests_of_their_rows():
+    for results in (over_training.RESULTS_PATH, over_training.RESULTS_PATH.with_name("adaptation_dynamics.parquet")):
+        assert len(over_training.read_rows(results)) > 0
