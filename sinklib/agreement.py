@@ -58,16 +58,19 @@ GENERATIONS = "generations"
 MARGIN_TOLERANCE = 1e-2
 
 # Final canvases that differed between this CPU's kernels and another's, per model: (differed, generations compared),
-# pooled over the kernels compared (benchmarks/cpu_rounding_bound.py; its results in
-# benchmarks/results/cpu_rounding_bound.md, which tests/unit/test_agreement.py holds these equal to). A rerun may
-# change at most upper_bound(differed, compared) (99.9 %) of a model's answers in a Table 1 items table at near-ties:
-# "every answer that passed a near-tie" would excuse a whole rewritten table where the measured rate is zero. Pooled
-# over the model's runs, not per run: a real rerun here (AVX2, one thread, against AVX-512, two) changed 2 of one
-# 20-answer run of tiny-llada's dose-response, as many as a forger rewriting 10 % of a run would. A model measured on
-# fewer generations gets a wider bound (the diffusion twin: 25, its plain sampler being slow to measure).
-CROSS_KERNEL_ANSWERS = {"tiny-arm": (0, 200), "tiny-llada": (0, 200), "tiny-dream": (0, 200),
+# pooled over the kernel pairs compared and over Table 1's conditions measured (unmasked and with the top-1 sink
+# masked: a masked run picks its key from the attention, one more place for a rounding to act; tiny-llada changed 4
+# of 600 masked answers and 0 of 800 unmasked) — benchmarks/cpu_rounding_bound.py; its results in
+# benchmarks/results/cpu_rounding_bound.md, which tests/unit/test_agreement.py holds these equal to (rows of another
+# thread count, bit-identical here, are not another CPU's and are left out). A rerun may change at most
+# upper_bound(differed, compared) (99.9 %) of a model's answers in a Table 1 items table at near-ties: "every answer
+# that passed a near-tie" would excuse a whole rewritten table. Pooled over the model's runs, not per run: a real
+# rerun (AVX2, one thread, against AVX-512, two) changed 2 of one 20-answer run of tiny-llada's dose-response. The
+# bound is on the rate: where a forger rewrites about as many answers as another CPU changes (10 of tiny-llada's
+# 700 is refused; 7 would agree) no count can tell them apart — only more measurement narrows it.
+CROSS_KERNEL_ANSWERS = {"tiny-arm": (0, 1400), "tiny-llada": (4, 1400), "tiny-dream": (2, 1400),
                         "smollm2-135m-autoregressive": (0, 100), "smollm2-135m-instruct": (0, 100),
-                        "smollm2-135m-diffusion": (0, 25)}
+                        "smollm2-135m-diffusion": (0, 100)}
 ANSWER_CONFIDENCE = 0.999
 # A figure drawn from data that agrees may differ in a few anti-aliased pixels; one drawn from data that parted at a
 # near-tie (its notebook's tables say so) in a few more; a figure that is another plot differs in far more.

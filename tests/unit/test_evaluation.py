@@ -451,6 +451,9 @@ def test_the_same_inputs_resume_without_running_again(first_run, monkeypatch):
     assert summary.n == 2 and out.read_bytes() == before
 
 
+FLEXIBLE_NOT_A_BOOL = r"its scorer .* \(and, if it gives one, a bool 'correct_flexible'"
+
+
 @pytest.mark.parametrize("scorer, message", [
     (lambda output, sample: {"correct": int(output) == 3}, r"its scorer .* fails on the output '' for sample '0' \(ValueError"),
     (lambda output, sample: {"right": True}, r"its scorer .* must return a dict with a bool 'correct' .*; on the output '' "
@@ -459,8 +462,8 @@ def test_the_same_inputs_resume_without_running_again(first_run, monkeypatch):
     # a field only the second sample lacks: every sample is tried, not the first alone
     (lambda output, sample: {"correct": sample.meta["unit"] == "kg"}, r"its scorer .* fails on the output '' for sample "
                                                                       r"'1' \(KeyError: 'unit'\)"),
-    (lambda output, sample: {"correct": True, "correct_flexible": "no"}, r"its scorer .* \(and, if it gives one, a bool 'correct_flexible'"),
-    (lambda output, sample: {"correct": True, "correct_flexible": 5}, r"its scorer .* \(and, if it gives one, a bool 'correct_flexible'"),
+    (lambda output, sample: {"correct": True, "correct_flexible": "no"}, FLEXIBLE_NOT_A_BOOL),
+    (lambda output, sample: {"correct": True, "correct_flexible": 5}, FLEXIBLE_NOT_A_BOOL),
 ])
 def test_a_custom_task_whose_scorer_fails_is_refused_before_any_generation(scorer, message, monkeypatch):
     from sinklib.evaluation import runner, tasks
