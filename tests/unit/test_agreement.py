@@ -347,9 +347,9 @@ def _many_answers(tmp_path, side, rewritten: int, model="tiny-llada", n=100):
 
 @pytest.mark.parametrize("rewritten, agrees", [(0, True), (1, True), (2, False), (10, False), (47, False)])
 def test_answers_changed_at_near_ties_are_bounded_by_what_another_cpu_measurably_changes(tmp_path, rewritten, agrees):
-    """tiny-llada: 4 of 1,400 final canvases changed between kernels (unmasked and masked), so at most the 99.9 % upper
-    bound (1.05 %) of its 100 answers may part at near-ties: 2, 10 or 47 rewritten, accuracy row kept consistent,
-    no longer agree."""
+    """tiny-llada: 20 of 2,600 final canvases changed between kernels (unmasked and masked at k = 1, 5, 10), so at most
+    the 99.9 % upper bound (1.46 %) of its 100 answers may part at near-ties: 2, 10 or 47 rewritten, accuracy row kept
+    consistent, no longer agree."""
     assert agreement.answers_allowed("tiny-llada", 100) == 1
     _many_answers(tmp_path, "c", rewritten)
     _many_answers(tmp_path, "r", 0)
@@ -359,12 +359,15 @@ def test_answers_changed_at_near_ties_are_bounded_by_what_another_cpu_measurably
         assert "table1_masking_arithmetic_items" in report.failing
         detail = {row.artifact: row.detail for row in report.rows}["table1_masking_arithmetic_items"]
         assert (f"tiny-llada changed {rewritten} of its 100 answers at near-ties, more than another CPU changes (at "
-                "most 1: 4 of 1400 generations of tiny-llada changed between kernels)") in detail
+                "most 1: 20 of 2600 generations of tiny-llada changed between kernels)") in detail
 
 
-def test_ten_rewritten_answers_of_the_committed_zoo_table_no_longer_agree(tmp_path):
-    """The audit's case on the real committed Table 1 (tiny-llada, 700 items, every one a near-tie): 10 answers of one
-    run rewritten with the run's accuracy kept consistent agreed while the bound was 23; now at most 7 may part."""
+@pytest.mark.parametrize("rewritten, agrees", [(10, True), (11, False)])
+def test_rewritten_answers_of_the_committed_zoo_table_agree_only_as_far_as_another_cpu_changes(tmp_path, rewritten,
+                                                                                               agrees):
+    """The audit's case on the real committed Table 1 (tiny-llada, 700 items, every one a near-tie): answers of one run
+    rewritten with the run's accuracy kept consistent. The bound was 23; measured on Table 1's conditions another CPU
+    changes at most 10 (20 of 2,600), so 10 rewrites cannot be told from another CPU's rerun and 11 are refused."""
     import shutil
 
     from sinklib.evaluation.table1 import interval_columns
@@ -375,11 +378,11 @@ def test_ten_rewritten_answers_of_the_committed_zoo_table_no_longer_agree(tmp_pa
         (tmp_path / side).mkdir()
         for name in ("table1_masking_arithmetic", "table1_masking_arithmetic_items"):
             shutil.copy2(committed / f"{name}.parquet", tmp_path / side / f"{name}.parquet")
-    assert agreement.answers_allowed("tiny-llada", 700) == 7
+    assert agreement.answers_allowed("tiny-llada", 700) == 10
     items = pd.read_parquet(tmp_path / "c" / "table1_masking_arithmetic_items.parquet")
     table = pd.read_parquet(tmp_path / "c" / "table1_masking_arithmetic.parquet")
     run = (items["model"] == "tiny-llada") & (items["condition"] == "sinks") & (items["k"] == 0)
-    chosen = items[run].index[:10]
+    chosen = items[run].index[:rewritten]
     items.loc[chosen, "output"] = items.loc[chosen, "output"] + " 7"
     items.loc[chosen, "correct"] = ~items.loc[chosen, "correct"]
     row = (table["model"] == "tiny-llada") & (table["condition"] == "sinks") & (table["k"] == 0)
@@ -388,8 +391,10 @@ def test_ten_rewritten_answers_of_the_committed_zoo_table_no_longer_agree(tmp_pa
     _write(tmp_path / "c", "table1_masking_arithmetic_items", items)
     _write(tmp_path / "c", "table1_masking_arithmetic", table)
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
-    assert "table1_masking_arithmetic_items" in report.failing, report.to_text()
-    assert "tiny-llada changed 10 of its 700 answers at near-ties" in report.to_text()
+    assert report.agrees is agrees, report.to_text()
+    if not agrees:
+        assert "table1_masking_arithmetic_items" in report.failing
+        assert f"tiny-llada changed {rewritten} of its 700 answers at near-ties" in report.to_text()
 
 
 def test_the_measured_cross_kernel_counts_are_the_benchmarks():
@@ -411,7 +416,7 @@ def test_the_measured_cross_kernel_counts_are_the_benchmarks():
 
 def test_a_model_never_measured_takes_every_measured_models_pooled_count(monkeypatch):
     monkeypatch.delitem(agreement.CROSS_KERNEL_ANSWERS, "a")  # the hand-built model: not a measurement
-    assert agreement.answers_allowed("never-measured", 1000) == 4  # 6 of 4,500: upper bound 0.40 %
+    assert agreement.answers_allowed("never-measured", 1000) == 5  # 27 of 8,100: upper bound 0.58 %
 
 
 def _layer_head(**columns):
