@@ -54,7 +54,8 @@ GENERATIONS = "generations"
 # A decision's margin recorded by both runs where their canvases agree may differ by rounding only: measured at most
 # 4.6e-4 of 1 + |margin| (tiny-llada with its top-1 sink masked, 689 steps of 50 generations, this CPU's kernels
 # against torch's portable ones; tiny-dream 3.5e-6, tiny-arm 4.5e-7). Twenty times that bound catches a margin
-# column scaled by hand (× 2 or × 1000), which would otherwise change which answers a near-tie excuses.
+# column scaled by hand wherever its margins are not tiny (× 2 from margins of 0.01, × 1000 from 1e-5); a scaling
+# of margins already below a near-tie's 1e-3 is not seen here, and changes no excuse (both sides stay near-ties).
 MARGIN_TOLERANCE = 1e-2
 
 # Final canvases that differed between this CPU's kernels and another's, per model: (differed, generations compared),
@@ -463,6 +464,13 @@ def _compare_generations(committed: Path, rerun: Path, report: Report, explained
     if missing:
         return missing
     a, b = pd.read_parquet(committed / f"{GENERATIONS}.parquet"), pd.read_parquet(rerun / f"{GENERATIONS}.parquet")
+    schema = _schema_problems(a, b, ["model", "trace", "step"])
+    schema += [f"the {side} table has no {column!r} column" for frame, side in ((a, "committed"), (b, "rerun"))
+               for column in ("canvas", "margin") if column not in frame.columns]
+    if not schema and any(a[key].dtype != b[key].dtype for key in ("model", "trace", "step")):
+        schema.append("its identifying columns (model, trace, step) are of other types on the two sides")
+    if schema:
+        return Row(GENERATIONS, f"{len(a)} / {len(b)}", DIFFERS, detail="; ".join(schema))
     report.divergences = divergences(a, b)
     explained.update(("trace", d.model, d.trace) for d in report.divergences if d.near_tie)
     explained.update(("generations", str(m), int(n)) for m, n in a.groupby("model")["trace"].nunique().items())

@@ -461,11 +461,14 @@ def _family_before_loading(model: LoadedModel | str | os.PathLike) -> Family | N
     name = str(model)
     if name in ADAPTED_MODELS:
         return get_family(ADAPTED_MODELS[name].family)
-    config = (ZOO_DIR / name if model_source(name) == "zoo" else Path(name).expanduser()) / "config.json"
+    source = model_source(name)
+    if source not in ("zoo", "folder"):  # a named model converted on first use, a hub id: only loading tells
+        return None
+    config = (ZOO_DIR / name if source == "zoo" else Path(name).expanduser()) / "config.json"
     try:
         raw = json.loads(config.read_text())
         declared = raw.get("sinklib_family") or infer_family_from_dict(raw)
-        return get_family(declared) if declared else None
+        return get_family(declared) if isinstance(declared, str) and declared else None
     except (OSError, ValueError, AttributeError):  # no readable config here: load() says what is wrong with it
         return None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -219,10 +220,12 @@ ROW_DIGESTS = "sinklib.row_sha256"  # the parquet metadata entry: each row's dig
 
 
 def row_digests(rows: pd.DataFrame) -> list[str]:
-    """Each row's SHA-256 (first 16 hex digits) over its values as JSON, numbers as Python numbers (the same row
-    read back from parquet gives the same digest)."""
+    """Each row's SHA-256 (first 16 hex digits) over its values as JSON, numbers as Python numbers and every missing
+    value (None, NaN, pd.NA — parquet may give back one for another) as null, so the same row read back from parquet
+    gives the same digest."""
     def plain(value: Any) -> Any:
-        return value.item() if hasattr(value, "item") else value
+        value = value.item() if hasattr(value, "item") else value
+        return None if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) else value
     return [hashlib.sha256(json.dumps([plain(v) for v in row], default=str).encode()).hexdigest()[:16]
             for row in rows[COLUMNS].itertuples(index=False, name=None)]
 

@@ -126,6 +126,19 @@ def test_margins_scaled_by_hand_differ_where_rounding_only_moves_them(tmp_path, 
         assert "the margins of steps whose canvases agree differ" in row.detail
 
 
+@pytest.mark.parametrize("doctor, says", [
+    (lambda f: f.drop(columns="margin"), "the columns differ"),
+    (lambda f: f.assign(trace=f["trace"].astype(str)), "identifying columns (model, trace, step) are of other types"),
+])
+def test_a_generations_table_of_another_shape_differs_not_crashes(tmp_path, doctor, says):
+    canvas = [[1, 9], [1, 2]]
+    table = _generations({("a", 0): canvas}, {("a", 0): [0.4, 0.3]})
+    _write(tmp_path / "c", "generations", table)
+    _write(tmp_path / "r", "generations", doctor(table), layout=False)
+    row = agreement.compare_folders(tmp_path / "c", tmp_path / "r").rows[0]
+    assert row.status == DIFFERS and says in row.detail, row
+
+
 @pytest.mark.parametrize("scale, agrees", [(1 + 1e-4, True), (1000.0, False)])
 def test_table1_margins_scaled_by_hand_differ(tmp_path, scale, agrees):
     _table1(tmp_path, "c", True, 0.3)

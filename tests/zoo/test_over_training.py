@@ -321,3 +321,14 @@ def test_rows_edited_by_hand_are_refused_never_kept_as_measured(tmp_path):
 def test_the_committed_measurements_carry_the_digests_of_their_rows():
     for results in (over_training.RESULTS_PATH, over_training.RESULTS_PATH.with_name("adaptation_dynamics.parquet")):
         assert len(over_training.read_rows(results)) > 0
+
+
+def test_a_missing_value_reads_back_with_the_digest_it_was_written_with(tmp_path):
+    """None in a text column, NaN in a number column: parquet may give back one missing value for another; the row
+    is the same row, not an edited one."""
+    results = tmp_path / "rows.parquet"
+    row = {column: float("nan") for column in over_training.COLUMNS} | {
+        "model": "tiny-arm", "checkpoint": "step-00000", "step": 0, "weights": "w", "top_sink_token": None}
+    over_training._add_row(row, results, describe({}, what="sinks over training"))
+    rows = over_training.read_rows(results)
+    assert len(rows) == 1 and rows["top_sink_token"].isna().all()
