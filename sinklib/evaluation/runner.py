@@ -22,7 +22,7 @@ from sinklib.ties import NEAR_TIE_MARK, closest_margin, is_near_tie, smallest_ma
 from sinklib.capture import check_intervention
 from sinklib.generate import check_options, generate, resolve_settings
 from sinklib.validation import Consent, Count, Index, bad_value, checked
-from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
+from sinklib.evaluation.tasks import get_task, qualified_name, require_code_execution_opt_in
 from sinklib.interventions import identity
 from sinklib.provenance import as_text, describe
 from sinklib.cache_manifest import MANIFEST, weights_fingerprint
@@ -104,14 +104,10 @@ def run_inputs(model: LoadedModel, spec: Any, samples: list) -> dict[str, Any]:
     the zoo's configs and tokenizer, a twin's adapter_config.json). Recorded in the results file's provenance and
     checked before anything is resumed (check_resumable)."""
     definition = {"name": spec.name, "chat": spec.chat, "stops": list(spec.stops), "gen_length": spec.gen_length,
-                  "executes_code": spec.executes_code, "scorer": _qualified(spec.scorer), "load": _qualified(spec.load)}
+                  "executes_code": spec.executes_code, "scorer": qualified_name(spec.scorer), "load": qualified_name(spec.load)}
     content = json.dumps([[s.id, s.prompt, s.target, dict(s.meta)] for s in samples], sort_keys=True, default=str)
     return {"task": config_hash(definition), "samples": hashlib.sha256(content.encode()).hexdigest()[:16],
             "model_files": _model_files(model)}
-
-
-def _qualified(function: Any) -> str:
-    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
 
 
 def _model_files(model: LoadedModel) -> dict[str, str]:
@@ -357,11 +353,11 @@ def check_scorer(spec: Any, sample: Any) -> None:
         try:
             scored = spec.scorer(output, sample)
         except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
-            raise ValueError(f"task={spec.name!r} is not allowed: its scorer {_qualified(spec.scorer)} fails on the output "
+            raise ValueError(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} fails on the output "
                              f"{output!r} for sample {sample.id!r} ({type(error).__name__}: {error})") from None
         bools = ("correct", "correct_flexible") if isinstance(scored, dict) and "correct_flexible" in scored else ("correct",)
         if not isinstance(scored, dict) or not all(isinstance(scored.get(key), bool) for key in bools):
-            raise ValueError(f"task={spec.name!r} is not allowed: its scorer {_qualified(spec.scorer)} must return a dict "
+            raise ValueError(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} must return a dict "
                              f"with a bool 'correct' (and, if it gives one, a bool 'correct_flexible'; bool(x) converts "
                              f"numpy's); on the output {output!r} for sample {sample.id!r} it returned {scored!r}")
 
@@ -421,7 +417,7 @@ class _Run:
         try:
             return self.spec.score(output, sample, self.sandbox)
         except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
-            raise ValueError(f"task={self.spec.name!r}: its scorer {_qualified(self.spec.scorer)} failed on the generated "
+            raise ValueError(f"task={self.spec.name!r}: its scorer {qualified_name(self.spec.scorer)} failed on the generated "
                              f"output {output!r} for sample {sample.id!r} ({type(error).__name__}: {error}); the "
                              "records before it are kept and the run resumes from them") from error
 

@@ -59,12 +59,12 @@ class Task:
         where = f"task_path={path!r}" if path else f"task={self.name!r}"
         loaded = self.load(path)
         if not isinstance(loaded, Iterable) or isinstance(loaded, (str, bytes, Mapping)):
-            raise ValueError(f"{where} is not allowed: its loader {_name_of(self.load)} returned "
+            raise ValueError(f"{where} is not allowed: its loader {qualified_name(self.load)} returned "
                              f"{type(loaded).__name__} {loaded!r:.80}, not a list of Sample")
         samples = list(loaded)  # a generator is read once, here
         wrong = next((item for item in samples if not isinstance(item, Sample)), None)
         if wrong is not None:
-            raise ValueError(f"{where} is not allowed: its loader {_name_of(self.load)} gave {type(wrong).__name__} "
+            raise ValueError(f"{where} is not allowed: its loader {qualified_name(self.load)} gave {type(wrong).__name__} "
                              f"{wrong!r:.80}, not a Sample (sinklib.evaluation.tasks.Sample(id, prompt, target))")
         if not samples:
             raise ValueError(f"{where} is not allowed: it holds no sample")
@@ -83,7 +83,9 @@ class Task:
         return self.scorer(output, sample, sandbox) if self.executes_code else self.scorer(output, sample)
 
 
-def _name_of(function: Callable) -> str:
+def qualified_name(function: Callable) -> str:
+    """A function's module and qualified name ("sinklib.evaluation.tasks.score_final_number"): how messages name a
+    task's loader or scorer, and how a run's inputs record them."""
     return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
 
 
