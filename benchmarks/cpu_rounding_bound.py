@@ -11,7 +11,8 @@ and how many generations carry a near-tie at all (what notebook 04 counts). ties
 every measured parting margin; sinklib/agreement.py quotes this script's numbers. --mask-top K generates under
 Table 1's top-K sink masking (evaluation.table1.paper_masking), whose answers --check bounds as well, or with
 --condition another of Table 1's conditions at K (evaluation.table1.CONDITIONS: "random keys", "sink values (mean)",
-…, as notebook 07's dose-response runs them): the report's `against` cell then names the condition.
+…, as notebook 07's dose-response runs them). Each row names its condition and k as Table 1's items tables do
+("unmasked" at k = 0), the key agreement.CROSS_KERNEL_ANSWERS quotes the row under.
 """
 from __future__ import annotations
 
@@ -24,12 +25,16 @@ import sys
 import torch
 
 import sinklib
+from sinklib.agreement import UNMASKED
 from sinklib.ties import NEAR_TIE, is_near_tie
 from sinklib.ties import LANE_SHARE, LOGIT_ROUNDING
 from sinklib.evaluation.table1 import CONDITIONS
 from sinklib.evaluation.tasks import get_task
 
 DEFAULT_MODELS = ("tiny-arm", "tiny-llada", "tiny-dream")
+HEADER = ("| model | against | condition | k | generations | first forward's logits, max |Δ| / (1 + |logit|) | parted | "
+          "final canvas differs | parting step a near-tie in both runs | largest parting margin | generations with a "
+          "near-tie |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _generations(name: str, n: int, mask_top: int, threads: int = 1, condition: str = "sinks") -> dict:
@@ -85,10 +90,10 @@ def compare(name: str, n: int, capability: str, mask_top: int = 0, condition: st
         named += all(is_near_tie(m) for m in margins)
         worst = max([worst] + [m for m in margins if m is not None])
     flagged = sum(any(is_near_tie(m) for m in (row["margins"] or [])) for row in native["rows"])
-    words = f"top-{mask_top} sinks masked" if condition == "sinks" else CONDITIONS.get(condition).in_words(mask_top)
-    against = f"{capability} ({words})" if mask_top else capability
-    return (f"| {name} | {against} | {n} | {logit_bound:.2g} | {parted} | {answers} | {named} of {parted} | {worst:.2g} | "
-            f"{flagged} ({flagged / n:.0%}) |")
+    # the condition's name and k as Table 1's items tables write them (agreement.CROSS_KERNEL_ANSWERS is keyed so)
+    label = condition if mask_top else UNMASKED
+    return (f"| {name} | {capability} | {label} | {mask_top} | {n} | {logit_bound:.2g} | {parted} | {answers} | "
+            f"{named} of {parted} | {worst:.2g} | {flagged} ({flagged / n:.0%}) |")
 
 
 def main() -> None:
@@ -109,9 +114,7 @@ def main() -> None:
         return
     print(f"NEAR_TIE = {NEAR_TIE:g}, LOGIT_ROUNDING = {LOGIT_ROUNDING:g}, LANE_SHARE = {LANE_SHARE:g}; this CPU's kernels: "
           f"{torch.backends.cpu.get_cpu_capability()}\n")
-    print("| model | against | generations | first forward's logits, max |Δ| / (1 + |logit|) | parted | final canvas "
-          "differs | parting step a near-tie in both runs | largest parting margin | generations with a near-tie |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(HEADER)
     for name in args.models:
         for capability in args.against:
             print(compare(name, args.n, capability, args.mask_top, args.condition), flush=True)

@@ -194,7 +194,8 @@ def transient(models: Models, traces: Traces, eps: float) -> Result:
                 model_traces[int(top["trace"])], int(top["step"]), int(top["layer"]), int(top["head"]),
                 int(top["position"]))
     table = result.add_table("transient_sinks", pd.concat(frames, ignore_index=True),
-                             Layout(("model", "trace", "step", "layer", "head", "position"), "trace"))
+                             Layout(("model", "trace", "step", "layer", "head", "position"), "trace",
+                                    threshold="threshold_gap"))
     counts = table.groupby("model").size().reindex(list(traces), fill_value=0)
     result.shown = Summary.by_model(counts.rename("one-step sinks").to_frame(), near_tie_models(traces))
     return result

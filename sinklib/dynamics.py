@@ -20,7 +20,7 @@ import torch
 from scipy.stats import spearmanr
 
 from sinklib.validation import check_eps, check_int
-from sinklib.sinks import find_sinks, single_row_scores
+from sinklib.sinks import find_sinks, single_row_scores, sink_margin
 from sinklib.stats import wilson_interval
 from sinklib.trace import Trace
 
@@ -107,20 +107,28 @@ def moving_sink_events(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
     return moved[EVENT_COLUMNS].sort_values(["score", "step"], ascending=[False, True]).reset_index(drop=True)
 
 
+TRANSIENT_COLUMNS = ["step", "layer", "head", "position", "token", "score", "threshold_gap"]
+
+
 def transient_sinks(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
-    """Positions that are a sink at one step only: not at step−1 nor at step+1 (paper Fig. 6b)."""
+    """Positions that are a sink at one step only: not at step−1 nor at step+1 (paper Fig. 6b). threshold_gap: of
+    the three steps that decide the event, the closest Eq. 3 test, |s_j − mean_{k≠j} s_k − eps| / (1 + |s_j|) (a
+    relative float; where it is within float rounding, another CPU's scores may decide the event otherwise)."""
     sinks = sink_mask(trace, eps)
     if sinks.shape[0] < 3:
-        return pd.DataFrame(columns=["step", "layer", "head", "position", "token", "score"])
+        return pd.DataFrame(columns=TRANSIENT_COLUMNS)
     alone = sinks[1:-1] & ~sinks[:-2] & ~sinks[2:]
     found = alone.nonzero()
     steps, layers, heads, positions = (found[:, i] for i in range(4))
+    comparable = torch.nan_to_num(comparable_scores(trace))
+    gaps = (sink_margin(comparable, valid=_valid(trace)) - eps).abs() / (1 + comparable.abs())  # inf: no test
+    deciding = torch.stack([gaps[steps + shift, layers, heads, positions] for shift in (0, 1, 2)]).amin(0)
     scores = comparable_scores(trace)[steps + 1, layers, heads, positions]
     tokens = trace.tokens[steps + 1, positions].tolist()
     return pd.DataFrame({"step": (steps + 1).numpy(), "layer": layers.numpy(), "head": heads.numpy(),
                          "position": positions.numpy(), "token": [trace.token_text(t) for t in tokens],
-                         "score": scores.double().numpy()},
-                        columns=["step", "layer", "head", "position", "token", "score"])
+                         "score": scores.double().numpy(), "threshold_gap": deciding.double().numpy()},
+                        columns=TRANSIENT_COLUMNS)
 
 
 def dynamics_summary(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:

@@ -118,10 +118,15 @@ class Layout:
     scope: "trace" (rows carry model and trace columns), "first" (rows come from each model's first generation),
     "model" (rows pool all of a model's generations), "run" (a row is one evaluation run — Table 1 — bounded by
     its samples whose answers parted at a near-tie) or "none" (nothing to blame: must agree).
+    threshold: see below.
     """
     keys: tuple[str, ...]
     scope: Literal["trace", "first", "model", "run", "none"] = "model"
     index: bool = False  # the frame's index holds the model names (pandas describe())
+    # a column holding how close the threshold test that makes each row a row came to its threshold, relative
+    # (dynamics.transient_sinks' threshold_gap): a row only one side has is another CPU's rounding where that is
+    # within float tolerance
+    threshold: str | None = None
 
 
 EVALUATION = Layout(("model", "condition", "k"), "run")  # Table 1: a row is one evaluation run

@@ -5,7 +5,8 @@
   accuracy could be the capture's doing rather than the masking's.
 - Mass dropped: the masked keys' score (sum units) with the mask lifted and as the call ran, summed over every call
   of one audited generation. Masking that works takes the attention away (after ≈ 0); a value ablation leaves it
-  where it was (after = before) and removes what the keys carry instead.
+  where it was (after = before) and removes what the keys carry instead. The audited generation's closest decision
+  margin is kept beside, so that a rerun elsewhere knows when its audit may have taken another path.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sinklib.capture import capture
 from sinklib.generate import encode, generate
 from sinklib.interventions import Audited, MaskSinks
 from sinklib.loading import LoadedModel
+from sinklib.ties import smallest_margin
 
 
 @torch.no_grad()
@@ -37,11 +39,16 @@ def mass_dropped(loaded: LoadedModel, prompt: str, intervention, settings: Any, 
                  seed: int = 0) -> dict[str, float]:
     """One generation of `prompt` under `intervention`, audited (interventions.Audited): masked (batch, head, key)
     entries, their summed score with the mask lifted (`masked_score_before`) and as the calls ran
-    (`masked_score_after`), and the share of it that stayed (`kept_share`: ~0 for masking, 1 for value ablation;
-    NaN when nothing was masked)."""
+    (`masked_score_after`), the share of it that stayed (`kept_share`: ~0 for masking, 1 for value ablation;
+    NaN when nothing was masked), and the generation's closest decision margin (`audit_margin`, ties.smallest_margin;
+    NaN where none was recorded): where it is a near-tie, another CPU's audit may follow another path and mask
+    other entries (agreement.compare_file allows that, within AUDIT_SHIFT)."""
     audited = Audited(intervention)
-    generate(loaded, prompt, settings, seed=seed, chat=chat, progress=False, intervention=audited, keep_scores=False)
+    trace = generate(loaded, prompt, settings, seed=seed, chat=chat, progress=False, intervention=audited,
+                     keep_scores=False)
     ledger = audited.ledger
     before, after = ledger["before"], ledger["after"]
+    margin = smallest_margin(trace)
     return {"masked_entries": ledger["masked"], "masked_score_before": before, "masked_score_after": after,
-            "kept_share": after / before if before > 0 else float("nan")}
+            "kept_share": after / before if before > 0 else float("nan"),
+            "audit_margin": float("nan") if margin is None else margin}

@@ -30,7 +30,8 @@ from sinklib.summary import EVALUATION, EVALUATION_ITEMS, Result, Summary, is_ne
 
 
 ITEM_COLUMNS = ["model", "condition", "k", "id", "correct", "output", "margin"]
-CHECK_COLUMNS = ["noop_identical", "masked_entries", "masked_score_before", "masked_score_after", "kept_share"]
+CHECK_COLUMNS = ["noop_identical", "masked_entries", "masked_score_before", "masked_score_after", "kept_share",
+                 "audit_margin"]
 
 
 @dataclass
@@ -436,13 +437,14 @@ class _Audit:
         """The row's check columns for this condition's policy (None: the unmasked condition, nothing dropped),
         read from beside `run_file` when an earlier run wrote them."""
         stored = None if run_file is None else run_file.with_name(run_file.name + ".checks.json")
-        if stored is not None and stored.is_file():
-            saved = json.loads(stored.read_text())
+        saved = json.loads(stored.read_text()) if stored is not None and stored.is_file() else {}
+        if all(column in saved for column in CHECK_COLUMNS):
             return {column: saved[column] for column in CHECK_COLUMNS}
+        # none written yet, or written before a check column existed (audit_margin): this run's own checks made again
         if self._noop is None:
             self._noop = noop_check(self.loaded, self.prompt, self.settings, self.chat, self.seed)
         dropped = {"masked_entries": 0, "masked_score_before": 0.0, "masked_score_after": 0.0,
-                   "kept_share": float("nan")} if intervention is None else \
+                   "kept_share": float("nan"), "audit_margin": float("nan")} if intervention is None else \
             mass_dropped(self.loaded, self.prompt, intervention, self.settings, self.chat, self.seed)
         checks = {"noop_identical": self._noop, **dropped}
         if stored is not None:

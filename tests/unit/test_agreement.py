@@ -24,7 +24,9 @@ def _generations(canvases: dict[tuple[str, int], list[list[int]]], margins: dict
 LAYOUTS = {"moving_sink_events": Layout(("model", "trace", "step", "layer", "head"), "trace"),
            "sink_dynamics": Layout(("model", "trace"), "trace"), "fig05_layer_head": Layout(("model", "layer", "head")),
            "generations": Layout(("model", "trace", "step"), "trace"), "table1_masking_arithmetic": EVALUATION,
-           "table1_masking_arithmetic_items": EVALUATION_ITEMS}
+           "table1_masking_arithmetic_items": EVALUATION_ITEMS,
+           "transient_sinks": Layout(("model", "trace", "step", "layer", "head", "position"), "trace",
+                                     threshold="threshold_gap")}
 
 
 def _write(folder, name, frame, layout=True):
@@ -208,6 +210,52 @@ def test_a_table1_answer_that_flipped_is_explained_only_by_a_near_tie(tmp_path, 
                                                                   "table1_masking_arithmetic": status}
 
 
+def _audited(tmp_path, side: str, entries: int, score: float, audit_margin: float):
+    """Table 1 with one run (the same answers on both sides) and its audit's columns."""
+    _table1(tmp_path, side, True, 0.4)
+    table = pd.read_parquet(tmp_path / side / "table1_masking_arithmetic.parquet").assign(
+        noop_identical=True, masked_entries=entries, masked_score_before=score, masked_score_after=0.0,
+        kept_share=0.0, audit_margin=audit_margin)
+    _write(tmp_path / side, "table1_masking_arithmetic", table)
+
+
+@pytest.mark.parametrize("rerun, margins, failing", [
+    ((292, 1975.5), (3e-4, 5.7e-4), None),  # a near-tie in both audits: another path, 0.7 % more entries
+    ((290, 1971.6 * (1 + 1e-6)), (0.2, 0.2), None),  # no near-tie: rounding only
+    ((292, 1971.6), (0.2, 0.2), "masked_entries differs beyond rounding, its audit deciding no near-tie"),
+    ((290, 1975.5), (0.2, 0.2), "masked_score_before differs beyond rounding"),
+    ((290, 1971.6), (0.2, 0.3), "audit_margin differs beyond rounding"),
+    ((290, 1971.6), (3e-4, 0.2), "audit_margin differs beyond rounding"),  # a near-tie in one audit only
+    ((400, 1971.6), (3e-4, 5.7e-4), "masked_entries differs beyond 10% although its audit decided a near-tie"),
+])
+def test_a_runs_audit_may_take_another_path_only_after_a_near_tie_and_within_its_measured_shift(tmp_path, rerun,
+                                                                                                  margins, failing):
+    """A Table 1 row's audit columns (one audited generation): equal up to rounding unless that generation decided a
+    near-tie in both runs, then within AUDIT_SHIFT (measured 1.3 %: tiny-llada's value ablation, 240 / 243 entries)."""
+    _audited(tmp_path, "c", 290, 1971.6, margins[0])
+    _audited(tmp_path, "r", *rerun, margins[1])
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    if failing is None:
+        assert report.agrees, report.to_text()
+    else:
+        assert report.failing == ["table1_masking_arithmetic"] and failing in report.to_text(), report.to_text()
+
+
+@pytest.mark.parametrize("gap, status", [(3e-7, NEAR), (FLOAT_TOLERANCE, NEAR), (2e-3, DIFFERS), (np.nan, DIFFERS)])
+def test_a_row_one_side_only_is_rounding_only_where_its_threshold_test_was_within_it(tmp_path, gap, status):
+    """A one-step sink the rerun lacks because a neighbouring step's Eq. 3 test came out otherwise (notebook 02's
+    smollm2-135m-instruct on the portable kernels: a key 3.95162 / 3.95161, its margin over the others' mean a
+    rounding from eps): excused where the row's threshold_gap is within FLOAT_TOLERANCE, never otherwise."""
+    rows = pd.DataFrame({"model": ["a", "a"], "trace": [1, 1], "step": [10, 12], "layer": [21, 3], "head": [0, 1],
+                         "position": [60, 7], "token": ["away", "x"], "score": [6.99, 5.0], "threshold_gap": [gap, 0.3]})
+    _write(tmp_path / "c", "transient_sinks", rows)
+    _write(tmp_path / "r", "transient_sinks", rows.iloc[1:])
+    row = agreement.compare_folders(tmp_path / "c", tmp_path / "r").rows[0]
+    assert row.status == status, row
+    assert ("1 rows on one side only, each decided by a threshold test within rounding" if status == NEAR
+            else "1 rows on one side only") in row.detail
+
+
 def test_a_rerun_that_compared_nothing_does_not_agree_and_says_so(tmp_path):
     from sinklib import agreement
 
@@ -343,7 +391,7 @@ def test_a_run_accuracy_moves_only_as_far_as_its_parted_answers(tmp_path):
 def _model_a_measured_to_change_answers(monkeypatch):
     """The hand-built tables' model "a" measured as changing one answer of two between kernels: the bound lets one
     answer of a two-sample run part at a near-tie (tiny-llada's measured 0 of 200 would not)."""
-    monkeypatch.setitem(agreement.CROSS_KERNEL_ANSWERS, "a", (1, 2))
+    monkeypatch.setitem(agreement.CROSS_KERNEL_ANSWERS, "a", {(agreement.UNMASKED, 0): (1, 2)})
 
 
 def _many_answers(tmp_path, side, rewritten: int, model="tiny-llada", n=100):
@@ -358,12 +406,12 @@ def _many_answers(tmp_path, side, rewritten: int, model="tiny-llada", n=100):
     _write(tmp_path / side, "table1_masking_arithmetic_items", items)
 
 
-@pytest.mark.parametrize("rewritten, agrees", [(0, True), (1, True), (2, False), (10, False), (47, False)])
+@pytest.mark.parametrize("rewritten, agrees", [(0, True), (2, True), (3, False), (10, False), (47, False)])
 def test_answers_changed_at_near_ties_are_bounded_by_what_another_cpu_measurably_changes(tmp_path, rewritten, agrees):
-    """tiny-llada: 20 of 2,600 final canvases changed between kernels (unmasked and masked at k = 1, 5, 10), so at most
-    the 99.9 % upper bound (1.46 %) of its 100 answers may part at near-ties: 2, 10 or 47 rewritten, accuracy row kept
+    """tiny-llada with its top-1 sink masked: 4 of 600 final canvases changed between kernels, so at most the 99.9 %
+    upper bound (2.44 %) of a 100-answer run may part at near-ties: 3, 10 or 47 rewritten, accuracy row kept
     consistent, no longer agree."""
-    assert agreement.answers_allowed("tiny-llada", 100) == 1
+    assert agreement.answers_allowed("tiny-llada", {("sinks", 1): 100}) == 2
     _many_answers(tmp_path, "c", rewritten)
     _many_answers(tmp_path, "r", 0)
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
@@ -372,64 +420,84 @@ def test_answers_changed_at_near_ties_are_bounded_by_what_another_cpu_measurably
         assert "table1_masking_arithmetic_items" in report.failing
         detail = {row.artifact: row.detail for row in report.rows}["table1_masking_arithmetic_items"]
         assert (f"tiny-llada changed {rewritten} of its 100 answers at near-ties, more than another CPU changes (at "
-                "most 1: 20 of 2600 generations of tiny-llada changed between kernels)") in detail
+                "most 2: generations of tiny-llada changed between kernels: sinks k=1 4 of 600)") in detail
 
 
-@pytest.mark.parametrize("rewritten, agrees", [(10, True), (11, False)])
-def test_rewritten_answers_of_the_committed_zoo_table_agree_only_as_far_as_another_cpu_changes(tmp_path, rewritten,
-                                                                                               agrees):
-    """The audit's case on the real committed Table 1 (tiny-llada, 700 items, every one a near-tie): answers of one run
-    rewritten with the run's accuracy kept consistent. The bound was 23; measured on Table 1's conditions another CPU
-    changes at most 10 (20 of 2,600), so 10 rewrites cannot be told from another CPU's rerun and 11 are refused."""
+# tiny-llada's answers that a rerun elsewhere may change in each committed table (every one of its items a near-tie):
+# the sum over its runs of n × the 99.9 % upper bound measured for the run's condition and k
+ZOO_ANSWERS_ALLOWED = {"table1_masking_arithmetic": 0, "table1_dose_arithmetic": 0}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_ANSWERS_ALLOWED))
+@pytest.mark.parametrize("beyond, agrees", [(0, True), (1, False)])
+def test_rewritten_answers_of_the_committed_zoo_tables_agree_only_as_far_as_another_cpu_changes(tmp_path, name, beyond,
+                                                                                                agrees):
+    """The audit's case on the real committed tables of notebooks 04 and 07: tiny-llada's answers rewritten, each
+    run's accuracy kept consistent with its items. As many as another CPU changes under those runs' conditions
+    cannot be told from its rerun; one more is refused."""
     import shutil
 
     from sinklib.evaluation.table1 import interval_columns
     from sinklib.paths import DATA_DIR
 
-    committed = DATA_DIR / "results"
     for side in ("c", "r"):
         (tmp_path / side).mkdir()
-        for name in ("table1_masking_arithmetic", "table1_masking_arithmetic_items"):
-            shutil.copy2(committed / f"{name}.parquet", tmp_path / side / f"{name}.parquet")
-    assert agreement.answers_allowed("tiny-llada", 700) == 10
-    items = pd.read_parquet(tmp_path / "c" / "table1_masking_arithmetic_items.parquet")
-    table = pd.read_parquet(tmp_path / "c" / "table1_masking_arithmetic.parquet")
-    run = (items["model"] == "tiny-llada") & (items["condition"] == "sinks") & (items["k"] == 0)
-    chosen = items[run].index[:rewritten]
+        for stem in (name, f"{name}_items"):
+            shutil.copy2(DATA_DIR / "results" / f"{stem}.parquet", tmp_path / side / f"{stem}.parquet")
+    items = pd.read_parquet(tmp_path / "c" / f"{name}_items.parquet")
+    table = pd.read_parquet(tmp_path / "c" / f"{name}.parquet")
+    ours = items[items["model"] == "tiny-llada"]
+    runs = {(c, int(k)): int(n) for (c, k), n in ours.groupby(["condition", "k"]).size().items()}
+    allowed = agreement.answers_allowed("tiny-llada", runs)
+    assert allowed == ZOO_ANSWERS_ALLOWED[name]
+    rewritten = allowed + beyond
+    chosen = ours.index[:rewritten]
     items.loc[chosen, "output"] = items.loc[chosen, "output"] + " 7"
     items.loc[chosen, "correct"] = ~items.loc[chosen, "correct"]
-    row = (table["model"] == "tiny-llada") & (table["condition"] == "sinks") & (table["k"] == 0)
-    for column, value in interval_columns(int(items[run]["correct"].sum()), int(run.sum())).items():
-        table.loc[row, column] = value
-    _write(tmp_path / "c", "table1_masking_arithmetic_items", items)
-    _write(tmp_path / "c", "table1_masking_arithmetic", table)
+    for condition, k in items.loc[chosen, ["condition", "k"]].drop_duplicates().itertuples(index=False):
+        run_items = items[(items["model"] == "tiny-llada") & (items["condition"] == condition) & (items["k"] == k)]
+        row = (table["model"] == "tiny-llada") & (table["condition"] == condition) & (table["k"] == k)
+        for column, value in interval_columns(int(run_items["correct"].sum()), len(run_items)).items():
+            table.loc[row, column] = value
+    _write(tmp_path / "c", f"{name}_items", items)
+    _write(tmp_path / "c", name, table)
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
     assert report.agrees is agrees, report.to_text()
     if not agrees:
-        assert "table1_masking_arithmetic_items" in report.failing
-        assert f"tiny-llada changed {rewritten} of its 700 answers at near-ties" in report.to_text()
+        assert f"{name}_items" in report.failing
+        assert f"tiny-llada changed {rewritten} of its {len(ours)} answers at near-ties" in report.to_text()
 
 
 def test_the_measured_cross_kernel_counts_are_the_benchmarks():
-    """CROSS_KERNEL_ANSWERS quotes benchmarks/results/cpu_rounding_bound.md: per model, final canvases that differed,
-    summed over the kernels compared, of the generations compared."""
+    """CROSS_KERNEL_ANSWERS quotes benchmarks/results/cpu_rounding_bound.md: per model, condition and k, final
+    canvases that differed, summed over the kernels compared, of the generations compared (a row against another
+    thread count of this CPU's kernels is not another CPU's)."""
     from pathlib import Path
 
     rows = [line.split("|")[1:-1] for line in (Path(__file__).parents[2] / "benchmarks" / "results" /
                                                "cpu_rounding_bound.md").read_text().splitlines()
             if line.startswith("| tiny-") or line.startswith("| smollm2")]
-    measured: dict[str, list[int]] = {}
+    measured: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
     for cells in rows:
-        model, generations, differed = cells[0].strip(), int(cells[2]), int(cells[5])
-        measured.setdefault(model, [0, 0])
-        measured[model] = [measured[model][0] + differed, measured[model][1] + generations]
-    assert {model: tuple(counts) for model, counts in measured.items()} == {
-        model: counts for model, counts in agreement.CROSS_KERNEL_ANSWERS.items() if model != "a"}
+        model, against, condition, k, generations, differed = (cells[i].strip() for i in (0, 1, 2, 3, 4, 7))
+        if against.startswith("threads="):
+            continue
+        key = agreement.run_key(condition, int(k))
+        before = measured.setdefault(model, {}).get(key, (0, 0))
+        measured[model][key] = (before[0] + int(differed), before[1] + int(generations))
+    assert measured == {model: runs for model, runs in agreement.CROSS_KERNEL_ANSWERS.items() if model != "a"}
 
 
-def test_a_model_never_measured_takes_every_measured_models_pooled_count(monkeypatch):
+def test_a_run_not_measured_takes_its_models_pooled_count_and_a_model_never_measured_every_models(monkeypatch):
     monkeypatch.delitem(agreement.CROSS_KERNEL_ANSWERS, "a")  # the hand-built model: not a measurement
-    assert agreement.answers_allowed("never-measured", 1000) == 5  # 27 of 8,100: upper bound 0.58 %
+    monkeypatch.setitem(agreement.CROSS_KERNEL_ANSWERS, "m", {(agreement.UNMASKED, 0): (0, 300), ("sinks", 1): (3, 100)})
+    pooled = agreement.upper_bound(3, 400)
+    assert agreement.answers_allowed("m", {("sinks", 7): 1000}) == int(pooled * 1000)
+    assert agreement.answers_allowed("m", {("sinks", 0): 1000, ("random keys", 0): 1000}) == \
+        int(agreement.upper_bound(0, 300) * 2000)  # k = 0 is the unmasked run, whatever its condition's name
+    every = [counts for runs in agreement.CROSS_KERNEL_ANSWERS.values() for counts in runs.values()]
+    assert agreement.answers_allowed("never-measured", {("sinks", 1): 1000}) == int(
+        agreement.upper_bound(sum(c for c, _ in every), sum(n for _, n in every)) * 1000)
 
 
 def _layer_head(**columns):

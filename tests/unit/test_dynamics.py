@@ -1,4 +1,5 @@
 """Sink dynamics on hand-built traces with known answers."""
+import pytest
 import torch
 
 from sinklib import dynamics
@@ -40,6 +41,17 @@ def test_moving_events_need_a_sink_on_both_sides():
 def test_transient_sinks_live_one_step():
     found = dynamics.transient_sinks(build_trace([None, 4, None, 4, 4, None]))
     assert found[["step", "position"]].values.tolist() == [[1, 4]]
+
+
+def test_a_transient_sink_carries_its_closest_threshold_test():
+    """threshold_gap: the smallest |s_j − mean of the others − eps| / (1 + s_j) of the three steps that decide the
+    event (steps 0, 1, 2 at position 4), against the same sums by hand in float64."""
+    trace = build_trace([None, 4, None, 4, 4, None])
+    others = (8 - 6.0) / 7
+    by_hand = min(abs(6.0 - others - 3.0) / 7, abs(1.0 - 1.0 - 3.0) / 2)  # the sink step; a step of equal scores
+    assert dynamics.transient_sinks(trace)["threshold_gap"].tolist() == [pytest.approx(by_hand, rel=1e-6)]
+    trace.scores[2, 0, 0, 4] = 4.0 - 1e-5  # step 2's key misses the threshold by 1e-5: what another CPU may round over
+    assert dynamics.transient_sinks(trace)["threshold_gap"].tolist() == [pytest.approx(1e-5 / 5, rel=1e-2)]
 
 
 def test_dynamics_summary_lifetime_and_move_rate():

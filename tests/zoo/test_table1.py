@@ -78,3 +78,30 @@ def test_bad_input(models):
         masking_table(models, task="humaneval")
     with pytest.raises(ValueError, match=r"source='next_step' is not allowed"):
         masking_table(models, source="next_step")
+
+
+def test_each_row_carries_its_audits_closest_margin_and_a_checks_file_without_it_is_made_again(models, tmp_path):
+    """The audit (evaluation.checks.mass_dropped) keeps its generation's closest decision margin, what a rerun
+    elsewhere needs to know whether the audit may take another path: equal to the margin of the same generation made
+    by hand (the task's first sample, the row's policy). A checks file written before that column existed is this
+    run's own and is made again, with the same counts."""
+    import json
+
+    from sinklib.evaluation.tasks import get_task
+    from sinklib.ties import smallest_margin
+
+    llada = models[0]
+    table = masking_table([llada], ks=[1], random_control=False, limit=2, batch_size=2, out_dir=tmp_path,
+                          progress=False)
+    row = table.frame.iloc[0]
+    task = get_task("arithmetic")
+    by_hand = sinklib.generate(llada, task.samples()[0].prompt, llada.settings_for(task), chat=task.chat,
+                               progress=False, keep_scores=False, intervention=MaskSinks(top_k=1))
+    assert row.audit_margin == smallest_margin(by_hand) and row.masked_entries > 0 and row.kept_share < 1e-6
+    stored = next(tmp_path.glob("*.checks.json"))
+    older = json.loads(stored.read_text())
+    del older["audit_margin"]
+    stored.write_text(json.dumps(older))
+    again = masking_table([llada], ks=[1], random_control=False, limit=2, batch_size=2, out_dir=tmp_path,
+                          progress=False)
+    assert again.frame.equals(table.frame) and json.loads(stored.read_text())["audit_margin"] == row.audit_margin
