@@ -21,6 +21,7 @@ from sinklib.capture import AttentionCall, check_intervention
 from sinklib.layers import AttentionLayer
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule, positions_to_mask, single_row_scores
+from sinklib.ties import note_selection
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -120,7 +121,7 @@ class MaskSinks(Intervention):
     threshold: bool = True
     layers: tuple[int, ...] | None = None  # mask only in these layers (None: every layer); sinks are found in all
     steps: tuple[int, ...] | None = None  # mask only at these steps (None: every step), e.g. range(0, 8): early
-    _chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # layer → (step, keys)
+    _chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # layer → (step, keys, margin)
 
     def __post_init__(self) -> None:
         if not isinstance(self.threshold, bool):
@@ -151,10 +152,17 @@ class MaskSinks(Intervention):
 
     def select(self, stats: AttentionStats) -> torch.Tensor:
         """bool [batch, heads, keys]: the top-K sinks of these statistics under this policy's rule."""
+        return self._choose(stats)[0]
+
+    def _choose(self, stats: AttentionStats) -> tuple[torch.Tensor, torch.Tensor]:
+        """(select's mask, float64 [batch]: how close the choice came to other keys over the heads, relative
+        (sinks.selection_margin): what the forward that applies it notes, ties.note_selection)."""
         scores = key_normalised(stats, self.rows)
         k = min(self.top_k, scores.shape[-1])
-        positions = self.rule.top(scores, k, valid=stats.key_valid[:, None, :], threshold=self.threshold)
-        return positions_to_mask(positions, scores.shape[-1])
+        valid = stats.key_valid[:, None, :]
+        positions = self.rule.top(scores, k, valid=valid, threshold=self.threshold)
+        margin = self.rule.selection_margin(scores, k, valid=valid, threshold=self.threshold).amin(-1)
+        return positions_to_mask(positions, scores.shape[-1]), margin
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
         """bool [batch, heads, keys]: "same_step", the top-K sinks of a clean pass of this call; otherwise those this
@@ -163,10 +171,13 @@ class MaskSinks(Intervention):
         if self.top_k == 0 or not self.applies(call):
             return None
         if self.source == "same_step":
-            return self.select(call.clean_stats())
+            keys, margin = self._choose(call.clean_stats())
+            note_selection(margin)
+            return keys
         chosen = self._chosen.get(call.layer)
         if chosen is None or chosen[0] != call.step - 1:
             return None
+        note_selection(chosen[2])  # another CPU may have chosen other keys at step t−1: this forward's decisions
         return _fit_keys(chosen[1], call.n_keys)
 
     def applies(self, call: AttentionCall) -> bool:
@@ -179,7 +190,7 @@ class MaskSinks(Intervention):
         if self.top_k == 0 or self.source == "same_step":
             return
         source_stats = call.clean_stats() if self.source == "previous_step_clean" else stats
-        self._chosen[call.layer] = (call.step, self.select(source_stats))
+        self._chosen[call.layer] = (call.step, *self._choose(source_stats))
 
 
 @dataclass(frozen=True)

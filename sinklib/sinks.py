@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sinklib.ties import relative_gap
 from sinklib.validation import bad_value, check_choice, check_eps, check_int
 
 UNITS = ("sum", "mean")
@@ -133,6 +134,45 @@ def top_sinks(
     return torch.where(torch.isfinite(values), positions, torch.full_like(positions, -1))
 
 
+EXACTLY_ON_THRESHOLD = 1e-12  # selection_margin of an Eq. 3 test landing exactly on eps: a near-tie, not a tie
+
+
+def selection_margin(
+    scores: torch.Tensor,
+    k: int,
+    eps: float = 3.0,
+    units: str = "sum",
+    *,
+    valid: torch.Tensor | None = None,
+    threshold: bool = True,
+) -> torch.Tensor:
+    """float64 [...]: how close top_sinks(scores, k, ...) came to choosing other keys, relative (ties.relative_gap's
+    scale): the gap between the k-th and (k+1)-th eligible keys' scores, and with threshold=True each of the top
+    k+1 keys' Eq. 3 test, |s_j − mean_{k≠j} s_k − eps| / (1 + |s_j|) (only they can enter or leave the choice: the
+    test is monotone in s_j). The smallest above 0; +inf where nothing could change the choice. Two scores exactly
+    equal (masked keys, all 0) are an exact tie, broken by position the same on every CPU; a test exactly on eps
+    counts as EXACTLY_ON_THRESHOLD."""
+    scores = as_scores(scores)
+    valid = _valid_mask(scores, valid)
+    n = min(k + 1, scores.shape[-1])
+    inf = torch.full(scores.shape[:-1], float("inf"), dtype=torch.float64, device=scores.device)
+    if k == 0 or n == 0:
+        return inf
+    margin = sink_margin(in_units(scores, units, valid=valid), valid=valid)  # −inf for invalid keys
+    top_margin, order = margin.topk(n, dim=-1)  # the top k+1 by score: the margin is monotone in the score
+    top_scores = in_units(scores, units, valid=valid).float().gather(-1, order)
+    gaps = []
+    if threshold:  # a test exactly on eps is no exact tie (rounding may put it either side): the closest near-tie
+        tested = (top_margin.double() - eps).abs() / (1 + top_scores.double().abs())
+        gaps.append(tested.clamp(min=EXACTLY_ON_THRESHOLD))
+    if n == k + 1:  # the k-th and (k+1)-th keys, where both are eligible
+        both = (top_margin[..., k] > eps) | (not threshold)
+        rank = relative_gap(top_scores[..., k - 1], top_scores[..., k])
+        gaps.append(torch.where(both & torch.isfinite(top_margin[..., k]), rank, inf)[..., None])
+    gaps = torch.cat(gaps, dim=-1)
+    return torch.where(torch.isfinite(gaps) & (gaps > 0), gaps, torch.full_like(gaps, float("inf"))).amin(-1)
+
+
 @dataclass(frozen=True)
 class SinkRule:
     """The sink rule (Eq. 3) as one value: key j is a sink when s_j > mean_{k≠j} s_k + eps, compared in `units`
@@ -154,6 +194,11 @@ class SinkRule:
     def top(self, scores: torch.Tensor, k: int, *, valid: torch.Tensor | None = None, threshold: bool = True) -> torch.Tensor:
         """int64 [..., k]: positions of the k strongest sinks under this rule, best first, −1-padded (top_sinks)."""
         return top_sinks(scores, k, self.eps, self.units, valid=valid, threshold=threshold)
+
+    def selection_margin(self, scores: torch.Tensor, k: int, *, valid: torch.Tensor | None = None,
+                         threshold: bool = True) -> torch.Tensor:
+        """float64 [...]: how close `top` came to choosing other keys (selection_margin)."""
+        return selection_margin(scores, k, self.eps, self.units, valid=valid, threshold=threshold)
 
     def share(self, scores: torch.Tensor | Sequence[torch.Tensor], *, valid: torch.Tensor | None = None) -> float:
         """The share of valid tokens this rule selects (one row of threshold_sweep)."""

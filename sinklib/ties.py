@@ -4,7 +4,11 @@ Two CPUs compute logits that agree to a few float32 roundings (benchmarks/cpu_ro
 few). Where a sampler's choice — the argmax token, the top-k confident positions — is decided by less than that,
 another CPU may choose differently and the canvas differs from that step on. Samplers note each forward's margin
 (note_decisions, inside recording_decisions); a margin of 0 is an exact tie (a fixed order breaks it the same way
-everywhere), one in (0, NEAR_TIE] a near-tie, anything larger a decision every CPU makes the same way. The summary
+everywhere), one in (0, NEAR_TIE] a near-tie, anything larger a decision every CPU makes the same way. A policy
+that picks keys from the attention (interventions.MaskSinks) notes how close its pick came to other keys
+(note_selection) when the pick is applied, and that forward's margin is the closer of the two: another CPU may mask
+other keys, and decide otherwise at a step whose sampler margin is wide (tiny-dream with its top-2 sinks masked:
+a step decided at 0.002 on one CPU, 0.00086 on another). The summary
 marks models with near-ties, the evaluation runner writes each generation's closest margin, and sinklib.agreement
 excuses a rerun only where both runs decided a parting step within NEAR_TIE.
 """
@@ -56,24 +60,53 @@ def smallest_margin(trace) -> float | None:
 
 # --- the margins samplers note, and how they are measured ------------------------------------------------------
 _DECISIONS: contextvars.ContextVar[list | None] = contextvars.ContextVar("sinklib_decisions", default=None)
+_SELECTIONS: contextvars.ContextVar[list | None] = contextvars.ContextVar("sinklib_selections", default=None)
 
 
 @contextlib.contextmanager
 def recording_decisions() -> Iterator[list[torch.Tensor]]:
-    """Collect the margins samplers note inside this block: one float64 tensor [batch] per forward."""
+    """Collect the margins samplers note inside this block: one float64 tensor [batch] per forward, each the closer
+    of the sampler's decision and the key selections policies noted during that forward."""
     margins: list[torch.Tensor] = []
-    token = _DECISIONS.set(margins)
+    tokens = _DECISIONS.set(margins), _SELECTIONS.set([])
     try:
         yield margins
     finally:
-        _DECISIONS.reset(token)
+        _DECISIONS.reset(tokens[0])
+        _SELECTIONS.reset(tokens[1])
+
+
+def note_selection(margins: torch.Tensor) -> None:
+    """Record how close a policy's choice of keys, applied in this forward, came to other keys: [batch] (or [k ×
+    batch], e.g. a guided forward's doubled batch), relative, +inf where nothing could change it (a no-op outside
+    recording_decisions)."""
+    pending = _SELECTIONS.get()
+    if pending is not None:
+        pending.append(margins.detach().to("cpu", torch.float64).reshape(-1))
 
 
 def note_decisions(margins: torch.Tensor) -> None:
-    """Record this forward's decision margin per row (a no-op outside recording_decisions)."""
+    """Record this forward's decision margin per row, the closer of it and the selections noted since the last
+    forward's (a no-op outside recording_decisions). A sampled decision (NaN) stays NaN."""
     log = _DECISIONS.get()
-    if log is not None:
-        log.append(margins.detach().to("cpu", torch.float64))
+    if log is None:
+        return
+    margins = margins.detach().to("cpu", torch.float64)
+    pending = _SELECTIONS.get()
+    if pending:
+        rows = margins.numel()
+        closest = torch.stack([_per_row(selection, rows) for selection in pending]).amin(0)
+        margins = torch.minimum(margins, closest.reshape(margins.shape))
+        pending.clear()
+    log.append(margins)
+
+
+def _per_row(selection: torch.Tensor, rows: int) -> torch.Tensor:
+    """A noted selection as one margin per decision row: its [k × rows] entries' closest per row, or, where its
+    batch is not the decisions' (no such sampler is known), its closest entry for every row."""
+    if selection.numel() and selection.numel() % rows == 0:
+        return selection.reshape(-1, rows).amin(0)
+    return selection.amin().expand(rows) if selection.numel() else torch.full((rows,), math.inf, dtype=torch.float64)
 
 
 def relative_gap(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:

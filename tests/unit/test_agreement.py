@@ -425,7 +425,7 @@ def test_answers_changed_at_near_ties_are_bounded_by_what_another_cpu_measurably
 
 # tiny-llada's answers that a rerun elsewhere may change in each committed table (every one of its items a near-tie):
 # the sum over its runs of n × the 99.9 % upper bound measured for the run's condition and k
-ZOO_ANSWERS_ALLOWED = {"table1_masking_arithmetic": 0, "table1_dose_arithmetic": 0}
+ZOO_ANSWERS_ALLOWED = {"table1_masking_arithmetic": 35, "table1_dose_arithmetic": 19}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO_ANSWERS_ALLOWED))

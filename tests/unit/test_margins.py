@@ -69,3 +69,48 @@ def test_logits_with_no_decision_to_measure_are_never_called_a_near_tie(poison):
     bad = torch.full_like(good, poison) if math.isinf(poison) else good.clone().fill_(poison)
     margin = confidence_margin(good, bad, torch.float32, "probability")
     assert math.isnan(margin) and not is_near_tie(margin)
+
+
+def _selection_by_hand(scores: list[float], k: int, eps: float, threshold: bool) -> float:
+    """selection_margin in float64 by its definition, over every key of one row."""
+    n = len(scores)
+    margins = [s - (sum(scores) - s) / (n - 1) for s in scores]
+    order = sorted(range(n), key=lambda j: -scores[j])[:k + 1]
+    gaps = [max(abs(margins[j] - eps) / (1 + abs(scores[j])), 1e-12) for j in order] if threshold else []
+    if len(order) == k + 1 and (not threshold or margins[order[k]] > eps):
+        high, low = scores[order[k - 1]], scores[order[k]]
+        gaps.append((high - low) / (1 + abs(high)))
+    return min((g for g in gaps if g > 0), default=math.inf)
+
+
+@pytest.mark.parametrize("scores, k, threshold", [
+    ([6.0, 1.0, 1.0, 0.0], 1, True),  # one clear sink
+    ([6.0, 5.999, 0.001, 0.0], 1, True),  # two sinks a rank apart by 1.4e-4: a near-tie of the ranking
+    ([4.0, 1.0, 1.0, 1.0], 1, True),  # 4 − 1 = 3 = eps exactly: no exact tie, the closest near-tie (1e-12)
+    ([4.0001, 1.0, 1.0, 1.0], 2, True),  # the top key passes by 1e-4 / 5
+    ([3.0, 2.0, 2.0, 1.0], 2, False),  # no threshold: keys 1 and 2 tied exactly (an exact tie), 1 vs 0 decides
+])
+def test_a_sink_choice_knows_how_close_it_came_to_other_keys(scores, k, threshold):
+    """sinks.selection_margin against its definition worked by hand (float64 over every key of the float32 scores;
+    the margins inside are float32 differences, so a gap of 1e-4 agrees to about 1 %)."""
+    from sinklib.sinks import selection_margin
+
+    scores = torch.tensor([scores])
+    found = selection_margin(scores, k, 3.0, threshold=threshold)
+    assert found.tolist() == [pytest.approx(_selection_by_hand(scores[0].tolist(), k, 3.0, threshold), rel=1e-2)]
+
+
+def test_a_forwards_margin_is_the_closer_of_its_decision_and_the_key_choices_applied_in_it():
+    """note_selection's margins (per row, a doubled batch folded) lower that forward's noted decision margin and
+    are then forgotten; a sampled decision (NaN) stays NaN; outside recording_decisions nothing is kept."""
+    from sinklib.ties import note_decisions, note_selection, recording_decisions
+
+    note_selection(torch.tensor([1e-9, 1e-9]))  # outside: dropped
+    with recording_decisions() as margins:
+        note_selection(torch.tensor([0.5, 2e-4], dtype=torch.float64))
+        note_selection(torch.tensor([0.1, math.inf, 0.3, math.inf], dtype=torch.float64))  # guided: [2 × batch]
+        note_decisions(torch.tensor([0.2, 0.4], dtype=torch.float64))
+        note_decisions(torch.tensor([0.2, 0.4], dtype=torch.float64))  # the next forward: no selection applied
+        note_selection(torch.tensor([1e-5, 1e-5], dtype=torch.float64))
+        note_decisions(torch.tensor([math.nan, 0.4], dtype=torch.float64))
+    assert [m.tolist() for m in margins] == [[0.1, 2e-4], [0.2, 0.4], [pytest.approx(math.nan, nan_ok=True), 1e-5]]
