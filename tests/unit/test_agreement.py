@@ -24,7 +24,8 @@ def _generations(canvases: dict[tuple[str, int], list[list[int]]], margins: dict
 LAYOUTS = {"moving_sink_events": Layout(("model", "trace", "step", "layer", "head"), "trace"),
            "sink_dynamics": Layout(("model", "trace"), "trace"), "fig05_layer_head": Layout(("model", "layer", "head")),
            "generations": Layout(("model", "trace", "step"), "trace"), "table1_masking_arithmetic": EVALUATION,
-           "table1_masking_arithmetic_items": EVALUATION_ITEMS,
+           "table1_masking_arithmetic_items": EVALUATION_ITEMS, "table1_dose_arithmetic": EVALUATION,
+           "table1_dose_arithmetic_items": EVALUATION_ITEMS,
            "transient_sinks": Layout(("model", "trace", "step", "layer", "head", "position"), "trace",
                                      threshold="threshold_gap")}
 
