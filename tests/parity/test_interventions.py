@@ -273,3 +273,29 @@ def test_a_causal_call_is_masked_without_a_full_mask_and_agrees_with_the_full_ma
     torch.testing.assert_close(fast_logits, full_logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fast.scores, full.scores, atol=1e-5, rtol=1e-5)
     assert torch.equal(fast.masked_keys, full.masked_keys)
+
+
+def test_the_forward_that_applies_a_sink_pick_records_how_close_the_pick_came_to_other_keys():
+    """Each forward's noted margin (here with a sampler margin of +inf) is the closest selection margin, over layers
+    and heads, of the picks it applied: those made from step t−1's attention, worked out by hand from the recorded
+    scores (tests/unit/test_margins: the k-th against the (k+1)-th key, each of the top k+1 keys' Eq. 3 test);
+    step 0 applies none."""
+    import math
+
+    from sinklib.ties import note_decisions, recording_decisions
+    from tests.unit.test_margins import _selection_by_hand
+
+    policy = sinklib.MaskSinks(top_k=2)
+    model = sinky()
+    with recording_decisions() as margins, torch.no_grad(), sinklib.capture(model, intervention=policy) as rec:
+        for x in STEPS:
+            model(x)
+            note_decisions(torch.full((x.shape[0],), math.inf, dtype=torch.float64))
+    assert margins[0].tolist() == [math.inf, math.inf]
+    scores = rec.scores[0]  # [layers, batch, heads, keys]: step 0 ran unmasked, every key valid
+    by_hand = [min(_selection_by_hand(scores[layer, row, head].tolist(), 2, 3.0, True)
+                   for layer in range(scores.shape[0]) for head in range(scores.shape[2]))
+               for row in range(scores.shape[1])]
+    assert margins[1].tolist() == pytest.approx(by_hand, rel=1e-4)
+    # later picks come from masked attention (its masked keys left out of the Eq. 3 mean, as the pick leaves them)
+    assert all(0 < m < math.inf for t in range(2, len(STEPS)) for m in margins[t].tolist())
