@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sinklib.provenance import read_layout, read_manifest
 from sinklib.summary import Layout
 from sinklib.ties import NEAR_TIE, both_near_tie, is_near_tie
 
@@ -259,8 +260,6 @@ def _compare_figure_folder(committed: Path, rerun: Path, rerun_only: bool, repor
 def _notebooks_of(folder: Path, stems: list[str] | None) -> dict[str, str]:
     """artifact file name → the notebook that wrote it, from the folder's PROVENANCE.json (for the artifacts whose
     stems are `stems`, or all); {} where it has none or cannot be read (compare_folders reports that file)."""
-    from sinklib.provenance import read_manifest  # noqa: PLC0415  (provenance imports torch: only a check needs it)
-
     try:
         manifest = read_manifest(folder)
     except (ValueError, OSError):
@@ -324,8 +323,6 @@ def _compare_parameters(report: Report, folders: list[tuple[Path, Path]]) -> Non
     """Mark every compared artifact whose run parameters (the `config` its PROVENANCE.json records) differ between
     the committed folder and the rerun's as differing: a rerun with another eps or other models confirms nothing,
     however close its numbers."""
-    from sinklib.provenance import read_manifest  # noqa: PLC0415  (provenance imports torch: only a check needs it)
-
     configs: dict[str, tuple] = {}
     for committed, rerun in folders:
         try:
@@ -657,8 +654,6 @@ def _page_parts(text: str) -> tuple[str, dict]:
 def _layout(committed: Path, rerun: Path) -> Layout | None:
     """The layout the table carries (summary.Layout, written with it): the rerun's, which the code under test
     wrote, else the committed file's; None when neither carries one."""
-    from sinklib.provenance import read_layout  # noqa: PLC0415  (provenance imports torch: only a check needs it)
-
     for path in (rerun, committed):
         found = read_layout(path) if path.exists() else None
         if found is not None:

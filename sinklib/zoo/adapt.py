@@ -45,12 +45,17 @@ from tqdm.auto import tqdm
 
 from sinklib import compat
 from sinklib.cache_manifest import fingerprint, weights_fingerprint, write_shipped_manifest
+from sinklib.loading import load
+from sinklib.provenance import describe
+from sinklib.stats import paired
 from sinklib.validation import (Count, Flag, Index, Positive, Text, bad_value, check_choice, check_int,
                                 validated)
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, check_adapter, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.evaluation.tasks import plain
+from sinklib.zoo import over_training
 from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl
+from sinklib.zoo.evaluate import accuracy, by_template
 from sinklib.zoo.train import restores_torch_threads
 
 BASE = ADAPTED_MODELS["smollm2-135m-diffusion"].base
@@ -294,7 +299,6 @@ def lora_config(spec: AdaptSpec):
 
 def base_model():
     """SmolLM2-135M-Instruct from the offline GGUF (converted once by sinklib.named), float32, with its tokenizer."""
-    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package: not at the top)
 
     loaded = load(BASE)
     return loaded.model, loaded.tokenizer
@@ -492,7 +496,6 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
     per-problem files (<split>.jsonl; default HELD_OUT_RESULTS/<name>/<the adapter's weights fingerprint>), resumed
     where an earlier run of the same configuration wrote them. `curve_steps`: checkpoints for the card's learning
     curve (learning_curve on the first `curve_n` new-text problems, each paired with the shipped adapter)."""
-    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
 
     spec = TWINS[name]
     results = HELD_OUT_RESULTS / name / weights_fingerprint(ZOO_DIR / name) if results is None else results
@@ -536,7 +539,6 @@ def measure_held_out(loaded, eval_n: int | dict[str, int], progress: bool = True
     the model's own sampler at temperature 0.
     `results`: a folder for the per-problem files (<split>.jsonl), resumed where a run of the same configuration
     wrote them."""
-    from sinklib.zoo.evaluate import accuracy, by_template  # noqa: PLC0415  (the evaluation runner: heavy)
 
     splits = {}
     for split, (task, file) in CARD_SPLITS.items():
@@ -554,7 +556,6 @@ def remeasure_card(name: str, eval_n: int | dict[str, int] = 500, progress: bool
     curve (as write_card), and rewrite its card.json and README.md; the training record already on the card (steps,
     loss, wall time, the machine it trained on) is kept, so this may run on another machine than training did.
     `results`: as write_card's (default: the committed per-problem files of this adapter, resumed)."""
-    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
 
     target = ZOO_DIR / check_choice(name, "name", TWINS)
     card = json.loads((target / "card.json").read_text())
@@ -669,7 +670,6 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
     of the twin it starts from), so it needs no saved checkpoint."""
     import dataclasses  # noqa: PLC0415  (only measurements rebuild a loaded model)
 
-    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package)
 
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     saved = _checkpoints(folder)
@@ -696,8 +696,6 @@ def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, h
     settings is not measured again. `checkpoint_root` holds one folder per twin (default data/checkpoints/); `steps`
     defaults to measured_steps(name).
     Returns every row."""
-    from sinklib.provenance import describe  # noqa: PLC0415  (measurement only)
-    from sinklib.zoo import over_training  # noqa: PLC0415  (measurement only: the evaluation stack)
 
     how = how or over_training.Measurement(n_problems=20, n_traces=4)
     for name in names:
@@ -734,8 +732,6 @@ def learning_curve(name: str, steps: tuple[int, ...], n: int = 200, split: str =
     <name>-shipped-<split>.jsonl beside the checkpoints', keyed by the runner like theirs), and give every
     checkpoint's row its paired comparison with it: `lost` (right at the checkpoint only), `gained` (right shipped
     only), the shipped adapter's gain with its 95 % interval (Newcombe) and McNemar's exact p."""
-    from sinklib.loading import load  # noqa: PLC0415  (loading imports this package's paths)
-    from sinklib.zoo.evaluate import accuracy  # noqa: PLC0415  (the evaluation runner: heavy)
 
     task, file = CARD_SPLITS[check_choice(split, "split", CARD_SPLITS)]
     check_int(n, "n", 1)
@@ -757,8 +753,6 @@ def curve_rows(measured: list[tuple[dict, list[dict]]], items: list[Problem], ag
     `against_last`, each row but the last also carries its paired comparison with the last on the same problems
     (lost: right here only; gained: right in the last only; shipped_gain = last − this with its Newcombe 95 %
     interval; McNemar's exact p)."""
-    from sinklib.stats import paired  # noqa: PLC0415
-    from sinklib.zoo.evaluate import by_template  # noqa: PLC0415  (the evaluation runner: heavy)
 
     final = {str(r["id"]): bool(r["correct"]) for r in measured[-1][1]} if against_last else {}
     rows = []
