@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
 from tqdm.auto import tqdm
 
+from sinklib.evaluation.runner import evaluate
+from sinklib.evaluation.tasks import get_task
 from sinklib.families.base import record
+from sinklib.generate import generate
 from sinklib.stats import paired, wilson_interval
 from sinklib.validation import bad_value
 
@@ -93,8 +97,6 @@ def measure(models: Mapping[str, Any], task_of: Mapping[str, str], out: str | Pa
     of its task (task_of[name]) into results_path(out, …), one problem at a time (sinklib.evaluation.evaluate: an
     interrupted run resumes where it stopped; records made with other settings or inputs are refused, never
     reused). Their seconds are as the machine was at the time: compare speeds with `time_policies`."""
-    from sinklib.evaluation.runner import evaluate  # noqa: PLC0415  (the evaluation stack loads only to measure)
-
     jobs = _jobs(models, policies, block_length)
     for (name, policy), settings in tqdm(jobs.items(), desc="policies", disable=not progress):
         path = results_path(out, name, policy)
@@ -109,11 +111,6 @@ def time_policies(models: Mapping[str, Any], task_of: Mapping[str, str], problem
     policy), interleaved — problem i under all of them, in an order rotated by i, before problem i + 1 — so that
     whatever else the machine does slows every policy alike. → one row per (model, policy, problem): seconds
     (wall, generation alone), forwards, answer tokens."""
-    import time  # noqa: PLC0415
-
-    from sinklib.evaluation.tasks import get_task  # noqa: PLC0415
-    from sinklib.generate import generate  # noqa: PLC0415
-
     jobs = list(_jobs(models, policies, block_length).items())
     samples = {name: get_task(task).samples()[:problems] for name, task in task_of.items() if name in models}
     rows = []
@@ -145,8 +142,6 @@ def stored_timing(models: Mapping[str, Any], task_of: Mapping[str, str], out: st
               _jobs(models, None, block_length).items()}
     if path.exists():
         timing = pd.read_csv(path)
-        from sinklib.evaluation.tasks import get_task  # noqa: PLC0415
-
         ids = {name: [s.id for s in get_task(task_of[name]).samples()[:problems]] for name in models}
         found = {(m, p): rows for (m, p), rows in timing.groupby(["model", "policy"], sort=False)}
         differs = sorted(f"{m} / {p}" for (m, p) in wanted.keys() | found.keys()

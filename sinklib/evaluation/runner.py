@@ -22,12 +22,13 @@ from sinklib.ties import NEAR_TIE_MARK, closest_margin, is_near_tie, smallest_ma
 from sinklib.capture import check_intervention
 from sinklib.generate import check_options, generate, resolve_settings
 from sinklib.validation import Consent, Count, Index, bad_value, checked
-from sinklib.evaluation.tasks import get_task, qualified_name, require_code_execution_opt_in
+from sinklib.evaluation.tasks import get_task, qualified_name, require_code_execution_opt_in, sandbox_module
 from sinklib.interventions import identity
 from sinklib.provenance import as_text, describe
 from sinklib.cache_manifest import MANIFEST, weights_fingerprint
 from sinklib.families.base import fit, record
 from sinklib.loading import LoadedModel, load
+from sinklib.paths import ZOO_DIR
 
 if TYPE_CHECKING:  # the sandbox loads when HumanEval runs, not with sinklib
     from sinklib.evaluation.sandbox import SandboxLimits
@@ -84,9 +85,7 @@ def run_config(model: LoadedModel, task: str, intervention, limit: int | None, s
               "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
               "settings": record(settings), "task_path": task_path}
     if get_task(task).executes_code:
-        from sinklib.evaluation.sandbox import SandboxLimits  # noqa: PLC0415  (loaded when HumanEval runs)
-
-        config["sandbox"] = asdict(sandbox or SandboxLimits())
+        config["sandbox"] = asdict(sandbox or sandbox_module().SandboxLimits())
     return config
 
 
@@ -111,8 +110,6 @@ def run_inputs(model: LoadedModel, spec: Any, samples: list) -> dict[str, Any]:
 
 
 def _model_files(model: LoadedModel) -> dict[str, str]:
-    from sinklib.paths import ZOO_DIR  # noqa: PLC0415  (paths is tiny; kept beside its one use)
-
     folder = ZOO_DIR / model.name
     if not folder.is_dir():
         return {}
@@ -452,9 +449,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
     settings = sampler_settings(model, task, sampler, **options)
     samples = samples[:limit]
     if spec.executes_code:
-        from sinklib.evaluation.sandbox import SandboxLimits  # noqa: PLC0415  (loaded when HumanEval runs)
-
-        sandbox = sandbox or SandboxLimits()
+        sandbox = sandbox or sandbox_module().SandboxLimits()
     config = run_config(model, task, intervention, limit, seed, batch_size, task_path, sandbox, settings)
     run = _Run(model, spec, intervention, settings, sandbox, config_hash(config), seed)
     out_path = Path(out) if out is not None else None

@@ -110,14 +110,21 @@ def humaneval_program(sample: Sample, completion: str) -> str:
     return f"{sample.prompt}{completion}\n{sample.meta['test']}\ncheck({sample.target})\n"
 
 
+def sandbox_module():
+    """sinklib.evaluation.sandbox, imported here at first use: the sandbox loads when a task runs code (HumanEval),
+    never with sinklib (test_the_sandbox_loads_when_humaneval_runs_not_with_sinklib) — the one place that imports it."""
+    from sinklib.evaluation import sandbox  # noqa: PLC0415  (loaded only when a task runs code)
+
+    return sandbox
+
+
 def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
     """The completion (the output up to the task's stops: the generated function body) judged by the problem's
     tests, which run outside the sandbox and call it by value."""
-    from sinklib.evaluation.sandbox import SandboxLimits, run_tests  # noqa: PLC0415  (the sandbox loads when HumanEval runs)
-
     completion = output
-    result = run_tests(sample.prompt + completion, sample.meta["test"], sample.target, sandbox or SandboxLimits(),
-                       setup=sample.prompt)
+    confined = sandbox_module()
+    result = confined.run_tests(sample.prompt + completion, sample.meta["test"], sample.target,
+                                sandbox or confined.SandboxLimits(), setup=sample.prompt)
     return {"completion": completion, "status": result.status, "correct": result.passed, "error": result.error}
 
 

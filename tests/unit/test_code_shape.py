@@ -122,3 +122,28 @@ def test_every_checked_signature_resolves():
                     rules()  # NameError / TypeError here names the annotation that cannot resolve
                     resolved += 1
     assert resolved >= 20, resolved
+
+
+def _imports_inside_functions(path: Path) -> list[tuple[int, str]]:
+    """(line, source line) of each import of a sinklib module inside a function body."""
+    lines = path.read_text().splitlines()
+    found = []
+    for function in ast.walk(ast.parse(path.read_text())):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                module = (node.names[0].name if isinstance(node, ast.Import) else
+                          node.module if isinstance(node, ast.ImportFrom) else None)
+                if module and module.split(".")[0] == "sinklib":
+                    found.append((node.lineno, lines[node.lineno - 1].strip()))
+    return sorted(set(found))
+
+
+def test_sinklib_is_imported_inside_a_function_only_where_an_extra_or_a_boundary_needs_it_and_says_which():
+    """At most five function-level imports of sinklib's own modules, each saying why in parentheses (an optional
+    extra such as matplotlib or anywidget, or the sandbox's boundary): elsewhere the imports at the top show what
+    a module stands on."""
+    found = [(path.relative_to(ROOT), line, text) for path in sorted(PACKAGE.rglob("*.py"))
+             for line, text in _imports_inside_functions(path)]
+    assert len(found) <= 5, "\n".join(f"{path}:{line}: {text}" for path, line, text in found)
+    unexplained = [f"{path}:{line}: {text}" for path, line, text in found if "# noqa: PLC0415  (" not in text]
+    assert not unexplained, "say why the import is not at the top:\n" + "\n".join(unexplained)
