@@ -147,3 +147,18 @@ def test_sinklib_is_imported_inside_a_function_only_where_an_extra_or_a_boundary
     assert len(found) <= 5, "\n".join(f"{path}:{line}: {text}" for path, line, text in found)
     unexplained = [f"{path}:{line}: {text}" for path, line, text in found if "# noqa: PLC0415  (" not in text]
     assert not unexplained, "say why the import is not at the top:\n" + "\n".join(unexplained)
+
+
+def test_the_extension_guides_map_names_every_module():
+    """docs/extending.md's "Where things live" names each module of sinklib (a package's modules by file name)."""
+    text = (ROOT / "docs" / "extending.md").read_text()
+    where = text[text.index("## Where things live"):]
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(ROOT)
+        if path.name in ("__init__.py", "__main__.py", "_version.py") or "static" in relative.parts:
+            continue
+        named = str(relative) if len(relative.parts) == 2 else path.name
+        if named not in where or (len(relative.parts) > 2 and f"{'/'.join(relative.parts[:2])}/" not in where):
+            missing.append(str(relative))
+    assert not missing, f"docs/extending.md's map lacks {missing}"
