@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from sinklib.capture.replay import full_pass_scores
+from sinklib.carry import value_norms
 from sinklib.dynamics import sink_mask
 from sinklib.evaluation.runner import evaluate
 from sinklib.generate import generate
@@ -69,7 +70,7 @@ def sink_statistics(loaded: LoadedModel, items: list[Problem], eps: float = 3.0,
         for step, _layer, _head, position in sinks.nonzero().tolist():
             counts[trace.token_text(int(trace.tokens[step, position]))] += 1
         # Value norms and sinks of one full pass over the final sequence, the same for every family.
-        norms = _value_norms(loaded, trace.tokens[-1])  # [layers, heads, seq]
+        norms = value_norms(loaded, trace.tokens[-1])[0]  # ‖v_j‖ [layers, heads, seq] (carry's one definition)
         final_sinks = find_sinks(full_pass_scores(loaded, trace.tokens[-1]), eps)
         sink_norm.append(norms[final_sinks])
         other_norm.append(norms[~final_sinks])
@@ -79,24 +80,6 @@ def sink_statistics(loaded: LoadedModel, items: list[Problem], eps: float = 3.0,
     return {"eps": eps, "share_selected": selected / max(total, 1), "top_sink_tokens": frequency,
             "mean_value_norm_sinks": float(sink_values.mean()) if sink_values.numel() else None,
             "mean_value_norm_others": float(other_values.mean()), "n_generations": len(items)}
-
-
-def _value_norms(loaded: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
-    """‖v_j‖ per layer, head and position for one sequence (Llama-style v_proj)."""
-    model = loaded.model
-    config = model.config
-    head_dim = config.hidden_size // config.num_attention_heads
-    norms = []
-    hooks = [layer.self_attn.v_proj.register_forward_hook(
-        lambda m, i, out: norms.append(out[0].view(out.shape[1], -1, head_dim).norm(dim=-1).T))
-        for layer in model.model.layers]
-    try:
-        with torch.no_grad():
-            model(input_ids=tokens[None])
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return torch.stack(norms)
 
 
 def write_card(name: str, folder: Path, eval_n: int = 600) -> dict:
