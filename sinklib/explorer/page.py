@@ -56,7 +56,7 @@ def page_html(trace: Trace, eps: NonNegative = 3.0, title: str | None = None, *,
         trace = dataclasses.replace(trace, scores=trace.scores[:, kept], masked_keys=None, maps={},
                                     layer_names=[trace.layer_names[i] for i in kept])
     scores = trace.require_scores()
-    layer, head = payload.strongest_head(trace, 0)
+    layer, head = payload.strongest_head_at_step(trace, 0)
     data = {"header": {**payload.header(trace, kept), "model_layers": model_layers}, "scores": payload.float32_base64(scores),
             "state": {"step": 0, "layer": layer, "head": head, "eps": eps}}
     script = (payload.STATIC / "explorer.js").read_text()

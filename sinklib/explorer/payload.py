@@ -73,8 +73,9 @@ def _finite_max(values: torch.Tensor) -> float:
     return float(finite.max()) if finite.numel() else 0.0
 
 
-def strongest_head(trace: Trace, step: int = 0) -> tuple[int, int]:
-    """(layer, head) whose main sink is strongest at `step`: where the explorer opens."""
+def strongest_head_at_step(trace: Trace, step: int = 0) -> tuple[int, int]:
+    """(layer, head) whose main sink is strongest at this one `step`: where the explorer opens (not
+    dynamics.strongest_head, the strongest averaged over every step: Fig. 1's head)."""
     score, _ = main_sinks(trace.require_scores()[step])
     flat = int(torch.argmax(score.flatten()))
     return divmod(flat, score.shape[1])

@@ -70,7 +70,7 @@ class Explorer(anywidget.AnyWidget):
         self._shape = tuple(trace.require_scores().shape)
         self._maps: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()
         _in_range("step", step, self._shape[0])
-        strongest = payload.strongest_head(trace, step)
+        strongest = payload.strongest_head_at_step(trace, step)
         layer = strongest[0] if layer is None else layer
         head = strongest[1] if head is None else head
         super().__init__(header=payload.header(trace), step=step, layer=layer, head=head, eps=eps)

@@ -85,7 +85,7 @@ def test_autoregressive_nan_keys_are_never_the_main_sink():
 def test_widget_sends_one_step_and_the_replayed_map_of_the_selection(setup):
     loaded, trace = setup
     widget = explorer.Explorer(trace, loaded, eps=0.5)
-    layer, head = payload.strongest_head(trace, 0)
+    layer, head = payload.strongest_head_at_step(trace, 0)
     assert (widget.step, widget.layer, widget.head) == (0, layer, head)
     widget.step, widget.layer, widget.head = 2, 1, 3
     received = np.frombuffer(widget.scores, dtype="<f4").reshape(trace.scores.shape[1:])
@@ -136,7 +136,8 @@ def test_page_embeds_every_step_fetches_nothing_and_is_deterministic(setup, tmp_
     page = first.read_text()
     data = _embedded(page)
     np.testing.assert_array_equal(_floats(data["scores"]).reshape(trace.scores.shape), trace.scores.numpy())
-    assert data["state"]["eps"] == 3.0 and (data["state"]["layer"], data["state"]["head"]) == payload.strongest_head(trace)
+    opened = (data["state"]["layer"], data["state"]["head"])
+    assert data["state"]["eps"] == 3.0 and opened == payload.strongest_head_at_step(trace)
     assert not re.search(r"(src|href)=|https?://|fetch\(|import\(", page)  # self-contained
     assert "export default" not in page and "render({ model: staticModel(data)" in page
 
