@@ -45,12 +45,12 @@ def main() -> None:
         seconds: dict[str, list[float]] = {label: [] for label in runs}
         accuracy = {}
         evaluate(loaded, "arithmetic", limit=args.batch_size, batch_size=args.batch_size, progress=False,
-                 sampler=settings)  # warm-up
+                 settings=settings)  # warm-up
         for _ in range(args.rounds):
             for label, intervention in runs.items():
                 began = time.perf_counter()
                 summary = evaluate(loaded, "arithmetic", intervention=intervention, limit=args.limit,
-                                   batch_size=args.batch_size, progress=False, sampler=settings)
+                                   batch_size=args.batch_size, progress=False, settings=settings)
                 seconds[label].append(time.perf_counter() - began)
                 accuracy[label] = summary.accuracy
         base = args.limit / statistics.median(seconds["unmasked"])

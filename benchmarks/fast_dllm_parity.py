@@ -130,8 +130,9 @@ def llada_cases(root: Path) -> list[str]:
                     tokens, forwards = function(upstream, prompt, steps=steps, gen_length=gen_length, block_length=block,
                                                 temperature=0.0, remasking="low_confidence", mask_id=MASK,
                                                 threshold=threshold)
-                ours = sinklib.generate(loaded, PROMPT, steps=steps, gen_length=gen_length, block_length=block,
-                                        threshold=threshold, cache=cache, confidence_dtype="float64", progress=False)
+                settings = loaded.settings_for(steps=steps, gen_length=gen_length, block_length=block,
+                                               threshold=threshold, cache=cache, confidence_dtype="float64")
+                ours = sinklib.generate(loaded, PROMPT, settings, progress=False)
                 lines.append(f"| LLaDA | {steps} / {gen_length} / {block} | {cache} | {threshold} | "
                              f"{ours.tokens[-1].tolist() == tokens[0].tolist()} | {ours.n_steps} | {forwards} |")
     return lines
@@ -152,9 +153,10 @@ def dream_cases(root: Path) -> list[str]:
                 with torch.no_grad():
                     tokens = upstream.diffusion_generate(prompt, generation_config=config, threshold=threshold,
                                                          block_length=block, dual_cache=dual)
-                ours = sinklib.generate(loaded, PROMPT, steps=steps, gen_length=gen_length, block_length=block,
-                                        alg="maskgit_plus" if threshold else "entropy", threshold=threshold,
-                                        cache="dual" if dual else "prefix", progress=False)
+                settings = loaded.settings_for(steps=steps, gen_length=gen_length, block_length=block,
+                                               alg="maskgit_plus" if threshold else "entropy", threshold=threshold,
+                                               cache="dual" if dual else "prefix")
+                ours = sinklib.generate(loaded, PROMPT, settings, progress=False)
                 lines.append(f"| Dream | {steps} / {gen_length} / {block} | {'dual' if dual else 'prefix'} | {threshold} | "
                              f"{ours.tokens[-1].tolist() == tokens[0].tolist()} | {ours.n_steps} | (not counted) |")
     return lines

@@ -41,10 +41,10 @@ def run(device: str, rounds: int = 3) -> None:
             return loaded.family.sample(lambda x, m=None, p=None: loaded.logits(x, m, p), ids, None, settings)
 
     def traced():
-        return sinklib.generate(loaded, prompt, progress=False, **options)
+        return sinklib.generate(loaded, prompt, settings, progress=False)
 
     def untraced():
-        return sinklib.generate(loaded, prompt, progress=False, keep_scores=False, **options)
+        return sinklib.generate(loaded, prompt, settings, progress=False, keep_scores=False)
 
     def timed(fn):
         if device == "cuda":

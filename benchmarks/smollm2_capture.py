@@ -129,13 +129,13 @@ def generation(loaded, new_tokens: int, rounds: int) -> None:
     """Time `new_tokens` tokens of greedy generation traced against keep_scores=False in interleaved rounds,
     check that both write the same tokens, and print both medians and their ratio."""
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-    options = dict(gen_length=new_tokens, progress=False)
+    settings = loaded.settings_for(gen_length=new_tokens)
 
     def traced():
-        return sinklib.generate(loaded, prompt, **options)
+        return sinklib.generate(loaded, prompt, settings, progress=False)
 
     def plain():
-        return sinklib.generate(loaded, prompt, keep_scores=False, **options)
+        return sinklib.generate(loaded, prompt, settings, progress=False, keep_scores=False)
 
     first, bare = traced(), plain()
     assert first.tokens[-1].tolist() == bare.tokens[-1].tolist(), "the capture changed the generated tokens"

@@ -12,19 +12,15 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from sinklib.validation import bad_value, check_int, did_you_mean
+from sinklib.validation import bad_value, check_int
 from sinklib._version import __version__
 from sinklib.capture import capture, check_intervention
 from sinklib.layers import attention_layers
-from sinklib.families.base import left_pad, option_owners, record
+from sinklib.families.base import left_pad, record
 from sinklib.ties import recording_decisions
 from sinklib.interventions import identity
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
-
-# options renamed so that one name means one thing: eps is the Eq. 3 sink threshold everywhere in sinklib
-RENAMED = {"eps": "final_time (Dream's last timestep; eps is the Eq. 3 sink threshold of find_sinks / MaskSinks)"}
-
 
 def encode(loaded: LoadedModel, prompt, chat: bool) -> list[int]:
     """Text through the chat template (when asked and available) or plain tokenisation; ids pass through."""
@@ -72,43 +68,6 @@ def _vocab_size(loaded: LoadedModel) -> int | None:
     return getattr(embeddings, "num_embeddings", None)
 
 
-def check_options(family, options: dict) -> None:
-    """Refuse an option no family has (with "did you mean", or the new name of a renamed one) and, given a value,
-    an option of another family, naming its owner."""
-    owners = option_owners()
-    for key, value in options.items():
-        if key in RENAMED:
-            raise TypeError(f"{key}={value!r} is not an option of generate: did you mean {RENAMED[key]}?")
-        if key not in owners:
-            raise TypeError(f"{key}={value!r} is not an option of generate: the options are {sorted(owners)}"
-                            f"{did_you_mean(key, owners)}")
-        if value is not None and family.name not in owners[key]:
-            raise ValueError(f"{key}={value!r} is not allowed for the {family.name} family: it applies to "
-                             f"{'/'.join(owners[key])} only")
-
-
-def resolve_settings(loaded: LoadedModel, sampler=None, **options):
-    """The family's validated settings dataclass for this model: `sampler` (an instance of the family's settings
-    class, e.g. LLaDASettings) and/or options by name (None = not given), with the model's special ids filled in.
-    An option no family has is refused with "did you mean"; another family's option is refused naming its owner."""
-    family = loaded.family
-    check_options(family, options)
-    if sampler is not None:
-        if not isinstance(sampler, family.settings):
-            raise TypeError(f"sampler={sampler!r} is not allowed: the {family.name} family takes a "
-                            f"{family.settings.__name__}")
-        # None means "not given" here as everywhere: it never replaces the sampler's own value with a default
-        options = {**{k: v for k, v in dataclasses.asdict(sampler).items() if v is not None},
-                   **{k: v for k, v in options.items() if v is not None}}
-    missing = [f.name for f in dataclasses.fields(family.settings) if f.default is dataclasses.MISSING
-               and options.get(f.name) is None]
-    if missing:
-        raise bad_value(missing[0], None, f"given: an integer >= 1 ({family.name} settings need {missing})")
-    settings = family.make_settings(options, loaded.special_ids())
-    loaded.check_settings(settings)
-    return settings
-
-
 def _is_single(prompt) -> bool:
     if isinstance(prompt, str):
         return True
@@ -117,26 +76,30 @@ def _is_single(prompt) -> bool:
     return len(prompt) == 0 or not isinstance(prompt[0], (str, list, tuple, torch.Tensor, np.ndarray))
 
 
-def generate(model, prompt, sampler=None, *, seed: int = 0, maps: Sequence[tuple[int, int | str, int]] | None = None,
-             intervention=None, chat: bool = True, progress: bool = True, keep_scores: bool = True,
-             **options) -> Trace | list[Trace]:
+def generate(model, prompt, settings=None, *, seed: int = 0,
+             maps: Sequence[tuple[int, int | str, int]] | None = None, intervention=None, chat: bool | None = None,
+             progress: bool = True, keep_scores: bool = True) -> Trace | list[Trace]:
     """Run the model's family sampler with attention capture; a list of prompts gives a list of Traces.
 
-    prompt: text, token ids, or a list of either (batched with left padding). sampler: the family's settings
-    (LLaDASettings, DreamSettings, ARMSettings) and/or options by name: steps (forward passes of a diffusion
-    family; the autoregressive family makes one per token), gen_length (new tokens), temperature;
-    block_length, remasking, cfg_scale (llada/mmada); alg, alg_temp, top_p, top_k, final_time (dream);
-    threshold and cache (Fast-dLLM's parallel decoding and prefix / dual KV cache: llada/mmada, and dream with
-    block_length) and refresh (a cache refreshed when the greatest sinks drift; families.cached). An option of another
-    family raises. maps / intervention: as for sinklib.capture.
-    keep_scores: False gives Traces without scores (Trace.scores is None; tokens, text and maps as usual) and
-    stores nothing per step — for evaluation runs. Without an intervention or maps the model then runs with
-    no capture at all; the tokens are the same either way.
+    Args:
+        model: a LoadedModel (sinklib.load) or a name to load.
+        prompt: text, token ids, or a list of either (batched with left padding).
+        settings: the family's settings dataclass (LLaDASettings, DreamSettings, ARMSettings); None: the model's own,
+            LoadedModel.settings_for(). Build others with `model.settings_for(steps=..., gen_length=...)` (the
+            layout kept valid) or dataclasses.replace; both are checked when made.
+        seed: the sampler's random generator (temperature > 0, random remasking).
+        maps / intervention: as for sinklib.capture.
+        chat: the prompt through the chat template; None: the model's own prompt style (the zoo reads plain
+            "Q: … A:" text, every other model its chat template).
+        keep_scores: False gives Traces without scores (Trace.scores is None; tokens, text and maps as usual) and
+            stores nothing per step — for evaluation runs. Without an intervention or maps the model then runs with
+            no capture at all; the tokens are the same either way.
     """
     loaded = model if isinstance(model, LoadedModel) else load(model)
     seed = check_int(seed, "seed", 0)  # numpy integers become Python ints (torch.Generator takes only those)
     check_intervention(intervention)
-    settings = resolve_settings(loaded, sampler, **options)
+    settings = loaded.settings_for() if settings is None else loaded.runnable(settings)
+    chat = loaded.chat if chat is None else chat
     prompts, single = _prompt_list(prompt)
     encoded = [encode(loaded, p, chat) for p in prompts]
     _check_fits_model(loaded, encoded, settings.gen_length)
@@ -301,21 +264,20 @@ def _meta(loaded: LoadedModel, settings, seed: int, intervention, chat: bool) ->
 
 
 def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | None = None, seed: int = 0,
-                   intervention=None, progress: bool = True, sampler=None, **options) -> list[Trace]:
-    """One trace per prompt (prompt i with seed + i; zoo models read plain text, others their chat template), with
-    `sampler` (the family's settings, e.g. loaded.settings_for()) and/or options by name, as for generate.
+                   intervention=None, progress: bool = True, settings=None) -> list[Trace]:
+    """One trace per prompt (prompt i with seed + i; in the model's own prompt style) with `settings` (the family's
+    settings, default loaded.settings_for()), as for generate.
     With `out`, each trace is saved as it finishes (out/trace-0007/) and a rerun loads the finished ones instead
     of generating them again; a trace another configuration wrote there is refused."""
     recorded = identity(intervention) if intervention is not None else None  # refused before any work if unstable
-    settings = resolve_settings(loaded, sampler, **options)
+    settings = loaded.settings_for() if settings is None else loaded.runnable(settings)
     traces = []
     for index, text in enumerate(tqdm(texts, desc=f"traces {loaded.name}", disable=not progress)):
         folder = Path(out) / f"trace-{index:04d}" if out is not None else None
         if folder is not None and (folder / "meta.json").exists():
             traces.append(_resumed(Trace.load(folder), folder, loaded, text, seed + index, recorded, settings))
             continue
-        trace = generate(loaded, text, settings, seed=seed + index, chat=not loaded.is_zoo, progress=False,
-                         intervention=intervention)
+        trace = generate(loaded, text, settings, seed=seed + index, progress=False, intervention=intervention)
         if folder is not None:
             trace.save(folder)
         traces.append(trace)
@@ -337,9 +299,7 @@ def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: i
     return trace
 
 
-def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, steps: int | None = None,
-               gen_length: int | None = None, block_length: int | None = None) -> Trace:
-    """One generation of `prompt` with the model's own settings (LoadedModel.settings_for), as the explorer shows
-    it: the zoo reads plain text, real checkpoints get their chat template."""
-    return generate(loaded, prompt, loaded.settings_for(steps=steps, gen_length=gen_length, block_length=block_length),
-                    seed=seed, chat=not loaded.is_zoo, progress=False)
+def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, settings=None) -> Trace:
+    """One generation of `prompt` as the explorer shows it: `settings` (default the model's own,
+    LoadedModel.settings_for()), in the model's own prompt style."""
+    return generate(loaded, prompt, settings, seed=seed, progress=False)

@@ -25,7 +25,7 @@ from transformers.utils import cached_file
 
 from sinklib import compat, mmada_repo, named
 from sinklib.validation import Consent, Index, bad_value, check_choice, checked, did_you_mean
-from sinklib.families.base import Family, family_names, fit, get_family
+from sinklib.families.base import LAYOUT, Family, check_options, family_names, get_family, layout_changes
 from sinklib.families.cached import Window, forward_cached
 from sinklib.cache_manifest import check_shipped
 from sinklib.paths import ZOO_DIR
@@ -62,31 +62,53 @@ class LoadedModel:
         read the zoo's plain "Q: … A:" text; every other model gets its chat template."""
         return getattr(getattr(self.model, "config", None), "sinklib_family", None) is not None
 
-    def settings_for(self, task: Any = None, *, steps: int | None = None, gen_length: int | None = None,
-                     block_length: int | None = None):
-        """The settings this model samples with, as its family's settings dataclass (validated, special ids filled
-        in): a named model's own laptop settings, else the family's (the zoo's answer slot for a zoo model, the
-        paper's generation for any other), resized to the generation length `task` (a Task, e.g.
+    @property
+    def chat(self) -> bool:
+        """This model's prompt style: True where prompts go through the chat template (every model but the zoo's,
+        which reads plain "Q: … A:" text). generate's chat=None means this."""
+        return not self.is_zoo
+
+    def settings_for(self, task: Any = None, **overrides: Any):
+        """The settings this model samples with, built once as its family's settings dataclass (checked when made,
+        special ids filled in): a named model's own laptop settings, else the family's (the zoo's answer slot for a
+        zoo model, the paper's generation for any other), resized to the generation length `task` (a Task, e.g.
         sinklib.evaluation.get_task("gsm8k")) declares, if any (not for a zoo model: its slot is fixed).
-        steps / gen_length / block_length given here win; a gen_length keeps a valid block layout
-        (families.base.fit). Override any other field with dataclasses.replace."""
+
+        overrides: any field of the family's settings by name (None: not given). steps / gen_length / block_length
+        keep a valid layout (families.base.fit). Another family's option (block_length on an autoregressive model)
+        is refused naming its owner, an unknown one with "did you mean"."""
         if task is not None and not (hasattr(task, "gen_length") and hasattr(task, "samples")):
             raise bad_value("task", task, "a Task (sinklib.evaluation.get_task(name)) or None")
+        check_options(self.family, overrides)  # block_length on an autoregressive model too: refused, not dropped
+        layout = {name: overrides.pop(name, None) for name in LAYOUT}
+        overrides = {name: value for name, value in overrides.items() if value is not None}  # None: not given
         settings = self.family.defaults(zoo=self.is_zoo)
-        own = named.sampling(self.name)
-        if own:
-            settings = dataclasses.replace(settings, **own)
-        if gen_length is None and task is not None and not self.is_zoo:
-            gen_length = task.gen_length
-        settings = fit(settings, gen_length=gen_length, steps=steps, block_length=block_length)
-        return self.family.make_settings(dataclasses.asdict(settings), self.special_ids())
+        own = dict(named.sampling(self.name) or {})
+        if layout["gen_length"] is None and task is not None and not self.is_zoo:
+            layout["gen_length"] = task.gen_length
+        base = dataclasses.replace(settings, **own) if own else settings
+        changes = {**own, **overrides, **layout_changes(base, **layout), **self._special_ids_of(settings)}
+        return self.runnable(dataclasses.replace(settings, **changes))
 
-    def check_settings(self, settings) -> None:
-        """Refuse settings this model cannot run: a KV cache on a model that runs its own (remote) modelling code,
-        which keeps none sinklib can reuse (upstream LLaDA's has none; the threshold works everywhere)."""
+    def runnable(self, settings):
+        """`settings` as this model runs them: its family's settings dataclass with the model's special ids, refused
+        if this model cannot run them (a KV cache on a model that runs its own remote code, which keeps none sinklib
+        can reuse: upstream LLaDA's has none; the threshold works everywhere)."""
+        if not isinstance(settings, self.family.settings):
+            raise TypeError(f"settings={settings!r} is not allowed: the {self.family.name} family of {self.name} takes "
+                            f"{self.family.settings.__name__} (LoadedModel.settings_for builds them)")
+        ids = self._special_ids_of(settings)
+        if any(getattr(settings, name) != value for name, value in ids.items()):
+            settings = dataclasses.replace(settings, **ids)
         if getattr(settings, "cache", None) is not None and self.calling == "remote":
             raise bad_value("cache", settings.cache, f"None for {self.name}: it runs its own modelling code, which keeps "
                                                      "no cache sinklib can reuse (threshold works without one)")
+        return settings
+
+    def _special_ids_of(self, settings) -> dict[str, Any]:
+        """The model's special ids (mask_id, eos_ids, pad_id) that `settings` has fields for."""
+        names = {f.name for f in dataclasses.fields(settings)}
+        return {name: value for name, value in self.special_ids().items() if name in names}
 
     def special_ids(self) -> dict[str, Any]:
         """The settings fields that come from the model, not the caller: mask_id, eos_ids, pad_id."""

@@ -161,6 +161,14 @@ class SamplingPart:
     block_length: Count | None = None
     seed: Index = 0
 
+    def settings_for(self, model: Any, task: str | None = None):
+        """The settings `model` (a LoadedModel) samples with in this run: its own for `task` (LoadedModel.settings_for)
+        with this run's steps / gen_length / block_length laid over them. The one place a run's layout reaches a
+        model: every section of every notebook asks here."""
+        blocks = "block_length" in model.family.option_names()  # a run's block_length is for the models with blocks
+        return model.settings_for(None if task is None else get_task(task), steps=self.steps,
+                                  gen_length=self.gen_length, block_length=self.block_length if blocks else None)
+
 
 @dataclass(frozen=True)
 class TaskPart:
@@ -243,9 +251,7 @@ class TracesRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
         """(loaded models by name, their traces by name): one generation per prompt with the family's settings."""
         loaded = self.load()
         traces = {name: stored_traces(model, trace_prompts(model.is_zoo, self.n_prompts), self.trace_store,
-                                      seed=self.seed, progress=self.progress,
-                                      sampler=model.settings_for(steps=self.steps, gen_length=self.gen_length,
-                                                                 block_length=self.block_length))
+                                      seed=self.seed, progress=self.progress, settings=self.settings_for(model))
                   for name, model in loaded.items()}
         return loaded, traces
 
@@ -308,7 +314,7 @@ class MovingSinksRun(TracesRun):
             blocks = f", blocks of {layout['block_length']}" if layout.get("block_length") else ""
             label = f"{name}, {settings.gen_length} tokens in {settings.steps} steps{blocks}"
             traces[label] = stored_traces(model, prompts, self.long_trace_store, seed=self.seed,
-                                          progress=self.progress, sampler=settings)
+                                          progress=self.progress, settings=settings)
         return traces
 
 
@@ -320,7 +326,7 @@ def fitted_paper_layout(model: Any, prompts: list[str]) -> dict[str, int] | None
     paper = model.family.paper
     layout = {"gen_length": paper.gen_length, "steps": paper.steps,
               **({"block_length": paper.block_length} if getattr(paper, "block_length", None) else {})}
-    longest = max(len(encode(model, prompt, chat=not model.is_zoo)) for prompt in prompts)
+    longest = max(len(encode(model, prompt, chat=model.chat)) for prompt in prompts)
     while model.max_length is not None and longest + layout["gen_length"] > model.max_length and layout["gen_length"] > 1:
         layout = {key: max(1, value // 2) for key, value in layout.items()}
     return layout
@@ -369,25 +375,25 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
     def collect(self) -> dict[str, MaskingTable]:
         """Table 1, one table per task: each model on its own task (by_task), every (model, condition) resumable under
         results_dir/table1-<task>/."""
-        return {task: masking_table(group, task, self.ks, self.random_control, self.eps,
+        conditions = ("sinks", "random keys") if self.random_control else ("sinks",)
+        return {task: masking_table(group, self.task_of(task), conditions, self.ks,
+                                    {model.name: self.settings_for(model, task) for model in group}, eps=self.eps,
                                     limit=self.n_problems_by_task.get(task, self.n_problems), batch_size=self.batch_size,
                                     seed=self.seed, out_dir=Path(self.results_dir) / f"table1-{task}",
-                                    allow_code_execution=self.allow_code_execution, progress=self.progress,
-                                    task_path=self._task_path(task), steps=self.steps,
-                                    gen_length=self.gen_length, block_length=self.block_length)
+                                    allow_code_execution=self.allow_code_execution, progress=self.progress)
                 for task, group in by_task(self.load(), self.task, self.tasks).items()}
 
-    def evaluation_of(self, model: str) -> dict[str, Any]:
-        """What collect() evaluates `model` with, as keyword arguments of sinklib.evaluate: its task (and the run's
-        task file where it is the run's own task), the sampler layout, seed, batch size and consent."""
-        task = self.tasks.get(model, self.task)
-        return dict(task=task, task_path=self._task_path(task), steps=self.steps, gen_length=self.gen_length,
-                    block_length=self.block_length, seed=self.seed, batch_size=self.batch_size,
-                    allow_code_execution=self.allow_code_execution)
+    def evaluation_of(self, model: Any) -> dict[str, Any]:
+        """What collect() evaluates `model` (a LoadedModel) with, as keyword arguments of sinklib.evaluate: its task
+        (with the run's task file where it is the run's own task), its settings, seed, batch size and consent."""
+        task = self.tasks.get(model.name, self.task)
+        return dict(task=self.task_of(task), settings=self.settings_for(model, task), seed=self.seed,
+                    batch_size=self.batch_size, allow_code_execution=self.allow_code_execution)
 
-    def _task_path(self, task: str) -> str | None:
-        """The run's task file belongs to its own task: a model given another task reads that task's own data."""
-        return self.task_path if task == self.task else None
+    def task_of(self, task: str):
+        """The Task a table of `task` reads: the run's task file belongs to its own task (a model given another task
+        reads that task's own data)."""
+        return get_task(task, path=self.task_path if task == self.task else None)
 
 
 @validated
@@ -407,14 +413,14 @@ class ExplorerRun(SamplingPart, ModelsPart, RunConfig):
     def collect(self) -> tuple:
         """(the first model loaded, its generation of `prompt`): what the explorer shows."""
         loaded = load(self.models[0], **self._load_options())
-        return loaded, demo_trace(loaded, self.prompt, self.seed, self.steps, self.gen_length, self.block_length)
+        return loaded, demo_trace(loaded, self.prompt, self.seed, self.settings_for(loaded))
 
     def export_pages(self, traces: Mapping[str, Any]) -> list[Path]:
         """figures_dir/explorer_<model>.html for every model (those in `traces` reuse their trace)."""
 
         pages = export_pages(self.models, self.figures_dir, self.prompt, traces=traces, eps=self.eps, seed=self.seed,
                              load_options=self._load_options(),
-                             sampling=dict(steps=self.steps, gen_length=self.gen_length, block_length=self.block_length))
+                             settings_for=self.settings_for)
         record_artifacts(pages, describe(self, notebook=self.NOTEBOOK))
         return pages
 
@@ -524,8 +530,7 @@ class CarryRun(TaskPart, TracesRun):
         (the same inputs as collect()'s), kept with their lens measurements in long_trace_store."""
         return {name: stored_traces(loaded[name], trace_prompts(loaded[name].is_zoo, self.lens_traces),
                                     self.long_trace_store, seed=self.seed, progress=self.progress,
-                                    sampler=loaded[name].settings_for(steps=self.steps, gen_length=self.gen_length,
-                                                                      block_length=self.block_length))
+                                    settings=self.settings_for(loaded[name]))
                 for name in self.lens_names(loaded)}
 
     def dose_response(self, loaded: dict) -> dict:
@@ -536,11 +541,12 @@ class CarryRun(TaskPart, TracesRun):
         if not loaded:
             raise ValueError(f"masking_skip={self.masking_skip!r} is not allowed: it leaves no model of {self.models} "
                              "for the dose-response")
-        return {task: masking_table(group, task, self.ks_by_task.get(task, self.ks), True, self.eps,
+        conditions = ("sinks", "random keys", f"sink values ({self.value_ablation})")
+        return {task: masking_table(group, task, conditions, self.ks_by_task.get(task, self.ks),
+                                    {model.name: self.settings_for(model, task) for model in group}, eps=self.eps,
                                     limit=self.n_problems_by_task.get(task, self.n_problems),
                                     out_dir=Path(self.results_dir) / f"table1-{task}", batch_size=self.batch_size,
-                                    seed=self.seed, progress=self.progress, value_ablation=self.value_ablation,
-                                    steps=self.steps, gen_length=self.gen_length, block_length=self.block_length)
+                                    seed=self.seed, progress=self.progress)
                 for task, group in by_task(loaded, self.task, self.tasks).items()}
 
 
@@ -629,10 +635,10 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         speed_store/table1)."""
         task = TRACE_TASKS[model.is_zoo]
         own = sampler in ("plain", speed.AUTOREGRESSIVE_POLICY)
-        return masking_table([model], task, ks, limit=self.n_problems, batch_size=self.masking_batch_size,
-                             seed=self.seed, progress=self.progress, conditions=conditions,
-                             out_dir=Path(self.results_dir) / f"table1-{task}" if own else self.speed_store / "table1",
-                             sampler=None if own else speed.policy_settings(model, sampler))
+        return masking_table([model], task, conditions or ("sinks", "random keys"), ks,
+                             None if own else speed.policy_settings(model, sampler), limit=self.n_problems,
+                             batch_size=self.masking_batch_size, seed=self.seed, progress=self.progress,
+                             out_dir=Path(self.results_dir) / f"table1-{task}" if own else self.speed_store / "table1")
 
     def masked_models(self, loaded: Mapping[str, Any]) -> list[str]:
         """masking_models, else the run's first diffusion model on transformers' own code (the traced one) and every
@@ -660,7 +666,7 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         prompt = trace_prompts(model.is_zoo, 1)
         store = Path(self.results_dir) / "traces"
         return {f"{policy}": stored_traces(model, prompt, store, seed=self.seed, progress=False,
-                                           sampler=speed.policy_settings(model, policy))[0]
+                                           settings=speed.policy_settings(model, policy))[0]
                 for policy in ("plain", self.trace_policy)}
 
 

@@ -65,7 +65,7 @@ def policy_settings(loaded, policy: str, block_length: int | None = None):
     changes["block_length"] = block_length or own.block_length or own.gen_length
     if "threshold" in changes and "alg" in {f.name for f in dataclasses.fields(own)}:
         changes["alg"] = "maskgit_plus"
-    return dataclasses.replace(own, **changes).validate()
+    return loaded.settings_for(**changes)
 
 
 def policies_for(loaded, block_length: int | None = None) -> list[str]:
@@ -101,7 +101,7 @@ def measure(models: Mapping[str, Any], task_of: Mapping[str, str], out: str | Pa
     for (name, policy), settings in tqdm(jobs.items(), desc="policies", disable=not progress):
         path = results_path(out, name, policy)
         path.parent.mkdir(parents=True, exist_ok=True)
-        evaluate(models[name], task_of[name], limit=limit, batch_size=1, out=path, sampler=settings, progress=progress)
+        evaluate(models[name], task_of[name], settings, limit=limit, batch_size=1, out=path, progress=progress)
 
 
 def time_policies(models: Mapping[str, Any], task_of: Mapping[str, str], problems: int,
@@ -118,7 +118,7 @@ def time_policies(models: Mapping[str, Any], task_of: Mapping[str, str], problem
         for (name, policy), settings in jobs[index % len(jobs):] + jobs[:index % len(jobs)]:
             loaded, sample = models[name], samples[name][index]
             began = time.perf_counter()
-            trace = generate(loaded, sample.prompt, settings, chat=not loaded.is_zoo, progress=False, keep_scores=False)
+            trace = generate(loaded, sample.prompt, settings, progress=False, keep_scores=False)
             rows.append({"model": name, "policy": policy, "id": sample.id, "seconds": time.perf_counter() - began,
                          "forwards": trace.n_steps, "tokens": trace.tokens.shape[1] - trace.prompt_len,
                          "settings": _settings_text(settings)})

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from sinklib._version import __version__
 from sinklib.evaluation.runner import config_hash, model_fingerprint
 from sinklib.families.base import record
-from sinklib.generate import generate, resolve_settings
+from sinklib.generate import generate
 from sinklib.interventions import identity
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace
@@ -101,12 +101,12 @@ def trace_folder(store: str | Path, key: dict) -> Path:
 
 
 def stored_traces(loaded: LoadedModel, texts: Sequence[str], store: str | Path, seed: int = 0, intervention=None,
-                  progress: bool = True, sampler=None, **options) -> list[Trace]:
-    """One trace per prompt as sinklib.generate.collect_traces makes them (prompt i with seed + i; zoo models read
-    plain text, others their chat template; `sampler` and/or options by name), each read from `store` when a trace of
-    the same inputs is there (trace_key) and otherwise generated and saved there as it finishes."""
-    settings = resolve_settings(loaded, sampler, **options)
-    chat = not loaded.is_zoo
+                  progress: bool = True, settings=None) -> list[Trace]:
+    """One trace per prompt as sinklib.generate.collect_traces makes them (prompt i with seed + i, the model's own
+    prompt style, `settings` default loaded.settings_for()), each read from `store` when a trace of the same inputs is
+    there (trace_key) and otherwise generated and saved there as it finishes."""
+    settings = loaded.settings_for() if settings is None else loaded.runnable(settings)
+    chat = loaded.chat
     traces = []
     made = 0
     with tqdm(total=len(texts), desc=f"traces {loaded.name}", disable=not progress) as bar:

@@ -228,7 +228,13 @@ def validated(cls: type[T]) -> type[T]:
             self.check()
 
     cls.__init__ = __init__
+    cls.__validated__ = cls  # is_validated: this class itself, not only a parent, checks on construction
     return cls
+
+
+def is_validated(cls: type) -> bool:
+    """Whether instances of the dataclass `cls` are checked when made (it is decorated with `validated` itself)."""
+    return cls.__dict__.get("__validated__") is cls
 
 
 # --- checks where the bound is known only at run time -------------------------------------------------------------

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sinklib.validation import check_choice, check_int
+from sinklib.validation import check_choice, check_int, validated
 from sinklib.families.base import DiffusionFamily
 
 
+@validated
 @dataclass(frozen=True)
 class ToySettings:
     steps: int
@@ -18,15 +19,13 @@ class ToySettings:
     direction: str = "left_to_right"
     mask_id: int = 0
 
-    def validate(self) -> "ToySettings":
+    def check(self) -> None:  # run whenever settings are made (validated), dataclasses.replace included
         check_int(self.steps, "steps", 1)
         check_int(self.gen_length, "gen_length", self.steps, self.steps)  # one position a step
         check_choice(self.direction, "direction", ("left_to_right", "right_to_left"))
-        return self
 
 
 def sample(forward, prompt_ids, prompt_mask, settings: ToySettings, generator=None) -> list[torch.Tensor]:
-    settings.validate()
     x = torch.nn.functional.pad(prompt_ids, (0, settings.gen_length), value=settings.mask_id)
     mask = positions = None
     if prompt_mask is not None and not bool(prompt_mask.all()):  # left padding: pads neither attend nor count

@@ -15,13 +15,15 @@ Only `generate_until` tasks are supported: a masked diffusion model has no left-
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import inspect
 import logging
 import os
 import types
 import typing
 from collections import defaultdict
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
 
 import torch
 from lm_eval.__main__ import cli_evaluate
@@ -29,14 +31,14 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-from sinklib.validation import (Consent, Count, Index, NonNegative, Share, Temperature, Text, Threshold, bad_value, check_choice,
-                                check_value, checked, did_you_mean)
+from sinklib.validation import Consent, Count, Index, NonNegative, bad_value, check_choice, check_value, did_you_mean, validated
+from sinklib.capture import check_intervention
 from sinklib.evaluation.extract import cut_at_stops
-from sinklib.evaluation.table1 import paper_masking
-from sinklib.families.base import Family, fit
-from sinklib.generate import generate, resolve_settings
-from sinklib.interventions import POLICIES, AblateValues, MaskRandomKeys, make_policy
-from sinklib.loading import load
+from sinklib.evaluation.table1 import CONDITIONS
+from sinklib.families.base import RENAMED, Family, check_options, get_family, option_owners
+from sinklib.generate import generate
+from sinklib.interventions import POLICIES, AblateValues, MaskSinks, make_policy
+from sinklib.loading import LoadedModel, load
 
 logger = logging.getLogger(__name__)
 
@@ -102,72 +104,94 @@ def _model_arg(text: str) -> Any:
         return text
 
 
-def _intervention(family: Family, chosen, mask_top_k: int, mask_eps: float, mask_source: str, mask_random_k: int,
-                  mask_values: str | None, seed: int):
-    """The run's intervention from model_args: the paper's masking, the random-key control or the named policy
-    (`chosen`), its values ablated instead where mask_values says so; None for none."""
-    keys = (paper_masking(family, mask_top_k, mask_eps, mask_source) if mask_top_k
-            else MaskRandomKeys(k=mask_random_k, seed=seed) if mask_random_k else chosen)
-    if mask_values is None:
-        return keys
-    if keys is None:
-        raise bad_value("mask_values", mask_values, "None unless mask_top_k, mask_random_k or policy chooses keys")
-    return AblateValues(keys, mask_values)
+@validated
+@dataclass(frozen=True)
+class MaskingArgs:
+    """The intervention model_args choose, checked when made (before any model loads): the paper's top-k sink
+    masking (mask_top_k, mask_eps in sum units, mask_source), the random-key control (mask_random_k, with `seed`), or
+    any registered policy by name (policy, its policy_settings); mask_values "zero" or "mean" ablates the chosen
+    keys' values instead of their attention. One intervention at a time."""
+    mask_top_k: Index = 0
+    mask_eps: NonNegative = 3.0
+    mask_source: str = "previous_step"
+    mask_random_k: Index = 0
+    policy: str | None = None
+    policy_settings: dict[str, Any] | None = None
+    mask_values: Literal["zero", "mean"] | None = None
+    seed: Index = 0
+
+    def check(self) -> None:
+        """One intervention at a time; policy settings only with a policy (each checked against what it takes)."""
+        if self.mask_top_k and self.mask_random_k:
+            raise bad_value("mask_random_k", self.mask_random_k, "0 when mask_top_k is set (one intervention at a time)")
+        if self.policy is not None and (self.mask_top_k or self.mask_random_k):
+            raise bad_value("policy", self.policy, "None when mask_top_k or mask_random_k is set (one intervention at a "
+                                                   "time)")
+        if self.policy_settings and self.policy is None:
+            raise bad_value("policy_settings", self.policy_settings, "empty unless policy names the policy they set")
+        if self.policy is not None:
+            _named_policy(self.policy, self.policy_settings or {})
+        check_choice(self.mask_source, "mask_source", ["previous_step", "previous_step_clean", "same_step"])
+        if self.mask_values is not None and not (self.mask_top_k or self.mask_random_k or self.policy):
+            raise bad_value("mask_values", self.mask_values, "None unless mask_top_k, mask_random_k or policy chooses keys")
+
+    def intervention(self, family: Family):
+        """The intervention for a model of `family` (None: none): the Table 1 conditions' own policies where they
+        apply (evaluation.table1.CONDITIONS: "sinks", "random keys", "sink values (…)"), else the named policy."""
+        if self.mask_top_k and self.mask_source != "previous_step":  # the paper's masking read from another step
+            keys = MaskSinks(top_k=self.mask_top_k, eps=self.mask_eps, source=self.mask_source, rows=family.sink_rows)
+        elif self.mask_top_k or self.mask_random_k:
+            name = "sinks" if self.mask_top_k else "random keys"
+            if self.mask_values is not None and self.mask_top_k:
+                name = f"sink values ({self.mask_values})"
+            k = self.mask_top_k or self.mask_random_k
+            built = CONDITIONS.get(name).intervention(family, k, self.mask_eps, self.seed)
+            if name.startswith("sink values"):
+                return built
+            keys = built
+        else:
+            keys = _named_policy(self.policy, self.policy_settings or {}) if self.policy is not None else None
+        return AblateValues(keys, self.mask_values) if self.mask_values is not None else keys
+
+
+LOAD_ARGS = ("pretrained", "family", "dtype", "device", "trust_remote_code")  # model_args for sinklib.load
+RUN_ARGS = ("batch_size", "max_batch_size")  # model_args for the LM itself (seed is MaskingArgs' and the run's)
 
 
 @register_model("sinklib")
 class SinklibLM(LM):
-    """model_args: pretrained (hub id, local path or zoo name), family, steps, gen_length, block_length,
-    temperature, alg (dream), remasking (llada), threshold and cache (Fast-dLLM's parallel decoding and prefix / dual
-    KV cache) and refresh (the cache refreshed when the greatest sinks drift: families.cached), mask_top_k / mask_eps /
-    mask_source (the paper's masking: Eq. 3 on the previous step), mask_random_k (the random-key control), policy
-    (any registered masking policy by name, sinklib.interventions.POLICIES, its settings given as
-    policy.<setting>=value; a list as values separated by spaces: policy=mask_keys,policy.positions=0 3), mask_values
-    ("zero" or "mean": the chosen keys keep their attention and their values are ablated instead), seed, dtype,
-    device, batch_size, trust_remote_code."""
+    """sinklib's lm-eval model. model_args (lm-eval's --model_args key=value,...): pretrained (hub id, local path or
+    zoo name), family, dtype, device, trust_remote_code (sinklib.load); any option of the model's sampler family by
+    name (steps, gen_length, block_length, temperature, alg, remasking, threshold, cache, refresh, …: laid over the
+    model's own settings by LoadedModel.settings_for); mask_top_k / mask_eps / mask_source (the paper's masking: Eq. 3
+    on the previous step), mask_random_k (the random-key control), policy (any registered masking policy by name,
+    sinklib.interventions.POLICIES, its settings given as policy.<setting>=value; a list as values separated by
+    spaces: policy=mask_keys,policy.positions=0 3), mask_values ("zero" or "mean": the chosen keys keep their attention
+    and their values are ablated instead), seed; batch_size, max_batch_size."""
 
-    @checked
-    def __init__(self, pretrained: Text, family: str | None = None, steps: Count | None = None,
-                 gen_length: Count | None = None, block_length: Count | None = None, temperature: Temperature = 0.0,
-                 alg: str | None = None, remasking: str | None = None, threshold: Threshold | None = None,
-                 cache: Literal["prefix", "dual"] | None = None, refresh: Share | None = None, mask_top_k: Index = 0,
-                 mask_eps: NonNegative = 3.0, mask_source: str = "previous_step", mask_random_k: Index = 0,
-                 policy: str | None = None, policy_settings: dict[str, Any] | None = None,
-                 mask_values: Literal["zero", "mean"] | None = None, seed: Index = 0, dtype: str | None = None,
-                 device: str | None = None,
-                 batch_size: int | str | None = 1, max_batch_size: Count | None = None,
-                 trust_remote_code: Consent = False) -> None:
+    def __init__(self, model: LoadedModel | str, settings: Any = None, *, intervention=None, seed: int = 0,
+                 batch_size: int | str | None = 1, max_batch_size: int | None = None) -> None:
+        """Args:
+            model: a LoadedModel (sinklib.load) or a name to load with its defaults.
+            settings: the family's settings dataclass, used for every task as it is; a mapping of sampler options
+                laid over the model's own settings for each task's length (LoadedModel.settings_for(gen_length=the
+                task's max_gen_toks, **options); a gen_length among them fixes the length); None: the model's own.
+            intervention: a policy applied at every forward (MaskingArgs builds it from model_args).
+            seed: the generations' seed. batch_size: prompts per generation ("auto" runs one at a time).
+            max_batch_size: accepted for lm-eval, which passes it (sinklib does not probe memory)."""
         super().__init__()
-        if mask_top_k and mask_random_k:
-            raise bad_value("mask_random_k", mask_random_k, "0 when mask_top_k is set (one intervention at a time)")
-        if policy is not None and (mask_top_k or mask_random_k):
-            raise bad_value("policy", policy, "None when mask_top_k or mask_random_k is set (one intervention at a time)")
-        if policy_settings and policy is None:
-            raise bad_value("policy_settings", policy_settings, "empty unless policy names the policy they set")
-        chosen = _named_policy(policy, policy_settings or {}) if policy is not None else None  # before any model loads
-        check_choice(mask_source, "mask_source", ["previous_step", "previous_step_clean", "same_step"])
         self.batch_size = _batch_size(batch_size)
+        self.seed = check_value(seed, Index, "seed")
+        self.max_batch_size = max_batch_size
         self._rank, self._world_size = _init_distributed()
-        if (device is None or str(device).startswith("cuda")) and torch.cuda.is_available() and self._world_size > 1:
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"  # one GPU per data-parallel process
-        elif str(device).startswith("cuda") and not torch.cuda.is_available():
-            logger.warning("device=%r (lm-eval's command-line default) but CUDA is unavailable: using the CPU", device)
-            device = "cpu"
-        self.loaded = load(pretrained, family=family, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        self.loaded = model if isinstance(model, LoadedModel) else load(model)
         self._device = torch.device(self.loaded.device)
-        self._layout = (steps, gen_length, block_length)  # as given; a task's max_gen_toks fills gen_length when unset
-        # the model's own settings with these options; the layout is fitted to the generation length in one go
-        self._own = resolve_settings(self.loaded, self.loaded.settings_for(), temperature=float(temperature), alg=alg,
-                                     remasking=remasking)
-        if block_length is not None and not hasattr(self._own, "block_length"):  # fit would drop it without a word
-            raise bad_value("block_length", block_length, f"None for {self.loaded.name} (the {self.loaded.family.name} "
-                            "family's sampler has no blocks)")
-        # laid over every fitted layout (they need its blocks)
-        self._fast = {"threshold": threshold, "cache": cache, "refresh": refresh}
-        self.settings = self._fitted(gen_length)
-        self.intervention = _intervention(self.loaded.family, chosen, mask_top_k, mask_eps, mask_source,
-                                          mask_random_k, mask_values, seed)
-        self.seed = seed
+        check_intervention(intervention)
+        self.intervention = intervention
+        self._options = dict(settings) if isinstance(settings, Mapping) else None
+        # the settings of the model's own length: a fixed object, else built (and so checked) before any request
+        self.settings = self.loaded.runnable(settings) if settings is not None and self._options is None else \
+            self.loaded.settings_for(**(self._options or {}))
         self._overridden: set[int] = set()
 
     @classmethod
@@ -189,30 +213,45 @@ class SinklibLM(LM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "SinklibLM":
-        """As create_from_arg_string, for model_args given as a mapping (lm-eval's Python API and newer CLI)."""
-        allowed = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "policy_settings")]
-        arg_dict = dict(arg_dict)
-        settings = {key[len(POLICY_PREFIX):]: arg_dict.pop(key) for key in list(arg_dict) if key.startswith(POLICY_PREFIX)}
-        if settings and "policy_settings" in arg_dict:
-            raise bad_value("policy_settings", arg_dict["policy_settings"], f"left out when model_args give "
-                            f"{[POLICY_PREFIX + key for key in settings]} (one place for the policy's settings)")
-        if settings:
-            arg_dict["policy_settings"] = settings
-        for key in arg_dict:
-            if key not in allowed and key != "policy_settings":
+        """As create_from_arg_string, for model_args given as a mapping (lm-eval's Python API and newer CLI): where
+        model_args and lm-eval's own options (--batch_size, --device) both set a key, model_args win. Every argument
+        is checked before the model loads but the sampler's options, which its family checks as soon as it is
+        known."""
+        args = dict(arg_dict)
+        policy = {key[len(POLICY_PREFIX):]: args.pop(key) for key in list(args) if key.startswith(POLICY_PREFIX)}
+        if policy and "policy_settings" in args:
+            raise bad_value("policy_settings", args["policy_settings"], f"left out when model_args give "
+                            f"{[POLICY_PREFIX + key for key in policy]} (one place for the policy's settings)")
+        if policy:
+            args["policy_settings"] = policy
+        masking_names = [f.name for f in dataclasses.fields(MaskingArgs)]
+        allowed = [*LOAD_ARGS, *RUN_ARGS, *masking_names, *option_owners()]
+        for key in args:
+            if key not in allowed and key not in RENAMED:
                 raise ValueError(f"model_args {key}= is not allowed: the sinklib model takes {allowed}"
                                  f"{did_you_mean(key, allowed)}")
-        if "pretrained" not in arg_dict:
+        if "pretrained" not in args:
             raise ValueError("model_args pretrained= is required: a hub id, a local folder or a zoo name "
                              "(e.g. --model_args pretrained=tiny-llada)")
-        return cls._with_options(dict(arg_dict), additional_config)
-
-    @classmethod
-    def _with_options(cls, args: dict, additional_config: dict | None) -> "SinklibLM":
-        """model_args over lm-eval's own options (--batch_size, --device): where both set a key, model_args win."""
-        allowed = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
-        options = {k: v for k, v in (additional_config or {}).items() if v is not None and k in allowed}
-        return cls(**{**options, **args})
+        given = {**{k: v for k, v in (additional_config or {}).items() if v is not None and k in (*LOAD_ARGS, *RUN_ARGS)},
+                 **args}
+        masking = MaskingArgs(**{key: given.pop(key) for key in masking_names if key in given})
+        run = {key: given.pop(key) for key in RUN_ARGS if key in given}
+        loading = {key: given.pop(key) for key in LOAD_ARGS if key in given}
+        if "trust_remote_code" in loading:  # consent is a real bool, checked before any code could run
+            loading["trust_remote_code"] = check_value(loading["trust_remote_code"], Consent, "trust_remote_code")
+        device = loading.get("device")
+        if (device is None or str(device).startswith("cuda")) and torch.cuda.is_available() and _init_distributed()[1] > 1:
+            loading["device"] = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"  # one GPU per data-parallel process
+        elif str(device).startswith("cuda") and not torch.cuda.is_available():
+            logger.warning("device=%r (lm-eval's command-line default) but CUDA is unavailable: using the CPU", device)
+            loading["device"] = "cpu"
+        check_options(None, given)  # an option no family has, before the model loads
+        for key, value in given.items():  # and each value against its field's declared type
+            settings_class = get_family(option_owners()[key][0]).settings
+            given[key] = check_value(value, typing.get_type_hints(settings_class, include_extras=True)[key], key)
+        loaded = load(loading.pop("pretrained"), **loading)
+        return cls(loaded, given, intervention=masking.intervention(loaded.family), seed=masking.seed, **run)
 
     # -- requests --------------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -238,24 +277,18 @@ class SinklibLM(LM):
         return outputs  # type: ignore[return-value]
 
     def settings_for(self, max_gen_toks: int | None):
-        """The settings for a task asking max_gen_toks: the task's length is the generation length unless model_args
-        set gen_length, which then wins (said once in the log); the layout follows the one rule (families.base.fit)."""
-        _, gen_length, _ = self._layout
+        """The settings for a task asking max_gen_toks: the task's length is the generation length unless the settings
+        fix one (a settings object, or a gen_length among the options; said once in the log); the layout follows the
+        one rule (families.base.fit)."""
         if max_gen_toks is None or max_gen_toks == self.settings.gen_length:
             return self.settings
-        if gen_length is not None:
+        if self._options is None or "gen_length" in self._options:
             if max_gen_toks not in self._overridden:
                 self._overridden.add(max_gen_toks)
-                logger.warning("the task asks for max_gen_toks=%s; model_args gen_length=%s is used instead",
-                               max_gen_toks, gen_length)
+                logger.warning("the task asks for max_gen_toks=%s; the settings' gen_length=%s is used instead",
+                               max_gen_toks, self.settings.gen_length)
             return self.settings
-        return self._fitted(int(max_gen_toks))
-
-    def _fitted(self, gen_length: int | None):
-        """The model's own settings fitted to `gen_length` by the one layout rule, then threshold, cache and refresh."""
-        steps, _, block_length = self._layout
-        return resolve_settings(self.loaded, fit(self._own, steps=steps, gen_length=gen_length,
-                                                 block_length=block_length), **self._fast)
+        return self.loaded.settings_for(gen_length=int(max_gen_toks), **self._options)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         """Not supported: always raises NotImplementedError (a masked diffusion model has no left-to-right likelihood)."""

@@ -14,24 +14,22 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from tqdm.auto import tqdm
 
 from sinklib.ties import NEAR_TIE_MARK, closest_margin, is_near_tie, smallest_margin
 from sinklib.capture import check_intervention
-from sinklib.generate import check_options, generate, resolve_settings
+from sinklib.generate import generate
 from sinklib.validation import Consent, Count, Index, bad_value, checked
-from sinklib.evaluation.tasks import get_task, qualified_name, require_code_execution_opt_in, sandbox_module
+from sinklib.evaluation.tasks import Task, get_task, qualified_name, require_code_execution_opt_in, sandbox_module
 from sinklib.interventions import identity
 from sinklib.provenance import as_text, describe
 from sinklib.cache_manifest import MANIFEST, weights_fingerprint
-from sinklib.families.base import fit, record
+from sinklib.families.base import record
 from sinklib.loading import LoadedModel, load
 from sinklib.paths import ZOO_DIR
 
-if TYPE_CHECKING:  # the sandbox loads when HumanEval runs, not with sinklib
-    from sinklib.evaluation.sandbox import SandboxLimits
 
 
 @dataclass
@@ -76,16 +74,16 @@ def config_hash(config: dict[str, Any]) -> str:
 RECORD_FORMAT = 3
 
 
-def run_config(model: LoadedModel, task: str, intervention, limit: int | None, seed: int, batch_size: int,
-               task_path: str | None, sandbox: SandboxLimits | None, settings) -> dict[str, Any]:
-    """Everything a run's records depend on (settings: the family's settings dataclass the run samples with); its
-    config_hash is written into every record."""
+def run_config(model: LoadedModel, task: Task, intervention, limit: int | None, seed: int, batch_size: int,
+               settings) -> dict[str, Any]:
+    """Everything a run's records depend on (task: the Task, its file and sandbox limits included; settings: the
+    family's settings dataclass the run samples with); its config_hash is written into every record."""
     config = {"records": RECORD_FORMAT, "model": model.name, "weights": model_fingerprint(model),
-              "family": model.family.name, "task": task,
+              "family": model.family.name, "task": task.name,
               "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
-              "settings": record(settings), "task_path": task_path}
-    if get_task(task).executes_code:
-        config["sandbox"] = asdict(sandbox or sandbox_module().SandboxLimits())
+              "settings": record(settings), "task_path": task.path}
+    if task.executes_code:
+        config["sandbox"] = asdict(task.sandbox or sandbox_module().SandboxLimits())
     return config
 
 
@@ -310,19 +308,7 @@ def batch_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:7], "little")
 
 
-def sampler_settings(model: LoadedModel, task: str, sampler=None, **options):
-    """The settings a run generates with, checked now (before any file is written or model run): `sampler` (the
-    family's settings dataclass) else LoadedModel.settings_for(the task) — the model's own settings resized to the
-    task's generation length (GSM8K's 256 tokens, HumanEval's 512, as Table 1 runs them) — with options by name
-    over it (steps / gen_length / block_length refit the layout, families.base.fit)."""
-    layout = {name: options.pop(name, None) for name in ("steps", "gen_length", "block_length")}
-    check_options(model.family, layout)  # block_length on dream / arm is refused, naming its owners
-    if sampler is None:
-        return resolve_settings(model, model.settings_for(get_task(task), **layout), **options)
-    return resolve_settings(model, fit(resolve_settings(model, sampler), **layout), **options)
-
-
-def _checked(model, task: str, intervention, allow_code_execution: bool, out, task_path):
+def _checked(model, task: "str | Task", intervention, allow_code_execution: bool, out):
     """(LoadedModel, TaskSpec, samples): every argument checked, the task file read, before any model loads
     (the numbers are checked by evaluate's declared types)."""
     if out is not None:
@@ -333,7 +319,7 @@ def _checked(model, task: str, intervention, allow_code_execution: bool, out, ta
     spec = get_task(task)
     check_intervention(intervention)
     require_code_execution_opt_in(spec, allow_code_execution, "evaluate")
-    samples = spec.samples(task_path)
+    samples = spec.samples()
     if not spec.executes_code:  # HumanEval's scorer runs code in a sandbox: not tried on a made-up output
         for sample in samples:  # each sample: a scorer may read a field only some samples lack
             check_scorer(spec, sample)
@@ -385,7 +371,6 @@ class _Run:
     spec: Any
     intervention: Any
     settings: Any  # the family's settings dataclass
-    sandbox: SandboxLimits | None
     digest: str
     seed: int
 
@@ -410,9 +395,9 @@ class _Run:
         """The task's fields for one generated output; a scorer that fails on it (it passed check_scorer's outputs)
         is named with the sample and the output, not left as a bare error from inside it."""
         if self.spec.executes_code:  # HumanEval's judge reports the program's faults itself
-            return self.spec.score(output, sample, self.sandbox)
+            return self.spec.score(output, sample)
         try:
-            return self.spec.score(output, sample, self.sandbox)
+            return self.spec.score(output, sample)
         except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
             raise ValueError(f"task={self.spec.name!r}: its scorer {qualified_name(self.spec.scorer)} failed on the generated "
                              f"output {output!r} for sample {sample.id!r} ({type(error).__name__}: {error}); the "
@@ -429,29 +414,33 @@ def _summary(task: str, records: list[dict], limit) -> EvalSummary:
 
 
 @checked
-def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Count | None = None, batch_size: Count = 8,
-             out: str | Path | None = None, seed: Index = 0, progress: bool = True, task_path: str | None = None,
-             allow_code_execution: Consent = False, sandbox: Any = None, sampler: Any = None, **options) -> EvalSummary:
-    """Accuracy of `model` on `task` with its own sampler: `sampler` (the family's settings dataclass, default
-    LoadedModel.settings_for(task)) and/or options by name over it (steps / gen_length / block_length refit the
-    layout by families.base.fit; another family's option is refused, as by sinklib.generate).
+def evaluate(model: LoadedModel | str, task: "str | Task", settings: Any = None, *, intervention=None,
+             limit: Count | None = None, batch_size: Count = 8, out: str | Path | None = None, seed: Index = 0,
+             progress: bool = True, allow_code_execution: Consent = False) -> EvalSummary:
+    """Accuracy of `model` on `task` with its own sampler.
 
-    Writes one JSON line per sample to `out` as it finishes (id, prompt, output, extracted answers, correct,
-    margin: the generation's closest decision, seconds, forwards (the batch's model forwards), tokens (the answer's
-    decoded positions), config_hash) and resumes from it: batches are fixed slices
-    of the task with a seed of their own, so
-    an interrupted and resumed run writes the same records as an uninterrupted one, sampled decoding (temperature
-    > 0) and MaskRandomKeys included. batch_size is part of the configuration for that reason.
-    Returns mean ± standard error over the samples.
-    HumanEval runs the model's code: only with allow_code_execution=True, each sample in its own sandboxed
-    process (sinklib.evaluation.sandbox, loaded only then; `sandbox`, a SandboxLimits, sets its limits)."""
-    model, spec, samples = _checked(model, task, intervention, allow_code_execution, out, task_path)
-    settings = sampler_settings(model, task, sampler, **options)
+    Args:
+        model: a LoadedModel (sinklib.load), a zoo name, a local folder or a hub id.
+        task: a registered task's name, or a Task (get_task(name, path=..., sandbox=...): a local file of samples,
+            a code task's sandbox limits).
+        settings: the family's settings dataclass; None: LoadedModel.settings_for(task), the model's own settings
+            resized to the task's generation length (GSM8K's 256 tokens, HumanEval's 512, as Table 1 runs them).
+        intervention: a policy applied at every forward (sinklib.interventions), e.g. MaskSinks(k=1).
+        limit: the first `limit` samples (None: all). batch_size: prompts per generation, part of the configuration.
+        out: a JSONL file written one record per sample as it finishes (id, prompt, output, extracted answers,
+            correct, margin: the generation's closest decision, seconds, forwards, tokens, config_hash); a rerun
+            resumes from it. Batches are fixed slices of the task with a seed of their own, so an interrupted and
+            resumed run writes the same records as an uninterrupted one, sampled decoding and MaskRandomKeys included.
+        seed: the run's seed (each batch's own seed derives from it).
+        allow_code_execution: HumanEval runs the model's code: only with True, each sample in its own sandboxed
+            process (sinklib.evaluation.sandbox, loaded only then).
+
+    Returns mean ± standard error over the samples."""
+    model, spec, samples = _checked(model, task, intervention, allow_code_execution, out)
+    settings = model.settings_for(spec) if settings is None else model.runnable(settings)
     samples = samples[:limit]
-    if spec.executes_code:
-        sandbox = sandbox or sandbox_module().SandboxLimits()
-    config = run_config(model, task, intervention, limit, seed, batch_size, task_path, sandbox, settings)
-    run = _Run(model, spec, intervention, settings, sandbox, config_hash(config), seed)
+    config = run_config(model, spec, intervention, limit, seed, batch_size, settings)
+    run = _Run(model, spec, intervention, settings, config_hash(config), seed)
     out_path = Path(out) if out is not None else None
     results, done = _open_results(out_path, run.digest, config, run_inputs(model, spec, samples) if out_path else {})
     handle = results.handle if results else None
@@ -459,7 +448,7 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
     # which samples an interrupted run had finished: sampled decoding and random-key masking resume exactly.
     batches = [samples[start:start + batch_size] for start in range(0, len(samples), batch_size)]
     try:
-        with tqdm(total=len(samples), initial=sum(s.id in done for s in samples), desc=f"{task} {model.name}",
+        with tqdm(total=len(samples), initial=sum(s.id in done for s in samples), desc=f"{spec.name} {model.name}",
                   disable=not progress) as bar:
             for index, batch in enumerate(batches):
                 for record in run.batch(index, batch, done):
@@ -472,4 +461,4 @@ def evaluate(model: LoadedModel | str, task: str, intervention=None, limit: Coun
                     bar.update(1)
     finally:
         _close(results)
-    return _summary(task, [done[s.id] for s in samples], limit)
+    return _summary(spec.name, [done[s.id] for s in samples], limit)

@@ -11,14 +11,14 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
 from sinklib import stats
-from sinklib.validation import Consent, Count, Flag, Index, Ks, NonNegative, bad_value, check_choice, checked
-from sinklib.evaluation.runner import config_hash, evaluate, run_config, sampler_settings
-from sinklib.evaluation.tasks import get_task, require_code_execution_opt_in
+from sinklib.validation import Consent, Count, Index, Ks, NonNegative, bad_value, check_choice, checked
+from sinklib.evaluation.runner import config_hash, evaluate, run_config
+from sinklib.evaluation.tasks import Task, get_task, require_code_execution_opt_in
 from sinklib.evaluation.checks import mass_dropped, noop_check
 from sinklib.interventions import AblateValues, EvictOldest, MaskRandomKeys, MaskSinks
 from sinklib.families.base import Family, get_family
@@ -248,30 +248,31 @@ class Condition:
     """One kind of Table 1 column, as data: its `label` (the rows' condition), its column name before "-k" ("top-1",
     "random-5"), how a finding says it ("with its top-{k} sinks masked"; "{s}" is "s" unless k is 1) and `policy`,
     which builds the intervention for a model family's kind ("diffusion" / "autoregressive") and k from the table's
-    options (eps, source, seed). k = 0 is the unmasked column every table starts with, whatever its conditions."""
+    options (eps, seed). k = 0 is the unmasked column every table starts with, whatever its conditions."""
     label: str
     column: str
     words: str
     policy: Callable[..., Any]
 
-    def intervention(self, family: Family, k: int, eps: float, source: str, seed: int):
+    def intervention(self, family: Family, k: int, eps: float, seed: int):
         """This condition's intervention with k keys for a model of `family` (the registered policy, built by
         `policy`)."""
-        return self.policy(family=family, k=k, eps=eps, source=source, seed=seed)
+        return self.policy(family=family, k=k, eps=eps, seed=seed)
 
     def in_words(self, k: int) -> str:
         """How a finding names this condition at k."""
         return self.words.format(k=k, s="" if k == 1 else "s")
 
 
-def paper_masking(family: Family, top_k: int, eps: float = 3.0, source: str = "previous_step") -> MaskSinks:
-    """The paper's top-k sink masking, its sinks read from the query rows the family computes (Family.sink_rows)."""
-    return MaskSinks(top_k=top_k, eps=eps, source=source, rows=family.sink_rows)
+def paper_masking(family: Family, top_k: int, eps: float = 3.0) -> MaskSinks:
+    """The paper's top-k sink masking: Eq. 3 on the previous step's scores, its sinks read from the query rows the
+    family computes (Family.sink_rows)."""
+    return MaskSinks(top_k=top_k, eps=eps, source="previous_step", rows=family.sink_rows)
 
 
 def _ablated_sinks(mode: str) -> Callable[..., Any]:
-    def policy(family: Family, k: int, eps: float, source: str, seed: int):
-        return AblateValues(paper_masking(family, k, eps, source), mode)
+    def policy(family: Family, k: int, eps: float, seed: int):
+        return AblateValues(paper_masking(family, k, eps), mode)
     return policy
 
 
@@ -279,12 +280,12 @@ def _ablated_sinks(mode: str) -> Callable[..., Any]:
 # CONDITIONS.register(name, Condition(...)) (tests/unit/test_extending.py adds one from outside the package).
 CONDITIONS: Registry[Condition] = Registry("condition", {
     "sinks": Condition("sinks", "top", "with its top-{k} sink{s} masked",
-                       lambda family, k, eps, source, seed: paper_masking(family, k, eps, source)),
+                       lambda family, k, eps, seed: paper_masking(family, k, eps)),
     "random keys": Condition("random keys", "random", "with {k} random key{s} masked",
-                             lambda family, k, eps, source, seed: MaskRandomKeys(k=k, seed=seed)),
+                             lambda family, k, eps, seed: MaskRandomKeys(k=k, seed=seed)),
     # the paper's §5.3: the oldest context dropped, sinks or not (the first token among it)
     "oldest keys": Condition("oldest keys", "oldest", "with its oldest {k} key{s} evicted",
-                             lambda family, k, eps, source, seed: EvictOldest(k=k)),
+                             lambda family, k, eps, seed: EvictOldest(k=k)),
     **{f"sink values ({mode})": Condition(f"sink values ({mode})", "values", "with its top-{k} sinks' values ablated",
                                           _ablated_sinks(mode)) for mode in AblateValues.MODES},
 })
@@ -309,21 +310,15 @@ def column_name(condition: str, k: int) -> str:
     return "unmasked" if k == 0 else f"{_condition_of(condition).column}-{k}"
 
 
-def table_conditions(family: Family, ks: Sequence[int], random_control: bool, eps: float, source: str,
-                     seed: int, value_ablation: str | None = None,
-                     names: Sequence[str] | None = None) -> list[tuple[str, int, Any]]:
-    """(condition, k, intervention) in table order: unmasked (k = 0), then per condition its k > 0 columns. `names`:
-    the conditions by name (CONDITIONS); without it, the top-k sinks masked, k random keys masked (random_control),
-    and the top-k sinks' values ablated (value_ablation "zero" or "mean": they keep their attention, what they carry
-    is removed)."""
-    if names is None:
-        names = ["sinks", *(["random keys"] if random_control else []),
-                 *([f"sink values ({value_ablation})"] if value_ablation is not None else [])]
+def table_conditions(family: Family, ks: Sequence[int], names: Sequence[str], eps: float,
+                     seed: int) -> list[tuple[str, int, Any]]:
+    """(condition, k, intervention) in table order: unmasked (k = 0), then per condition (CONDITIONS, by name) its
+    k > 0 columns, each policy built for `family` with the sink conditions' Eq. 3 threshold `eps` and `seed`."""
     chosen = [CONDITIONS.get(name) for name in names]
     result = [("sinks", 0, None)] if 0 in ks else []
     for condition in chosen:
         for k in (k for k in ks if k):
-            intervention = condition.intervention(family, k, eps, source, seed)
+            intervention = condition.intervention(family, k, eps, seed)
             if intervention is None:  # it would run unmasked and be reported as masked
                 raise ValueError(f"conditions={list(names)!r} is not allowed: the policy of {condition.label!r} builds "
                                  f"no intervention for a {family.name} model at k={k}; a masked column must mask")
@@ -335,8 +330,6 @@ def check_conditions(names: Sequence[str] | None) -> None:
     """Conditions that can make a table, checked before any run: a list (one string would be its characters) of
     registered names, each once, whose columns differ (two conditions in one column make every view fail), each
     registered under its own label (the rows carry the label) with words that take only {k} and {s}."""
-    if names is None:
-        return
     if isinstance(names, str) or not isinstance(names, Sequence):
         raise bad_value("conditions", names, f"a list of condition names, e.g. [{names!r}]" if isinstance(names, str)
                         else f"a list of condition names ({CONDITIONS.names()})")
@@ -361,65 +354,78 @@ def check_conditions(names: Sequence[str] | None) -> None:
                             f"says {condition.words!r}: {error!r})") from None
 
 
+TABLE1_CONDITIONS = ("sinks", "random keys")  # the paper's Table 1: the top-k sinks masked, and the random-key control
+
+
 @checked
-def masking_table(models: Sequence[LoadedModel | str], task: str = "arithmetic", ks: Ks = (0, 1, 5, 10),
-                  random_control: Flag = True, eps: NonNegative = 3.0,
-                  source: Literal["previous_step", "previous_step_clean", "same_step"] = "previous_step",
-                  limit: Count | None = None, out_dir: str | Path | None = None, batch_size: Count = 8, seed: Index = 0,
-                  allow_code_execution: Consent = False, progress: bool = True, task_path: str | None = None,
-                  sampler: Any = None, steps: Count | None = None, gen_length: Count | None = None,
-                  block_length: Count | None = None, value_ablation: str | None = None,
-                  checks: Flag = True, conditions: Sequence[str] | None = None) -> MaskingTable:
-    """Table 1 for `models` (loaded models or names for sinklib.load) on `task`: every k in `ks` (0 = unmasked)
-    masks the top-k sinks, and with random_control k random keys. Each model samples with
-    LoadedModel.settings_for(task), or `sampler` (one family's settings dataclass, for a table of one model);
-    steps / gen_length / block_length refit each model's layout (families.base.fit; block_length for LLaDA/MMaDA
-    only). Each run is written to
-    out_dir/<model>-<task>-<condition>-<config hash>.jsonl and resumes;
-    a changed configuration (limit, seed, settings, retrained weights) writes a new file beside the old one.
-    value_ablation: "zero" or "mean" adds the top-k sinks' value ablation (AblateValues) beside the masking.
-    conditions: the columns by name (CONDITIONS, your own registered ones included) in place of random_control and
-    value_ablation, e.g. ["sinks", "random keys", "sink values (mean)"]; the unmasked column comes first whenever 0 is in ks.
-    checks: every row carries the no-op check (noop_identical: on the task's first sample, unbatched, a capture masking
-    nothing is bit-identical to no capture) and the attention its policy moved in one audited generation of that
-    sample (evaluation.checks)."""
-    require_code_execution_opt_in(get_task(task), allow_code_execution, "masking_table")
+def masking_table(models: Sequence[LoadedModel | str], task: "str | Task" = "arithmetic",
+                  conditions: Sequence[str] = TABLE1_CONDITIONS, ks: Ks = (0, 1, 5, 10), settings: Any = None, *,
+                  eps: NonNegative = 3.0, limit: Count | None = None, out_dir: str | Path | None = None,
+                  batch_size: Count = 8, seed: Index = 0, allow_code_execution: Consent = False,
+                  progress: bool = True) -> MaskingTable:
+    """Table 1 for `models` on `task`: the unmasked column (k = 0, when 0 is in ks), then each condition at every
+    k > 0 of `ks`. Every row carries its checks: the no-op check (noop_identical: on the task's first sample,
+    unbatched, a capture masking nothing is bit-identical to no capture) and the attention its policy moved in one
+    audited generation of that sample (evaluation.checks).
+
+    Args:
+        models: loaded models or names for sinklib.load.
+        task: a task's name or a Task (get_task(name, path=...) for a local file of samples).
+        conditions: the columns by name (CONDITIONS, your own registered ones included): "sinks" (the paper's top-k
+            sinks masked, Eq. 3 on the previous step), "random keys", "oldest keys", "sink values (zero)" and
+            "sink values (mean)" (the top-k sinks keep their attention; their values are ablated).
+        ks: keys masked per column; 0 is the unmasked column.
+        settings: None: each model's LoadedModel.settings_for(task); one family's settings dataclass (a table of one
+            model); or {model name: settings} (a run config's settings_for gives them).
+        eps: the Eq. 3 threshold of the sink conditions, in sum units.
+        limit, batch_size, seed, allow_code_execution, progress: as for sinklib.evaluate, for every run.
+        out_dir: each run is written to out_dir/<model>-<task>-<column>-<config hash>.jsonl and resumes; a changed
+            configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
+    spec = get_task(task)
+    require_code_execution_opt_in(spec, allow_code_execution, "masking_table")
     models = _checked_models(models)
-    if value_ablation is not None:
-        check_choice(value_ablation, "value_ablation", AblateValues.MODES)
     check_conditions(conditions)
-    if sampler is not None and len(models) > 1:
-        raise bad_value("sampler", sampler, "settings for a table of one model (one family's settings); for several "
-                        "models give steps / gen_length / block_length, which refit each model's own layout")
+    _check_table_settings(settings, models)
     for model in models:  # every model whose family is known before loading: its conditions built before any run
         family = _family_before_loading(model)
         if family is not None:
-            table_conditions(family, ks, random_control, eps, source, seed, value_ablation, conditions)
+            table_conditions(family, ks, conditions, eps, seed)
     rows, items = [], []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)
-        run_settings = sampler_settings(loaded, task, sampler, steps=steps, gen_length=gen_length,
-                                        block_length=block_length)
-        audit = _Audit(loaded, task, task_path, run_settings, seed) if checks else None
-        for condition, k, intervention in table_conditions(loaded.family, ks, random_control, eps, source, seed,
-                                                           value_ablation, conditions):
+        given = settings.get(loaded.name) if isinstance(settings, Mapping) else settings
+        run_settings = loaded.settings_for(spec) if given is None else loaded.runnable(given)
+        audit = _Audit(loaded, spec, run_settings, seed)
+        for condition, k, intervention in table_conditions(loaded.family, ks, conditions, eps, seed):
             out = None
             if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh
-                digest = config_hash(run_config(loaded, task, intervention, limit, seed, batch_size, task_path, None,
-                                                run_settings))
-                out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{task}-{column_name(condition, k)}-{digest}.jsonl"
-            summary = evaluate(loaded, task, intervention=intervention, limit=limit, batch_size=batch_size, out=out,
-                               seed=seed, progress=progress, task_path=task_path,
-                               allow_code_execution=allow_code_execution, sampler=run_settings)
+                digest = config_hash(run_config(loaded, spec, intervention, limit, seed, batch_size, run_settings))
+                out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{spec.name}-{column_name(condition, k)}-{digest}.jsonl"
+            summary = evaluate(loaded, spec, run_settings, intervention=intervention, limit=limit,
+                               batch_size=batch_size, out=out, seed=seed, progress=progress,
+                               allow_code_execution=allow_code_execution)
             correct = sum(bool(r["correct"]) for r in summary.records)
             rows.append({"model": loaded.name, "condition": condition, "k": k,
                          **interval_columns(correct, summary.n), "accuracy_flexible": summary.accuracy_flexible,
-                         **(audit.of(intervention, out) if audit else {})})
+                         **audit.of(intervention, out)})
             items += [{"model": loaded.name, "condition": condition, "k": k, "id": str(r["id"]),
                        "correct": bool(r["correct"]), "output": r["output"], "margin": r.get("margin")}
                       for r in summary.records]
     items = pd.DataFrame(items, columns=ITEM_COLUMNS).astype({"margin": "float64"})
-    return MaskingTable(pd.DataFrame(rows), task, items)
+    return MaskingTable(pd.DataFrame(rows), spec.name, items)
+
+
+def _check_table_settings(settings: Any, models: list) -> None:
+    """One family's settings make a table of one model; a mapping names only the table's models."""
+    names = [m.name if isinstance(m, LoadedModel) else str(m) for m in models]
+    if isinstance(settings, Mapping):
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            raise bad_value("settings", dict(settings), f"settings by model name for models among {names} "
+                                                         f"({unknown} are not)")
+    elif settings is not None and len(models) > 1:
+        raise bad_value("settings", settings, "one family's settings for a table of one model, or {model name: "
+                                              "settings} for several")
 
 
 class _Audit:
@@ -427,10 +433,9 @@ class _Audit:
     first sample. A run written to a file keeps its checks beside it (<run>.checks.json), so a finished table is
     read back without running the model."""
 
-    def __init__(self, loaded: LoadedModel, task: str, task_path: str | None, settings: Any, seed: int):
-        spec = get_task(task)
+    def __init__(self, loaded: LoadedModel, spec: Task, settings: Any, seed: int):
         self.loaded, self.settings, self.seed, self.chat = loaded, settings, seed, spec.chat
-        self.prompt = spec.samples(task_path)[0].prompt
+        self.prompt = spec.samples()[0].prompt
         self._noop: bool | None = None
 
     def of(self, intervention, run_file: Path | None) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -44,6 +44,8 @@ class Task:
     # None: the model's own length. A zoo model always keeps its 16-token answer slot.
     gen_length: int | None = None
     stops: tuple[str, ...] = ()  # the output is scored up to the first of these
+    path: str | None = None  # a local file of samples for load (e.g. GSM8K on an offline node); None: the default source
+    sandbox: Any = None  # a task that runs code: the SandboxLimits its programs run under (None: the defaults)
 
     def __post_init__(self) -> None:
         """Refuse a gen_length that is not None or an integer >= 1, and stops that are not a tuple of non-empty
@@ -53,11 +55,11 @@ class Task:
         if not isinstance(self.stops, tuple) or not all(isinstance(stop, str) and stop for stop in self.stops):
             raise bad_value("stops", self.stops, "a tuple of non-empty strings")
 
-    def samples(self, path: str | None = None) -> list[Sample]:
-        """The task's samples (from `path` when given), refusing a file with no sample or an id twice (one
+    def samples(self) -> list[Sample]:
+        """The task's samples (from its `path` when it has one), refusing a file with no sample or an id twice (one
         question would go unscored and another count twice)."""
-        where = f"task_path={path!r}" if path else f"task={self.name!r}"
-        loaded = self.load(path)
+        where = f"path={self.path!r}" if self.path else f"task={self.name!r}"
+        loaded = self.load(self.path)
         if not isinstance(loaded, Iterable) or isinstance(loaded, (str, bytes, Mapping)):
             raise ValueError(f"{where} is not allowed: its loader {qualified_name(self.load)} returned "
                              f"{type(loaded).__name__} {loaded!r:.80}, not a list of Sample")
@@ -76,11 +78,11 @@ class Task:
             seen[sample.id] = index
         return samples
 
-    def score(self, output: str, sample: Sample, sandbox=None) -> dict:
+    def score(self, output: str, sample: Sample) -> dict:
         """Per-sample fields: extracted answer(s), `correct` and, where defined, `correct_flexible`, of the output up
-        to the task's first stop string."""
+        to the task's first stop string (a task that runs code runs it under its `sandbox` limits)."""
         output = cut_at_stops(output, self.stops)
-        return self.scorer(output, sample, sandbox) if self.executes_code else self.scorer(output, sample)
+        return self.scorer(output, sample, self.sandbox) if self.executes_code else self.scorer(output, sample)
 
 
 def qualified_name(function: Callable) -> str:
@@ -141,7 +143,7 @@ def trace_prompts(is_zoo: bool, n: int) -> list[str]:
 def read_rows(file: Path, fields: tuple[str, ...], given: str | None) -> list[dict]:
     """The JSON objects of a JSONL file, each with `fields` present and not null (a null answer would be scored
     against the text 'None'); errors name the file and the line."""
-    where = f"task_path={given!r}" if given else f"the task file {str(file)!r}"
+    where = f"path={given!r}" if given else f"the task file {str(file)!r}"
     rows = []
     for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -249,6 +251,12 @@ def task_names() -> list[str]:
     return TASKS.names()
 
 
-def get_task(name: str) -> Task:
-    """The registered task of that name; an unknown name is refused with the registered ones."""
-    return TASKS.get(name)
+def get_task(name: "str | Task", *, path: str | None = None, sandbox: Any = None) -> Task:
+    """The registered task of that name (a Task passes through); an unknown name is refused with the registered ones.
+    path: its samples from this local file (e.g. GSM8K on an offline node); sandbox: a task that runs code, the
+    SandboxLimits its programs run under."""
+    task = name if isinstance(name, Task) else TASKS.get(name)
+    changes = {key: value for key, value in (("path", path), ("sandbox", sandbox)) if value is not None}
+    if "sandbox" in changes and not task.executes_code:
+        raise bad_value("sandbox", sandbox, f"None for task={task.name!r}: it runs no code")
+    return replace(task, **changes) if changes else task

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
 from sinklib.explorer.page import to_html
 from sinklib.generate import demo_trace
-from sinklib.loading import load
+from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
 
 
@@ -20,9 +20,10 @@ def page_name(model: str) -> str:
 
 def export_pages(models: Sequence[str], folder: str | Path, prompt: str, *, traces: Mapping[str, Trace] | None = None,
                  eps: float = 3.0, seed: int = 0, load_options: Mapping[str, Any] | None = None,
-                 sampling: Mapping[str, Any] | None = None, progress: bool = True) -> list[Path]:
+                 settings_for: Callable[[LoadedModel], Any] | None = None, progress: bool = True) -> list[Path]:
     """Write folder/explorer_<model>.html for each model. A model with a trace in `traces` reuses it; the others
-    are loaded one at a time (load_options → sinklib.load) and generate `prompt` with generate.demo_trace."""
+    are loaded one at a time (load_options → sinklib.load) and generate `prompt` with generate.demo_trace, under
+    settings_for(loaded model) (None: each model's own settings, LoadedModel.settings_for())."""
 
     if isinstance(models, str):
         models = [models]
@@ -37,7 +38,7 @@ def export_pages(models: Sequence[str], folder: str | Path, prompt: str, *, trac
         trace = traces.get(name)
         if trace is None:
             loaded = load(name, **dict(load_options or {}))
-            trace = demo_trace(loaded, prompt, seed, **dict(sampling or {}))
+            trace = demo_trace(loaded, prompt, seed, settings_for(loaded) if settings_for is not None else None)
             del loaded
         written.append(to_html(trace, Path(folder) / page_name(name), eps=eps))
     return written

@@ -24,12 +24,11 @@ class ARMSettings:
     pad_id: Index = 0
     steps: Count | None = None  # unused: one step per token; accepted so callers can pass it uniformly
 
-    def validate(self) -> "ARMSettings":
-        """Refuse a gen_length below 1 or a negative temperature; returns self."""
+    def check(self) -> None:
+        """Refuse a gen_length below 1 or a negative temperature; run on construction (dataclasses.replace included)."""
         check_int(self.gen_length, "gen_length", 1)
         if not self.temperature >= 0:
             raise bad_value("temperature", self.temperature, "a number >= 0")
-        return self
 
 
 def next_token(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
@@ -45,7 +44,6 @@ def sample(forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None, 
            generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """forward(ids, attention_mask, position_ids, cache) → (logits, cache). Canvases grow by one token a step;
     rows that have finished are filled with pad_id."""
-    settings.validate()
     batch = prompt_ids.shape[0]
     mask = prompt_mask if prompt_mask is not None else torch.ones_like(prompt_ids)
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -16,13 +16,13 @@ caller decides how a model is called and what is recorded.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, TypeVar
 
 import torch
 
 from sinklib.registry import Registry
-from sinklib.validation import bad_value, check_int
+from sinklib.validation import bad_value, check_int, did_you_mean, is_validated
 
 Forward = Callable[..., torch.Tensor]
 S = TypeVar("S")
@@ -40,14 +40,15 @@ class Canvas:
 @dataclass(frozen=True)
 class Family:
     """A model family, as the registry holds it: its sampler and settings dataclass, its default settings, the mask
-    id used when the tokenizer has none (default_mask_id, diffusion families), settings defaults of its own (extra,
-    applied when not given) and how its remote code is called. Subclasses set `kind` and how canvases become traces."""
+    id used when the tokenizer has none (default_mask_id, diffusion families) and how its remote code is called.
+    Subclasses set `kind` and how canvases become traces."""
     name: str
     sample: Callable[..., list[torch.Tensor]]
-    settings: type  # a frozen dataclass with validate(); its fields are this family's option names
+    # a frozen dataclass decorated with sinklib.validation.validated (its check() refuses bad values when an instance
+    # is made, dataclasses.replace included); its fields are this family's option names
+    settings: type
     default_mask_id: int | None = None
     description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
     # default settings (instances of `settings`, special ids left at their defaults): the paper's generation for a
     # real checkpoint, and the tiny zoo's answer slot (None: the paper's fitted to ZOO_GEN_LENGTH tokens). A task's
     # own generation length resizes them (fit); no family keeps settings per task.
@@ -60,6 +61,13 @@ class Family:
 
     kind: ClassVar[str] = ""
     sink_rows: ClassVar[str] = "all"  # the query rows sinks are read from when they are masked (MaskSinks.rows)
+
+    def __post_init__(self) -> None:
+        # settings that were never checked would reach the sampler unchecked: refused where the family is declared
+        if not (dataclasses.is_dataclass(self.settings) and isinstance(self.settings, type) and is_validated(self.settings)):
+            raise TypeError(f"settings={self.settings!r} is not allowed for the {self.name} family: settings must be a "
+                            "dataclass decorated with sinklib.validation.validated (its check() refuses bad values "
+                            "when settings are made)")
 
     def defaults(self, zoo: bool = False):
         """This family's default settings: the tiny zoo's answer slot (`zoo`) or the paper's generation."""
@@ -87,14 +95,6 @@ class Family:
         if self.remote_call is None:
             raise TypeError(f"the {self.name} family has no remote modelling code to call")
         return self.remote_call(model, ids, attention_mask, position_ids)
-
-    def make_settings(self, options: dict[str, Any], special: dict[str, Any]):
-        """Validated settings from the given options (None = not given) and the model's special ids."""
-        names = set(self.option_names())
-        given = {k: v for k, v in options.items() if k in names and v is not None}
-        given.update({k: v for k, v in special.items() if k in names})
-        given.update({k: v for k, v in self.extra.items() if k in names and k not in given})
-        return self.settings(**given).validate()
 
     # --- how a run's canvases become traces (diffusion and autoregressive families differ) ---
     uses_cache: ClassVar[bool] = False
@@ -204,7 +204,14 @@ def fit(settings: S, *, gen_length: int | None = None, steps: int | None = None,
     A gen_length given alone keeps a valid layout: block_length (where the family has blocks) becomes the largest
     divisor of gen_length not above the current block (32 → 16 for gen_length 16), and steps keep the current
     steps per token, rounded up to a multiple of the number of blocks. The given values must be integers >= 1;
-    whether the layout they make is valid is the settings' validate()."""
+    the settings made refuse a layout their family cannot run."""
+    return dataclasses.replace(settings, **layout_changes(settings, gen_length=gen_length, steps=steps,
+                                                          block_length=block_length))
+
+
+def layout_changes(settings: Any, *, gen_length: int | None = None, steps: int | None = None,
+                   block_length: int | None = None) -> dict[str, int]:
+    """The fields `fit` changes, by name (LoadedModel.settings_for lays them over its other changes at once)."""
     names = {f.name for f in dataclasses.fields(settings)} - ({"steps"} if getattr(settings, "steps", None) is None else set())
     given = {name: check_int(value, name, 1) for name, value in
              (("gen_length", gen_length), ("steps", steps), ("block_length", block_length)) if value is not None}
@@ -218,7 +225,7 @@ def fit(settings: S, *, gen_length: int | None = None, steps: int | None = None,
         blocks = gen_length // block
         wanted = max(1, -(-gen_length * settings.steps // settings.gen_length))
         changes["steps"] = -(-wanted // blocks) * blocks
-    return dataclasses.replace(settings, **changes)
+    return changes
 
 
 def check_block_layout(steps: int, gen_length: int, block_length: int) -> int:
@@ -260,6 +267,10 @@ def get_family(name: str) -> Family:
 
 
 SPECIAL_IDS = ("mask_id", "eos_ids", "pad_id")  # settings fields filled from the model, never given as options
+LAYOUT = ("steps", "gen_length", "block_length")  # the fields fit() keeps consistent with each other
+# options renamed so that one name means one thing: eps is the Eq. 3 sink threshold everywhere in sinklib
+RENAMED = {"eps": "final_time (Dream's last timestep; eps is the Eq. 3 sink threshold of find_sinks / MaskSinks)"}
+
 
 
 def option_owners() -> dict[str, list[str]]:
@@ -282,3 +293,18 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
             ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
             mask[row, width - len(seq):] = 1
     return ids, mask
+
+
+def check_options(family, options: dict) -> None:
+    """Refuse an option no family has (with "did you mean", or the new name of a renamed one) and, given a value,
+    an option of another `family` (None: any family's option passes), naming its owner."""
+    owners = option_owners()
+    for key, value in options.items():
+        if key in RENAMED:
+            raise TypeError(f"{key}={value!r} is not a sampler option: did you mean {RENAMED[key]}?")
+        if key not in owners:
+            raise TypeError(f"{key}={value!r} is not a sampler option: the options are {sorted(owners)}"
+                            f"{did_you_mean(key, owners)}")
+        if value is not None and family is not None and family.name not in owners[key]:
+            raise ValueError(f"{key}={value!r} is not allowed for the {family.name} family: it applies to "
+                             f"{'/'.join(owners[key])} only")

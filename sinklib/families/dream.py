@@ -54,12 +54,12 @@ class DreamSettings:
     cache: Literal["prefix", "dual"] | None = None  # reuse each block's first forward's keys (with blocks)
     refresh: Share | None = None  # with a cache: refresh when a layer's greatest sink moves or its share by this much
 
-    def validate(self) -> "DreamSettings":
+    def check(self) -> None:
         """Refuse steps or gen_length below 1, an unknown alg, a negative temperature, top_p outside (0, 1], top_k
         below 1 or final_time outside (0, 1); with blocks, a gen_length that is not a multiple of block_length, steps
         that are not a multiple of the number of blocks or fewer than 2 a block (without a threshold) and
         alg="origin"; a threshold or cache without blocks, a threshold with an alg other than maskgit_plus and a
-        refresh without a cache; returns self."""
+        refresh without a cache; run on construction (dataclasses.replace included)."""
         check_int(self.steps, "steps", 1)
         check_int(self.gen_length, "gen_length", 1)
         check_choice(self.alg, "alg", ALGS)
@@ -77,9 +77,8 @@ class DreamSettings:
                 if getattr(self, name) is not None:
                     raise bad_value(name, getattr(self, name), "None without block_length (Dream's parallel and cached "
                                                                "decoding run block by block: set block_length)")
-            return self
-        self._check_blocks()
-        return self
+        else:
+            self._check_blocks()
 
     def _check_blocks(self) -> None:
         blocks = check_block_layout(self.steps, self.gen_length, self.block_length)
@@ -189,7 +188,6 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
            generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """forward(ids, attention_mask, position_ids) → logits [B, S, V] (both None without left padding). Returns the
     steps + 1 canvases [B, prompt + gen_length]: before the first step and after each one, mask_id where masked."""
-    settings.validate()
     x = torch.nn.functional.pad(prompt_ids, (0, settings.gen_length), value=settings.mask_id)
     attention_mask = position_ids = None
     if prompt_mask is not None and not bool(prompt_mask.all()):

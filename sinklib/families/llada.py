@@ -13,7 +13,7 @@ block's first step a full forward whose keys and values the block's later steps 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 import torch
@@ -44,11 +44,12 @@ class LLaDASettings:
     cache: Literal["prefix", "dual"] | None = None  # reuse the block-start forward's keys and values (Fast-dLLM)
     refresh: Share | None = None  # with a cache: refresh when a layer's greatest sink moves or its share by this much
 
-    def validate(self) -> "LLaDASettings":
+    def check(self) -> None:
         """Refuse steps or gen_length below 1, a gen_length that is not a multiple of block_length, steps that are
         not a multiple of the number of blocks, a negative temperature or cfg_scale, an unknown remasking, a
         threshold with random remasking (it compares confidences), a cache with classifier-free guidance
-        (upstream's cached samplers take none) or a refresh without a cache; returns self."""
+        (upstream's cached samplers take none) or a refresh without a cache; run on construction (dataclasses.replace
+        included)."""
         check_int(self.steps, "steps", 1)
         check_int(self.gen_length, "gen_length", 1)
         check_block_layout(self.steps, self.gen_length, self.gen_length if self.block_length is None else self.block_length)
@@ -64,7 +65,6 @@ class LLaDASettings:
             raise bad_value("cache", self.cache, f"None with cfg_scale={self.cfg_scale} (the cached samplers take no "
                                                  "classifier-free guidance)")
         check_refresh(self.refresh, self.cache)
-        return self
 
 
 def transfer_counts(masked: torch.Tensor, steps: int) -> torch.Tensor:
@@ -135,7 +135,6 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     and forward(ids, attention_mask, window=Window) → the window's logits (families.cached). Returns the canvas
     before the first forward and after each one [B, prompt + gen_length], mask_id where masked: steps + 1 of them
     without a threshold, fewer with one."""
-    settings.validate()
     batch, prompt_len = prompt_ids.shape
     block_length = settings.block_length or settings.gen_length
     x = torch.full((batch, prompt_len + settings.gen_length), settings.mask_id, dtype=torch.long, device=prompt_ids.device)
@@ -207,5 +206,6 @@ LLADA = DiffusionFamily("llada", sample, LLaDASettings, default_mask_id=126336,
                         model_types=("llada",), remote_call=call_remote)
 MMADA = DiffusionFamily("mmada", sample, LLaDASettings, default_mask_id=126336,
                         description="MMaDA-8B: LLaDA's sampler with float64 confidences",
-                        extra={"confidence_dtype": "float64"}, paper=PAPER, zoo=ZOO, model_types=("mmada",),
+                        paper=replace(PAPER, confidence_dtype="float64"), zoo=replace(ZOO, confidence_dtype="float64"),
+                        model_types=("mmada",),
                         remote_call=call_remote)

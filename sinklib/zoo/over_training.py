@@ -96,12 +96,12 @@ def measure(loaded: LoadedModel, how: Measurement, scratch: Path | None = None, 
     per-problem answers so that an interrupted measurement resumes. A model without any sink gets NaN token
     shares and an empty top token."""
     task = "arithmetic" if loaded.is_zoo else "arithmetic-english"  # a chat model reads the problems in plain English
-    table = masking_table([loaded], task, ks=(0, 1), random_control=True, eps=how.eps, limit=how.n_problems,
-                          out_dir=scratch, batch_size=50, seed=how.seed, progress=progress, checks=False).frame
+    table = masking_table([loaded], task, ("sinks", "random keys"), (0, 1), eps=how.eps, limit=how.n_problems,
+                          out_dir=scratch, batch_size=50, seed=how.seed, progress=progress).frame
     accuracy = {(condition, k): (a, s) for condition, k, a, s in
                 zip(table["condition"], table["k"], table["accuracy"], table["stderr"])}
     traces = collect_traces(loaded, trace_prompts(loaded.is_zoo, how.n_traces), seed=how.seed,
-                            progress=progress, sampler=loaded.settings_for())
+                            progress=progress)
     frequency = dynamics.sink_token_frequency(traces, how.eps, top=None)
     mask_token = loaded.tokenizer.convert_ids_to_tokens(loaded.mask_id) if loaded.mask_id is not None else None
     groups = dynamics.sink_token_groups(frequency, mask_token=mask_token,

@@ -24,7 +24,7 @@ from sinklib.zoo.evaluate import accuracy
 
 model = sinklib.load("tiny-llada")
 prompt = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:"
-trace = sinklib.generate(model, prompt, steps=16, gen_length=16, block_length=8, chat=False, progress=False)
+trace = sinklib.generate(model, prompt, model.settings_for(steps=16, gen_length=16, block_length=8), progress=False)
 sinks = sinklib.find_sinks(trace.scores, eps=3.0)
 with sinklib.capture(model.model) as rec:
     model.model(trace.tokens[-1][None])

@@ -55,11 +55,11 @@ def test_load_gives_the_model_its_own_code_builds(folders, family, mmada_env):
     with torch.no_grad():
         assert torch.equal(loaded.logits(tokens), reference(tokens).logits)
     # the whole traced generation through the chat template equals the same run on the reference module
-    settings = dict(steps=4, gen_length=4, progress=False, **({"block_length": 2} if family != "dream" else {}))
+    layout = dict(steps=4, gen_length=4, **({"block_length": 2} if family != "dream" else {}))
     prompt = "tom has 5 apples . how many apples does tom have now ?"
-    trace = sinklib.generate(loaded, prompt, **settings)
+    trace = sinklib.generate(loaded, prompt, loaded.settings_for(**layout), progress=False)
     twin = sinklib.load(reference, family=family, tokenizer=loaded.tokenizer, mask_id=loaded.mask_id)
-    expected = sinklib.generate(twin, prompt, **settings)
+    expected = sinklib.generate(twin, prompt, twin.settings_for(**layout), progress=False)
     assert trace.tokens.tolist() == expected.tokens.tolist()
     torch.testing.assert_close(trace.scores, expected.scores, rtol=0, atol=1e-6)
     chat_start = {"dream": "<|im_start|>", "llada": "<|startoftext|>", "mmada": "<|startoftext|>"}[family]
@@ -71,7 +71,7 @@ def test_native_llama_folder_is_the_autoregressive_family(folders):
     ids = checkpoints.token_ids("llama")
     assert (loaded.family.name, loaded.calling, loaded.extra["compat"]) == ("arm", "native", [])
     assert set(loaded.eos_ids) >= {ids["<|end_of_text|>"], ids["<|eot_id|>"]}
-    trace = sinklib.generate(loaded, "tom has 5 apples", gen_length=3, progress=False)
+    trace = sinklib.generate(loaded, "tom has 5 apples", loaded.settings_for(gen_length=3), progress=False)
     assert trace.tokens[0, 0].item() == ids["<|begin_of_text|>"]
 
 

@@ -159,8 +159,9 @@ LLADA_CASES = [(cache, threshold, steps, block) for cache in (None, "prefix", "d
 @pytest.mark.parametrize("cache, threshold, steps, block_length", LLADA_CASES)
 def test_llada_cached_and_threshold_samplers_match_fast_dllm_loops(cache, threshold, steps, block_length):
     model = diffusion_llama("llada")
-    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=steps, gen_length=16,
-                             block_length=block_length, cache=cache, threshold=threshold, progress=False)
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=steps, gen_length=16, block_length=block_length,
+                                                                 cache=cache, threshold=threshold), progress=False)
     tokens, forwards = reference_fast_llada(model, PROMPT, steps, 16, block_length, cache, threshold)
     assert trace.tokens[-1].tolist() == tokens
     assert trace.n_steps == forwards
@@ -175,8 +176,9 @@ DREAM_CASES = [(cache, threshold, alg) for cache in (None, "prefix", "dual")
 @pytest.mark.parametrize("cache, threshold, alg", DREAM_CASES)
 def test_dream_block_samplers_match_fast_dllm_loops(cache, threshold, alg):
     model = diffusion_llama("dream", seed=1)
-    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=8, gen_length=16, block_length=4,
-                             alg=alg, cache=cache, threshold=threshold, progress=False)
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=16, block_length=4, alg=alg, cache=cache,
+                                                                 threshold=threshold), progress=False)
     tokens, forwards = reference_fast_dream(model, PROMPT, 8, 16, 4, alg, cache, threshold)
     assert trace.tokens[-1].tolist() == tokens
     assert trace.n_steps == forwards
@@ -199,21 +201,22 @@ def test_a_window_beside_fresh_kept_keys_computes_what_the_full_forward_does(fam
 
 def test_a_cached_trace_records_which_positions_each_step_computed_and_saves_them(tmp_path):
     loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
-    trace = sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, block_length=4, cache="dual", progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=8, block_length=4, cache="dual"),
+                             progress=False)
     answer = len(PROMPT)
     assert trace.recomputed.shape == (8, answer + 8)
     assert trace.recomputed[0].all() and trace.recomputed[4].all()  # each block's first step: a full forward
     assert trace.recomputed[1].tolist() == [False] * answer + [True] * 4 + [False] * 4
     assert trace.recomputed[5].tolist() == [False] * (answer + 4) + [True] * 4
     assert torch.equal(sinklib.Trace.load(trace.save(tmp_path / "t")).recomputed, trace.recomputed)
-    plain = sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, block_length=4, progress=False)
+    plain = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=8, block_length=4), progress=False)
     assert plain.recomputed is None
 
 
 def test_the_paper_sampler_is_untouched_by_the_new_fields():
     """threshold=None and cache=None run the paper's loop: every scheduled step, zero-count steps included."""
     loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
-    trace = sinklib.generate(loaded, PROMPT, steps=8, gen_length=4, block_length=4, progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=4, block_length=4), progress=False)
     assert trace.n_steps == 8  # 4 masks over 8 steps: the last 4 write nothing, and still run
 
 
@@ -229,7 +232,7 @@ def test_the_paper_sampler_is_untouched_by_the_new_fields():
 def test_dream_refuses_fast_settings_it_cannot_run(options, parameter, allowed):
     loaded = sinklib.load(diffusion_llama("dream"), mask_id=MASK_ID)
     with pytest.raises(ValueError, match=f"{parameter}=.*{allowed}"):
-        sinklib.generate(loaded, PROMPT, **{"steps": 8, "gen_length": 8, **options}, progress=False)
+        loaded.settings_for(**{"steps": 8, "gen_length": 8, **options})
 
 
 @pytest.mark.parametrize("options, parameter, allowed", [
@@ -240,18 +243,19 @@ def test_dream_refuses_fast_settings_it_cannot_run(options, parameter, allowed):
 def test_llada_refuses_fast_settings_it_cannot_run(options, parameter, allowed):
     loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
     with pytest.raises(ValueError, match=f"{parameter}=.*{allowed}"):
-        sinklib.generate(loaded, PROMPT, **{"steps": 8, "gen_length": 8, **options}, progress=False)
+        loaded.settings_for(**{"steps": 8, "gen_length": 8, **options})
 
 
 def test_dream_block_schedule_hand_worked():
     """8 tokens in blocks of 4 with 4 steps a block: the first forward writes one, then int(3·(1 − s/t)) by the
     block's own schedule linspace(1, 1e-3, 5), the last step the rest."""
     loaded = sinklib.load(diffusion_llama("dream"), mask_id=MASK_ID)
-    trace = sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, block_length=4, alg="maskgit_plus", progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=8, block_length=4, alg="maskgit_plus"),
+                             progress=False)
     written = (trace.is_masked.sum(1)[:-1] - trace.is_masked.sum(1)[1:]).tolist() + [int(trace.is_masked[-1].sum())]
     # int(3 · (1 − 0.50025/0.75)) = 0 (a forward that writes nothing, as upstream), int(3 · (1 − 0.2505/0.50025)) = 1
     assert written == [1, 0, 1, 2, 1, 0, 1, 2]
-    assert dream.DreamSettings(steps=8, gen_length=8, block_length=4).validate().block_length == 4
+    assert dream.DreamSettings(steps=8, gen_length=8, block_length=4).block_length == 4
 
 
 @pytest.mark.parametrize("family, options", [
@@ -262,8 +266,9 @@ def test_a_model_that_predicts_the_mask_id_ends_each_block_where_upstream_would_
     here). sinklib stops a block after its length (threshold) or its schedule's steps."""
     model = diffusion_llama(family)
     model.lm_head.register_forward_hook(lambda module, args, out: out.index_fill(-1, torch.tensor([MASK_ID]), 1e4))
-    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=8, gen_length=8, block_length=4,
-                             progress=False, **options)
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=8, block_length=4, **options),
+                             progress=False)
     assert bool((trace.tokens[-1, len(PROMPT):] == MASK_ID).all())
     assert trace.n_steps == 8
 
@@ -277,8 +282,9 @@ def test_remote_modelling_code_takes_the_threshold_and_refuses_a_cache_by_name()
     loaded = sinklib.load(standin, family="llada", mask_id=MASK_ID)
     assert loaded.calling == "remote"
     with pytest.raises(ValueError, match=r"cache='dual' is not allowed: cache must be None for .*runs its own modelling code"):
-        sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, block_length=4, cache="dual", progress=False)
-    trace = sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, block_length=4, threshold=0.1, progress=False)
+        sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=8, block_length=4, cache="dual"), progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=8, block_length=4, threshold=0.1),
+                             progress=False)
 
     class Native(torch.nn.Module):
         def forward(self, input_ids, attention_mask, use_cache=False):
@@ -292,14 +298,14 @@ def test_the_lm_eval_model_takes_threshold_and_cache_by_name_and_keeps_them_for_
     pytest.importorskip("lm_eval")
     from sinklib.evaluation.harness import SinklibLM
 
-    lm = SinklibLM(pretrained="tiny-dream", block_length=8, threshold=0.9, alg="maskgit_plus", cache="dual",
-                   refresh=0.1)
+    lm = SinklibLM.create_from_arg_obj({"pretrained": "tiny-dream", "block_length": 8, "threshold": 0.9, "alg": "maskgit_plus",
+                                        "cache": "dual", "refresh": 0.1})
     assert (lm.settings.block_length, lm.settings.threshold, lm.settings.cache, lm.settings.refresh) == \
         (8, 0.9, "dual", 0.1)
     longer = lm.settings_for(32)
     assert (longer.gen_length, longer.block_length, longer.threshold, longer.cache, longer.refresh) == \
         (32, 8, 0.9, "dual", 0.1)
     with pytest.raises(ValueError, match="refresh=0.1 is not allowed: refresh must be None without a cache"):
-        SinklibLM(pretrained="tiny-llada", refresh=0.1)
+        SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "refresh": 0.1})
     with pytest.raises(ValueError, match="alg='entropy' is not allowed"):
-        SinklibLM(pretrained="tiny-dream", block_length=8, threshold=0.9)
+        SinklibLM.create_from_arg_obj({"pretrained": "tiny-dream", "block_length": 8, "threshold": 0.9})

@@ -48,7 +48,7 @@ def test_simple_evaluate_matches_the_sinklib_runner(name, model_args, interventi
     results = _harness(model_args, limit=12)
     loaded = sinklib.load(name)
     reference = evaluate(loaded, "arithmetic", limit=12, batch_size=4, progress=False, intervention=intervention,
-                         sampler=loaded.settings_for())
+                         settings=loaded.settings_for())
     outputs = _by_doc(results["samples"]["zoo_arithmetic"])
     assert [outputs[i] for i in range(12)] == [r["output"] for r in reference.records]
     assert results["results"]["zoo_arithmetic"]["exact_match,strict-match"] == pytest.approx(reference.accuracy)
@@ -69,7 +69,8 @@ def test_data_parallel_under_accelerate_shards_without_loss_or_duplication(tmp_p
     assert "on rank 1" in run.stderr, "two processes must have shared the requests"
     samples = [json.loads(line) for f in tmp_path.rglob("samples_zoo_arithmetic_*.jsonl") for line in f.read_text().splitlines()]
     assert sorted(s["doc_id"] for s in samples) == list(range(10))
-    reference = evaluate(sinklib.load("tiny-arm"), "arithmetic", limit=10, progress=False, gen_length=16)
+    arm = sinklib.load("tiny-arm")
+    reference = evaluate(arm, "arithmetic", arm.settings_for(gen_length=16), limit=10, progress=False)
     outputs = _by_doc(samples)
     assert [outputs[i] for i in range(10)] == [r["output"] for r in reference.records]
     summary = json.loads(next(tmp_path.rglob("results_*.json")).read_text())
@@ -77,15 +78,15 @@ def test_data_parallel_under_accelerate_shards_without_loss_or_duplication(tmp_p
 
 
 def test_loglikelihood_tasks_and_bad_model_args_get_clear_errors():
-    model = SinklibLM(pretrained="tiny-llada")
+    model = SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada"})
     with pytest.raises(NotImplementedError, match=r"generate_until tasks only"):
         model.loglikelihood([])
     with pytest.raises(ValueError, match=r"mask_top_k=-1 is not allowed"):
-        SinklibLM(pretrained="tiny-llada", mask_top_k=-1)
+        SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "mask_top_k": -1})
     with pytest.raises(ValueError, match=r"mask_random_k=2 is not allowed: mask_random_k must be 0 when mask_top_k is set"):
-        SinklibLM(pretrained="tiny-llada", mask_top_k=1, mask_random_k=2)
+        SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "mask_top_k": 1, "mask_random_k": 2})
     with pytest.raises(ValueError, match=r"mask_source='previous' is not allowed.*did you mean 'previous_step'"):
-        SinklibLM(pretrained="tiny-llada", mask_top_k=1, mask_source="previous")
+        SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "mask_top_k": 1, "mask_source": "previous"})
 
 
 @pytest.mark.parametrize("model_args, message", [
@@ -111,14 +112,14 @@ def test_loglikelihood_tasks_and_bad_model_args_get_clear_errors():
 ])
 def test_model_args_are_checked_before_any_model_loads(model_args, message, monkeypatch):
     """Before: trust_remote_code=no ran the folder's code (any non-empty string was consent)."""
-    monkeypatch.setattr(sinklib, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr("sinklib.evaluation.harness.load", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
         SinklibLM.create_from_arg_string(model_args, {"batch_size": 1, "device": None})
 
 
 def test_model_args_as_a_mapping_refuse_an_unknown_key_by_name(monkeypatch):
     """lm-eval's Python API hands model_args over as a dict: `stepz` was a raw TypeError from __init__."""
-    monkeypatch.setattr(sinklib, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr("sinklib.evaluation.harness.load", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=r"model_args stepz= is not allowed: the sinklib model takes .*did you mean 'steps'"):
         SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "stepz": 4})
 
@@ -141,16 +142,16 @@ def test_value_ablation_is_reachable_from_model_args_and_refused_without_a_key_p
                                              {"batch_size": 1, "device": "cpu"})
     assert model.intervention == AblateValues(MaskSinks(top_k=1), "zero")
     with pytest.raises(ValueError, match=r"mask_values='half' is not allowed"):
-        SinklibLM(pretrained="tiny-llada", mask_top_k=1, mask_values="half")
+        SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "mask_top_k": 1, "mask_values": "half"})
     with pytest.raises(ValueError, match=r"mask_values='zero' is not allowed: mask_values must be None unless"):
-        SinklibLM(pretrained="tiny-llada", mask_values="zero")
+        SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "mask_values": "zero"})
 
 
 def test_a_block_length_for_a_family_without_blocks_is_refused_not_dropped():
     """The autoregressive sampler has no blocks: block_length=4 used to be dropped without a word by the layout fit.
     Dream's has them now (Fast-dLLM's block-wise sampler) and takes it."""
-    with pytest.raises(ValueError, match=r"block_length=4 is not allowed: block_length must be None for tiny-arm "
-                                         r"\(the arm family's sampler"):
+    with pytest.raises(ValueError, match=r"block_length=4 is not allowed for the arm family: it applies to "
+                                         r"dream/llada/mmada only"):
         SinklibLM.create_from_arg_string("pretrained=tiny-arm,block_length=4")
     assert SinklibLM.create_from_arg_string("pretrained=tiny-dream,block_length=4").settings.block_length == 4
 

@@ -229,14 +229,14 @@ def test_a_policy_without_repr_is_recorded_by_its_settings_and_resumes(tmp_path)
     assert repr(EveryOtherKey(1)) == "EveryOtherKey(offset=1)" == identity(EveryOtherKey(1))
     assert repr(sinklib.MaskSinks(2)) == "MaskSinks(top_k=2, eps=3.0, source='previous_step', rows='all', threshold=True)"
     loaded = sinklib.load("tiny-llada")
-    first = collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(1), steps=4,
-                                       gen_length=4, progress=False)
-    again = collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(1), steps=4,
-                                       gen_length=4, progress=False)  # a new object, same settings: resumed
+    first = collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=4, gen_length=4), out=tmp_path,
+                           intervention=EveryOtherKey(1), progress=False)
+    again = collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=4, gen_length=4), out=tmp_path,
+                           intervention=EveryOtherKey(1), progress=False)  # a new object, same settings: resumed
     torch.testing.assert_close(again[0].scores, first[0].scores, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"written by another run .*EveryOtherKey\(offset=1\).*EveryOtherKey\(offset=0\)"):
-        collect_traces(loaded, ["1+2="], out=tmp_path, intervention=EveryOtherKey(0), steps=4,
-                                   gen_length=4, progress=False)
+        collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=4, gen_length=4), out=tmp_path,
+                       intervention=EveryOtherKey(0), progress=False)
 
 
 def test_a_policy_whose_record_would_name_a_memory_address_is_refused_before_any_work(tmp_path):
@@ -244,8 +244,9 @@ def test_a_policy_whose_record_would_name_a_memory_address_is_refused_before_any
     policy.helper = Opaque()  # a public attribute whose repr is an address
     with pytest.raises(ValueError, match=r"intervention=EveryOtherKey\(offset=1, helper=<.*Opaque object at 0x.*"
                                          r"is not allowed: its repr names a memory address"):
-        collect_traces(sinklib.load("tiny-llada"), ["1+2="], out=tmp_path, intervention=policy,
-                                   steps=4, gen_length=4, progress=False)
+        llada = sinklib.load("tiny-llada")
+        collect_traces(llada, ["1+2="], settings=llada.settings_for(steps=4, gen_length=4), out=tmp_path,
+                       intervention=policy, progress=False)
     assert policy._calls == 0 and not any(tmp_path.iterdir())
     with pytest.raises(ValueError, match=r"its repr names a memory address"):
         sinklib.evaluate("tiny-llada", "arithmetic", intervention=policy, limit=1, out=tmp_path / "e.jsonl",

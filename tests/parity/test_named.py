@@ -58,7 +58,7 @@ def test_the_chat_template_is_applied(smollm2):
 
 
 def test_it_answers_a_factual_question(smollm2):
-    trace = sinklib.generate(smollm2, PROMPTS[0], gen_length=12, progress=False)
+    trace = sinklib.generate(smollm2, PROMPTS[0], smollm2.settings_for(gen_length=12), progress=False)
     assert "Paris" in trace.text
 
 

@@ -1,4 +1,6 @@
 """Samplers against straightforward reference loops written from the upstream samplers' rules, and hand-worked cases."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -96,7 +98,7 @@ def test_dream_shift_and_schedule_hand_worked():
     logits = torch.arange(3.0).reshape(1, 3, 1)
     assert dream.shift_right(logits).flatten().tolist() == [0.0, 0.0, 1.0]
     loaded = sinklib.load(diffusion_llama("dream"), mask_id=MASK_ID)
-    trace = sinklib.generate(loaded, PROMPT, steps=4, gen_length=8, alg="maskgit_plus", progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=4, gen_length=8, alg="maskgit_plus"), progress=False)
     written = (trace.is_masked.sum(1)[:-1] - trace.is_masked.sum(1)[1:]).tolist() + [int(trace.is_masked[-1].sum())]
     assert written == [1, 2, 2, 3]  # int(8·0.24975)=1, int(7·0.33289)=2, int(5·0.49900)=2, the rest
 
@@ -104,8 +106,9 @@ def test_dream_shift_and_schedule_hand_worked():
 @pytest.mark.parametrize("steps, gen_length, block_length", [(8, 8, 8), (8, 16, 4), (6, 12, 4), (4, 8, 2)])
 def test_llada_sampler_matches_reference_loop(steps, gen_length, block_length):
     model = diffusion_llama("llada")
-    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=steps, gen_length=gen_length,
-                             block_length=block_length, progress=False)
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=steps, gen_length=gen_length, block_length=block_length),
+                             progress=False)
     assert trace.tokens[-1].tolist() == reference_llada(model, PROMPT, steps, gen_length, block_length)
     assert trace.n_steps == steps and not (trace.tokens[-1] == MASK_ID).any()
 
@@ -114,7 +117,8 @@ def test_llada_sampler_matches_reference_loop(steps, gen_length, block_length):
 @pytest.mark.parametrize("steps", [4, 8])
 def test_dream_sampler_matches_reference_loop(alg, steps):
     model = diffusion_llama("dream", seed=1)
-    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=steps, gen_length=8, alg=alg, progress=False)
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=steps, gen_length=8, alg=alg), progress=False)
     assert trace.tokens[-1].tolist() == reference_dream(model, PROMPT, steps, 8, alg)
 
 
@@ -123,8 +127,9 @@ def test_llada_decision_margins_match_the_reference_loop(steps, gen_length, bloc
     """Each step's margin (the weakest written position's confidence over the best one left masked, and each
     written token's logit over the runner-up, relative) equals the plain-Python loop's."""
     model = diffusion_llama("llada")
-    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=steps, gen_length=gen_length,
-                             block_length=block_length, progress=False)
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=steps, gen_length=gen_length, block_length=block_length),
+                             progress=False)
     expected = []
     reference_llada(model, PROMPT, steps, gen_length, block_length, margins=expected)
     assert trace.margins.shape == (steps,)
@@ -134,7 +139,8 @@ def test_llada_decision_margins_match_the_reference_loop(steps, gen_length, bloc
 @pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
 def test_dream_decision_margins_match_the_reference_loop(alg):
     model = diffusion_llama("dream", seed=1)
-    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=4, gen_length=8, alg=alg, progress=False)
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=4, gen_length=8, alg=alg), progress=False)
     expected = []
     reference_dream(model, PROMPT, 4, 8, alg, margins=expected)
     assert trace.margins.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
@@ -143,7 +149,7 @@ def test_dream_decision_margins_match_the_reference_loop(alg):
 def test_arm_sampler_with_cache_matches_uncached_greedy_loop():
     model = llama(causal=True)
     loaded = sinklib.load(model, family="arm", eos_ids=(63,))
-    trace = sinklib.generate(loaded, PROMPT, gen_length=10, progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(gen_length=10), progress=False)
     x, margins = list(PROMPT), []
     for _ in range(10):
         logits = logits_of(model, x)[-1]
@@ -162,7 +168,7 @@ def test_llada_remote_calling_convention_standin_matches_native_reference():
     standin = StandInLLaDA(vocab_size=64)
     loaded = sinklib.load(standin, family="llada", mask_id=MASK_ID)
     assert loaded.calling == "remote"
-    trace = sinklib.generate(loaded, PROMPT, steps=4, gen_length=8, block_length=4, progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=4, gen_length=8, block_length=4), progress=False)
 
     class Native(torch.nn.Module):
         def forward(self, input_ids):
@@ -178,16 +184,17 @@ def test_batched_prompts_give_the_same_tokens_and_scores_as_one_at_a_time(family
     model = llama(causal=True) if family == "arm" else diffusion_llama(family)
     loaded = sinklib.load(model, family=family, mask_id=MASK_ID if family != "arm" else None, eos_ids=(62,))
     prompts = [PROMPT, [7, 3, 11], [40, 41, 42, 43, 44, 45, 46, 47]]
-    batched = sinklib.generate(loaded, prompts, gen_length=8, progress=False, **options)
+    batched = sinklib.generate(loaded, prompts, loaded.settings_for(gen_length=8, **options), progress=False)
     for prompt, trace in zip(prompts, batched):
-        alone = sinklib.generate(loaded, prompt, gen_length=8, progress=False, **options)
+        alone = sinklib.generate(loaded, prompt, loaded.settings_for(gen_length=8, **options), progress=False)
         assert trace.tokens.tolist() == alone.tokens.tolist()
         torch.testing.assert_close(trace.scores, alone.scores, atol=1e-4, rtol=0, equal_nan=True)
 
 
 def test_temperature_sampling_is_reproducible_by_seed():
     loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
-    runs = [sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, temperature=1.0, seed=s, progress=False) for s in (3, 3, 4)]
+    runs = [sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=8, temperature=1.0), seed=s,
+                             progress=False) for s in (3, 3, 4)]
     assert runs[0].tokens.tolist() == runs[1].tokens.tolist()
     assert runs[0].tokens.tolist() != runs[2].tokens.tolist()
 
@@ -195,7 +202,7 @@ def test_temperature_sampling_is_reproducible_by_seed():
 def test_classifier_free_guidance_combines_conditional_and_unconditional_logits():
     model = diffusion_llama("llada")
     loaded = sinklib.load(model, mask_id=MASK_ID)
-    trace = sinklib.generate(loaded, PROMPT, steps=1, gen_length=2, cfg_scale=1.5, progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=1, gen_length=2, cfg_scale=1.5), progress=False)
     cond = logits_of(model, PROMPT + [MASK_ID] * 2)
     uncond = logits_of(model, [MASK_ID] * 8)
     guided = uncond + 2.5 * (cond - uncond)
@@ -217,10 +224,10 @@ def test_every_family_has_the_paper_and_zoo_settings_of_its_own_class_and_a_task
     paper, zoo = family.defaults(), family.defaults(zoo=True)
     assert isinstance(paper, family.settings) and isinstance(zoo, family.settings)
     assert (paper.gen_length, zoo.gen_length) == (128, GEN_LENGTH)  # the paper's length, the zoo's answer slot
-    paper.validate(), zoo.validate()
+    assert dataclasses.replace(paper) == paper and dataclasses.replace(zoo) == zoo  # each made again: checked
     assert not hasattr(family, "presets")  # no settings per task: a task owns its length
     for task, length in (("gsm8k", 256), ("humaneval", 512), ("capitals", 16)):
         fitted = fit(paper, gen_length=get_task(task).gen_length)
-        assert fitted.gen_length == length and fitted.validate() is fitted
+        assert fitted.gen_length == length  # fit makes the settings again: checked
         if hasattr(fitted, "steps") and fitted.steps is not None:
             assert fitted.steps == length  # the paper decodes one token per step, at any length

@@ -97,8 +97,9 @@ CASES = [(cache, threshold, refresh) for cache in ("prefix", "dual") for thresho
 @pytest.mark.parametrize("cache, threshold, refresh", CASES)
 def test_llada_refresh_matches_a_reference_loop_that_reads_eager_attention_maps(cache, threshold, refresh):
     model = diffusion_llama("llada")
-    trace = sinklib.generate(sinklib.load(model, mask_id=MASK_ID), PROMPT, steps=8, gen_length=16, block_length=8,
-                             cache=cache, threshold=threshold, refresh=refresh, progress=False)
+    loaded = sinklib.load(model, mask_id=MASK_ID)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=16, block_length=8, cache=cache,
+                                                                 threshold=threshold, refresh=refresh), progress=False)
     tokens, forwards = reference_refresh_llada(model, PROMPT, 8, 16, 8, cache, threshold, refresh)
     assert trace.tokens[-1].tolist() == tokens
     assert trace.n_steps == forwards
@@ -122,9 +123,9 @@ def test_a_refresh_at_every_step_gives_the_tokens_of_the_sampler_without_a_cache
     """refresh=0: every window counts as drifted, so each step's tokens come from a full forward, as without a cache;
     the trace keeps a canvas, a margin and the computed columns of every forward."""
     loaded = sinklib.load(diffusion_llama(family), mask_id=MASK_ID)
-    layout = dict(steps=8, gen_length=16, block_length=8, progress=False, **options)
-    plain = sinklib.generate(loaded, PROMPT, **layout)
-    refreshed = sinklib.generate(loaded, PROMPT, cache=cache, refresh=0.0, **layout)
+    layout = dict(steps=8, gen_length=16, block_length=8, **options)
+    plain = sinklib.generate(loaded, PROMPT, loaded.settings_for(**layout), progress=False)
+    refreshed = sinklib.generate(loaded, PROMPT, loaded.settings_for(cache=cache, refresh=0.0, **layout), progress=False)
     assert refreshed.tokens[-1].tolist() == plain.tokens[-1].tolist()
     # each of the 2 blocks: its first step a refresh and its anchor, every later step a dropped window, a refresh and
     # an anchor
@@ -162,4 +163,4 @@ def test_greatest_sinks_and_drift_on_hand_made_attention():
 def test_a_refresh_it_cannot_run_is_refused_by_name(family, options, allowed):
     loaded = sinklib.load(diffusion_llama(family), mask_id=MASK_ID)
     with pytest.raises(ValueError, match=allowed):
-        sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, progress=False, **options)
+        loaded.settings_for(steps=8, gen_length=8, **options)

@@ -64,7 +64,7 @@ def test_the_merged_adapter_computes_what_peft_computes_unmerged(diffusion):
 @pytest.mark.slow
 def test_dream_sampler_on_the_twin_matches_the_reference_loop(diffusion):
     prompt = encode(diffusion, QUESTION, chat=True)
-    trace = sinklib.generate(diffusion, prompt, steps=8, gen_length=8, alg="entropy", progress=False)
+    trace = sinklib.generate(diffusion, prompt, diffusion.settings_for(steps=8, gen_length=8, alg="entropy"), progress=False)
     assert trace.tokens[-1].tolist() == reference_dream(diffusion.model, prompt, 8, 8, "entropy", mask_id=16)
 
 
@@ -83,7 +83,7 @@ def test_each_twin_answers_most_held_out_problems(name):
     loaded = sinklib.load(name)
     policy = "threshold + dual cache" if name == DIFFUSION else "KV cache"
     summary = evaluate(loaded, "arithmetic-english", limit=8, batch_size=8, progress=False,
-                       sampler=policy_settings(loaded, policy))
+                       settings=policy_settings(loaded, policy))
     assert summary.n == 8 and summary.accuracy >= 0.5, [record["output"] for record in summary.records]
 
 

@@ -35,7 +35,7 @@ def model(name: str) -> sinklib.LoadedModel:
 
 @functools.lru_cache(maxsize=None)
 def trace() -> sinklib.Trace:
-    return sinklib.generate(model("tiny-llada"), "1+2=", steps=4, gen_length=4, progress=False)
+    return sinklib.generate(model("tiny-llada"), "1+2=", model("tiny-llada").settings_for(steps=4, gen_length=4), progress=False)
 
 
 def saved_trace(tmp: Path, edit: Callable[[Path], None]) -> Path:
@@ -58,9 +58,13 @@ def edit_meta(folder: Path, change: Callable[[dict], None]) -> None:
 
 
 def gen(**kwargs):
-    base = dict(steps=4, gen_length=4, progress=False)
+    """sinklib.generate with its own keyword arguments; every other one is a sampler option, laid over the model's
+    settings by settings_for (where a bad one is refused, before generate starts)."""
+    loaded = kwargs.pop("model", model("tiny-llada"))
     prompt = kwargs.pop("prompt", "1+2=")
-    return sinklib.generate(kwargs.pop("model", model("tiny-llada")), prompt, **{**base, **kwargs})
+    own = {key: kwargs.pop(key) for key in ("seed", "maps", "intervention", "chat") if key in kwargs}
+    settings = loaded.settings_for(**{"steps": 4, "gen_length": 4, **kwargs})
+    return sinklib.generate(loaded, prompt, settings, progress=False, **own)
 
 
 def capture_forward(policy=None, **kwargs):
@@ -131,13 +135,14 @@ CASES = [
     Case("generate prompt float tensor", lambda t: gen(prompt=torch.tensor([1.0, 2.0])), ValueError, "prompt"),
     Case("generate prompt floats", lambda t: gen(prompt=[1.5, 2.0]), ValueError, "prompt"),
     Case("generate empty list", lambda t: gen(prompt=[]), ValueError, "prompt"),
-    Case("generate steps missing", lambda t: gen(steps=None), ValueError, "steps"),
+    Case("settings steps missing", lambda t: __import__("sinklib.families.llada").families.llada.LLaDASettings(
+        steps=None, gen_length=4), ValueError, "steps"),
     Case("generate seed", lambda t: gen(seed=-3), ValueError, "seed"),
     Case("generate alg for llada", lambda t: gen(alg="entropy"), ValueError, "alg"),
     Case("generate block_length for arm", lambda t: gen(model=model("tiny-arm"), block_length=4), ValueError, "block_length"),
     Case("generate maps step beyond run", lambda t: gen(maps=[(9, 0, 0)]), ValueError, "maps"),
     Case("generate intervention str", lambda t: gen(intervention="MaskSinks"), TypeError, "intervention"),
-    Case("generate gen_length too long", lambda t: gen(gen_length=10**6, steps=4), ValueError, "gen_length"),
+    Case("generate gen_length too long", lambda t: gen(gen_length=10**6, steps=10**6), ValueError, "gen_length"),
     # -- sinks over training ---------------------------------------------------------------------------
     Case("retrain unknown recipe", lambda t: over_training.retrain("tiny-lada", t), ValueError, "name"),
     Case("retrain into a shipped model", lambda t: over_training.retrain("tiny-arm", ZOO_DIR), ValueError, "folder"),
@@ -181,7 +186,12 @@ CASES = [
     Case("evaluate model typo", lambda t: evaluate("tiny-lada", "arithmetic"), ValueError, "name_or_model"),
     Case("evaluate intervention", lambda t: evaluate(model("tiny-arm"), "arithmetic", intervention=3), TypeError, "intervention"),
     Case("evaluate unknown setting", lambda t: evaluate(model("tiny-arm"), "arithmetic", gen_lenght=8), TypeError, "gen_lenght"),
-    Case("evaluate llada option on arm", lambda t: evaluate(model("tiny-arm"), "arithmetic", remasking="random"),
+    Case("settings_for unknown setting", lambda t: model("tiny-arm").settings_for(gen_lenght=8), TypeError, "gen_lenght"),
+    Case("evaluate settings of another family", lambda t: evaluate(model("tiny-arm"), "arithmetic",
+                                                                   model("tiny-llada").settings_for()),
+         TypeError, "settings"),
+    Case("evaluate llada option on arm",
+         lambda t: evaluate(model("tiny-arm"), "arithmetic", model("tiny-arm").settings_for(remasking="random")),
          ValueError, "remasking"),
     Case("evaluate humaneval without opt-in", lambda t: evaluate(model("tiny-arm"), "humaneval"),
          ValueError, "allow_code_execution"),
@@ -189,7 +199,13 @@ CASES = [
     Case("masking_table ks", lambda t: masking_table([model("tiny-arm")], ks=[-1]), ValueError, "ks"),
     Case("masking_table ks empty", lambda t: masking_table([model("tiny-arm")], ks=[]), ValueError, "ks"),
     Case("masking_table models", lambda t: masking_table([3.5]), ValueError, "models"),
-    Case("masking_table source", lambda t: masking_table([model("tiny-arm")], source="now"), ValueError, "source"),
+    Case("masking_table conditions typo", lambda t: masking_table([model("tiny-arm")], conditions=["sink"]), ValueError,
+         "conditions"),
+    Case("masking_table settings for an unknown model",
+         lambda t: masking_table([model("tiny-arm")], settings={"tiny-lada": model("tiny-arm").settings_for()}),
+         ValueError, "settings"),
+    Case("replaced settings", lambda t: __import__("dataclasses").replace(model("tiny-llada").settings_for(), steps=5),
+         ValueError, "steps"),
     Case("masking_table eps", lambda t: masking_table([model("tiny-arm")], eps=float("inf")), ValueError, "eps"),
     Case("run_python bytes", lambda t: run_python(b"print(1)"), ValueError, "program"),
     Case("run_python limits", lambda t: run_python("print(1)", {"timeout": 1}), ValueError, "limits"),
@@ -222,8 +238,8 @@ def _file(tmp: Path) -> Path:
 
 def _stale_traces(tmp: Path):
     loaded = model("tiny-llada")
-    collect_traces(loaded, ["1+2="], out=tmp / "traces", steps=4, gen_length=4, progress=False)
-    collect_traces(loaded, ["1+2="], out=tmp / "traces", steps=8, gen_length=4, progress=False)
+    collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=4, gen_length=4), out=tmp / "traces", progress=False)
+    collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=8, gen_length=4), out=tmp / "traces", progress=False)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -409,7 +425,7 @@ CASES_26 = [
          lambda t: masking_table([model("tiny-arm")], task="humaneval", allow_code_execution=1),
          ValueError, "allow_code_execution"),
     Case("masking_table eps nan", lambda t: masking_table([model("tiny-arm")], eps=float("nan")), ValueError, "eps"),
-    Case("masking_table steps negative", lambda t: masking_table([model("tiny-arm")], steps=-2), ValueError, "steps"),
+    Case("settings_for steps negative", lambda t: model("tiny-arm").settings_for(steps=-2), ValueError, "steps"),
     Case("TracesRun n_prompts -1", lambda t: __import__("sinklib.runs").runs.TracesRun(n_prompts=-1), ValueError, "n_prompts"),
     Case("TracesRun n_prompts 2.5", lambda t: __import__("sinklib.runs").runs.TracesRun(n_prompts=2.5), ValueError, "n_prompts"),
     Case("TracesRun models a string", lambda t: __import__("sinklib.runs").runs.TracesRun(models="tiny-llada"),
@@ -621,7 +637,8 @@ def test_a_numpy_seed_is_taken_as_its_integer():
     import sinklib
 
     model = sinklib.load("tiny-arm")
-    assert sinklib.generate(model, "Q: a A:", seed=np.int64(3), gen_length=3, progress=False).tokens.shape[0] >= 2
+    assert sinklib.generate(model, "Q: a A:", model.settings_for(gen_length=3), seed=np.int64(3),
+                            progress=False).tokens.shape[0] >= 2
 
 
 # --- issue 52: values that were silently taken for something else ----------------------------------------------------
@@ -731,7 +748,7 @@ def test_a_condition_no_later_models_family_can_build_is_refused_before_the_firs
 
     CONDITIONS.register("diffusion only", Condition(
         "diffusion only", "diffusion", "with {k} random key{s} masked (diffusion models only)",
-        lambda family, k, eps, source, seed: MaskRandomKeys(k=k, seed=seed) if family.name != "arm" else None))
+        lambda family, k, eps, seed: MaskRandomKeys(k=k, seed=seed) if family.name != "arm" else None))
     try:
         with pytest.raises(ValueError, match=r"the policy of 'diffusion only' builds no intervention for a arm model"):
             masking_table(models, ks=[0, 1], conditions=["diffusion only"], limit=2, out_dir=tmp_path, progress=False)
@@ -740,13 +757,13 @@ def test_a_condition_no_later_models_family_can_build_is_refused_before_the_firs
     assert list(tmp_path.iterdir()) == [], "nothing ran"
 
 
-def test_one_familys_sampler_for_several_models_is_refused_before_any_run(tmp_path):
+def test_one_familys_settings_for_several_models_are_refused_before_any_run(tmp_path):
     from sinklib.evaluation.table1 import masking_table
     from sinklib.families.llada import LLaDASettings
 
-    with pytest.raises(ValueError, match=r"sampler=LLaDASettings\(.*\) is not allowed: sampler must be settings for a "
-                                         r"table of one model"):
-        masking_table(["tiny-llada", "tiny-arm"], sampler=LLaDASettings(steps=4, gen_length=4), limit=2,
+    with pytest.raises(ValueError, match=r"settings=LLaDASettings\(.*\) is not allowed: settings must be one family's "
+                                         r"settings for a table of one model"):
+        masking_table(["tiny-llada", "tiny-arm"], settings=LLaDASettings(steps=4, gen_length=4), limit=2,
                       out_dir=tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
 

@@ -60,7 +60,8 @@ def test_resume_after_kill_gives_the_uninterrupted_table(tmp_path):
     code = f"""
 import sinklib
 from sinklib.evaluation import evaluate
-evaluate(sinklib.load("tiny-arm"), "arithmetic", limit=40, batch_size=2, out={str(out)!r}, progress=False, gen_length=16)
+arm = sinklib.load("tiny-arm")
+evaluate(arm, "arithmetic", arm.settings_for(gen_length=16), limit=40, batch_size=2, out={str(out)!r}, progress=False)
 """
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     deadline = time.time() + 120
@@ -71,8 +72,9 @@ evaluate(sinklib.load("tiny-arm"), "arithmetic", limit=40, batch_size=2, out={st
     written = len(out.read_text().splitlines())
     assert 10 <= written < 40, "the run must be interrupted midway for this test to mean anything"
     loaded = sinklib.load("tiny-arm")
-    resumed = evaluate(loaded, "arithmetic", limit=40, batch_size=2, out=out, progress=False, gen_length=16)
-    clean = evaluate(loaded, "arithmetic", limit=40, batch_size=2, out=tmp_path / "clean.jsonl", progress=False, gen_length=16)
+    resumed = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=40, batch_size=2, out=out, progress=False)
+    clean = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=40, batch_size=2,
+                     out=tmp_path / "clean.jsonl", progress=False)
     assert _strip(resumed.records) == _strip(clean.records)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["id"] for r in lines) == sorted(r["id"] for r in clean.records), "no sample missing or counted twice"
@@ -85,7 +87,7 @@ def test_beside_the_records_their_config_says_how_they_were_made(tmp_path):
 
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16,
+    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False,
              intervention=sinklib.MaskSinks(top_k=1, rows="last"))
     digest = json.loads(out.read_text().splitlines()[0])["config_hash"]
     record = json.loads(provenance_path(out).read_text())[digest]
@@ -102,13 +104,13 @@ def test_a_rerun_under_edited_code_leaves_the_provenance_beside_the_records(tmp_
 
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
     before = provenance_path(out).read_bytes()
     monkeypatch.setattr(provenance, "code_identity", lambda: "0" * 16)  # as after an edit of a comment
-    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
     assert provenance_path(out).read_bytes() == before, "the records were made by the first run's code"
     other = tmp_path / "other.jsonl"
-    evaluate(loaded, "arithmetic", limit=2, out=other, progress=False, gen_length=16)
+    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=other, progress=False)
     assert json.loads(provenance_path(other).read_text()).popitem()[1]["code"]["sinklib_sources_sha256"] == "0" * 16
 
 
@@ -126,9 +128,9 @@ def test_the_sandbox_loads_when_humaneval_runs_not_with_sinklib():
 def test_a_file_from_another_configuration_is_refused(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
     with pytest.raises(ValueError, match=r"was written by another configuration"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16,
+        evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False,
                  intervention=sinklib.MaskSinks(top_k=1, rows="last"))
 
 
@@ -161,24 +163,24 @@ def test_humaneval_end_to_end_records_sandbox_outcomes(tmp_path):
 
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "he.jsonl"
-    summary = evaluate(loaded, "humaneval", limit=2, out=out, progress=False, allow_code_execution=True,
-                       sandbox=SandboxLimits(timeout=3), gen_length=8)
+    summary = evaluate(loaded, get_task("humaneval", sandbox=SandboxLimits(timeout=3)), loaded.settings_for(gen_length=8),
+                       limit=2, out=out, progress=False, allow_code_execution=True)
     assert [r["id"] for r in summary.records] == ["HumanEval/0", "HumanEval/1"]
     for record in summary.records:
         assert record["status"] in {"passed", "failed", "timed out"} and record["correct"] == (record["status"] == "passed")
     assert summary.accuracy == sum(r["correct"] for r in summary.records) / 2 and summary.accuracy_flexible is None
     with pytest.raises(ValueError, match=r"was written by another configuration"):
-        evaluate(loaded, "humaneval", limit=2, out=out, progress=False, allow_code_execution=True,
-                 sandbox=SandboxLimits(timeout=5), gen_length=8)
+        evaluate(loaded, get_task("humaneval", sandbox=SandboxLimits(timeout=5)), loaded.settings_for(gen_length=8),
+                 limit=2, out=out, progress=False, allow_code_execution=True)
 
 
 def test_a_line_cut_by_an_interruption_is_rerun_and_the_file_stays_valid(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    first = evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    first = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # killed while writing line 3
-    again = evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    again = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
     assert _strip(again.records) == _strip(first.records)
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in first.records]
 
@@ -189,8 +191,8 @@ def test_a_line_cut_by_an_interruption_is_rerun_and_the_file_stays_valid(tmp_pat
 ])
 def test_a_resumed_stochastic_run_writes_the_uninterrupted_records(tmp_path, name, settings, intervention):
     loaded = sinklib.load(name)
-    run = dict(limit=10, batch_size=4, progress=False, intervention=intervention, seed=5, steps=16, gen_length=16,
-               block_length=8, **settings)
+    run = dict(limit=10, batch_size=4, progress=False, intervention=intervention, seed=5,
+               settings=loaded.settings_for(steps=16, gen_length=16, block_length=8, **settings))
     clean = evaluate(loaded, "arithmetic", out=tmp_path / "clean.jsonl", **run)
     assert len({r["output"] for r in clean.records}) > 1
     out = tmp_path / "resumed.jsonl"
@@ -213,19 +215,19 @@ def test_a_complete_record_missing_only_its_newline_is_kept_in_place(tmp_path):
     """Before: read as done, then deleted as a cut line; a second resume re-added it out of order."""
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    first = evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    first = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:2]) + "\n" + lines[2])  # killed between the record and its newline
     calls = []
     hook = loaded.model.register_forward_hook(lambda *args: calls.append(1))
     try:
-        again = evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+        again = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
     finally:
         hook.remove()
     assert calls == [], "every sample was finished: nothing may run again"
     assert out.read_text() == "\n".join(lines) + "\n"
     assert _strip(again.records) == _strip(first.records)
-    evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
     assert out.read_text() == "\n".join(lines) + "\n", "a second resume changes nothing"
 
 
@@ -233,7 +235,8 @@ def test_a_complete_record_missing_only_its_newline_is_kept_in_place(tmp_path):
 def test_a_second_writer_of_the_same_file_is_refused_while_the_first_runs(tmp_path):
     out = tmp_path / "run.jsonl"
     code = ("import sinklib; from sinklib.evaluation import evaluate; "
-            f"evaluate(sinklib.load('tiny-arm'), 'arithmetic', out={str(out)!r}, progress=False, gen_length=16, batch_size=1)")
+            "arm = sinklib.load('tiny-arm'); "
+            f"evaluate(arm, 'arithmetic', arm.settings_for(gen_length=16), out={str(out)!r}, progress=False, batch_size=1)")
     first = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     try:
         deadline = time.time() + 120
@@ -241,7 +244,8 @@ def test_a_second_writer_of_the_same_file_is_refused_while_the_first_runs(tmp_pa
             time.sleep(0.2)
         assert first.poll() is None, "the first run must still be writing for this test to mean anything"
         with pytest.raises(RuntimeError, match=r"out=.*run.jsonl' is being written by another evaluation run"):
-            evaluate(sinklib.load("tiny-arm"), "arithmetic", out=out, progress=False, gen_length=16, batch_size=1)
+            arm = sinklib.load("tiny-arm")
+            evaluate(arm, "arithmetic", arm.settings_for(gen_length=16), out=out, progress=False, batch_size=1)
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -252,23 +256,23 @@ def test_a_second_writer_of_the_same_file_is_refused_while_the_first_runs(tmp_pa
 def test_a_file_holding_a_sample_twice_is_refused(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines + [lines[0]]) + "\n")  # what two unlocked writers used to leave
     with pytest.raises(ValueError, match=r"sample '.*' is written twice \(lines 1 and 3\)"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+        evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
 
 
 def test_evaluate_takes_a_name_uses_the_models_own_settings_and_leaves_no_empty_file(tmp_path):
     loaded = sinklib.load("tiny-llada")
     by_name = evaluate("tiny-llada", "arithmetic", limit=2, progress=False)
-    explicit = evaluate(loaded, "arithmetic", limit=2, progress=False, sampler=loaded.settings_for())
+    explicit = evaluate(loaded, "arithmetic", limit=2, progress=False, settings=loaded.settings_for())
     assert _strip(by_name.records) == _strip(explicit.records)
     out = tmp_path / "bad.jsonl"
     with pytest.raises(ValueError, match=r"alg='entropy' is not allowed for the llada family"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, alg="entropy")
-    with pytest.raises(TypeError, match=r"gen_lenght=8 is not an option of generate: .*\(did you mean 'gen_length'\?\)"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_lenght=8)
+        evaluate(loaded, "arithmetic", loaded.settings_for(alg="entropy"), limit=2, out=out, progress=False)
+    with pytest.raises(TypeError, match=r"gen_lenght=8 is not a sampler option: .*\(did you mean 'gen_length'\?\)"):
+        evaluate(loaded, "arithmetic", loaded.settings_for(gen_lenght=8), limit=2, out=out, progress=False)
     assert not out.exists()
 
 
@@ -302,7 +306,7 @@ def test_results_go_only_to_a_regular_file_and_nothing_else_is_touched(kind, tmp
         out = Path("/dev/stdout") if kind == "/dev/stdout" else ""
     before = sorted(os.listdir(tmp_path))
     with pytest.raises(ValueError, match=r"out=.* is not allowed: out must be"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+        evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
     assert sorted(os.listdir(tmp_path)) == before, "nothing made or removed beside it"
     if kind == "device":
         assert stat.S_ISCHR(os.lstat(out).st_mode), "the device node is still there"
@@ -312,13 +316,13 @@ def test_results_go_only_to_a_regular_file_and_nothing_else_is_touched(kind, tmp
 def test_an_edited_record_is_detected(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
     lines = out.read_text().splitlines()
     record = json.loads(lines[1])
     record["correct"] = not record["correct"]  # a hand-edited verdict
     out.write_text("\n".join([lines[0], json.dumps(record), *lines[2:]]) + "\n")
     with pytest.raises(ValueError, match=r"line 2 was edited after it was written"):
-        evaluate(loaded, "arithmetic", limit=3, out=out, progress=False, gen_length=16)
+        evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
 
 
 def test_a_file_this_run_did_not_create_is_never_removed(tmp_path, monkeypatch):
@@ -332,7 +336,7 @@ def test_a_file_this_run_did_not_create_is_never_removed(tmp_path, monkeypatch):
     mine.write_text("")
     for out in (mine, fresh):
         with pytest.raises(KeyboardInterrupt):
-            evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, gen_length=16)
+            evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
     assert mine.exists() and not fresh.exists()
 
 
@@ -341,7 +345,7 @@ def test_a_file_this_run_did_not_create_is_never_removed(tmp_path, monkeypatch):
      r"sample id 'a' appears twice"),
     (['{"id": "a", "question": "1+1", "answer": null}'], r"line 1 has no 'answer' \(or it is null\)"),
     (['{"id": "a", "question": "1+1"}', "not json"], r"line 1 has no 'answer'"),
-    ([], r"task_path=.* is not allowed: it holds no sample"),
+    ([], r"path=.* is not allowed: it holds no sample"),
 ])
 def test_a_task_file_that_would_score_silently_wrong_is_refused_before_the_model_loads(lines, message, tmp_path,
                                                                                      monkeypatch):
@@ -353,7 +357,7 @@ def test_a_task_file_that_would_score_silently_wrong_is_refused_before_the_model
     path.write_text("\n".join(lines) + "\n")
     monkeypatch.setattr("sinklib.loading.load", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
-        runner.evaluate("tiny-arm", "arithmetic", task_path=str(path), progress=False)
+        runner.evaluate("tiny-arm", get_task("arithmetic", path=str(path)), progress=False)
 
 
 def test_a_summary_decided_at_a_near_tie_says_so_in_its_text():
@@ -384,7 +388,7 @@ def first_run(tmp_path):
     loaded = sinklib.load("tiny-arm")
     task_file = _arithmetic_file(tmp_path)
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+    evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
     return loaded, task_file, out
 
 
@@ -393,7 +397,7 @@ def test_an_edited_task_file_is_never_resumed_from(first_run, tmp_path):
     Path(task_file).write_text(Path(task_file).read_text().replace('"answer": 9', '"answer": 10'))
     with pytest.raises(ValueError, match=r"its records were made from other inputs: the task's samples \(their file "
                                          r"was edited or replaced\) changed since; use a new file"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
 
 
 def test_a_task_re_registered_with_other_stops_is_never_resumed_from(first_run, monkeypatch):
@@ -405,7 +409,7 @@ def test_a_task_re_registered_with_other_stops_is_never_resumed_from(first_run, 
     monkeypatch.setitem(tasks.TASKS._entries, "arithmetic", dataclasses.replace(get_task("arithmetic"), stops=("####",)))
     with pytest.raises(ValueError, match=r"made from other inputs: the task's definition \(chat, stops, length, scorer "
                                          r"or loader\) changed since"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
 
 
 def test_an_edited_model_file_is_never_resumed_from(first_run, monkeypatch):
@@ -416,7 +420,7 @@ def test_an_edited_model_file_is_never_resumed_from(first_run, monkeypatch):
     assert {"config.json", "tokenizer.json"} <= set(made_from) and "card.json" not in made_from
     monkeypatch.setattr(runner, "_model_files", lambda model: {**made_from, "config.json": "edited"})
     with pytest.raises(ValueError, match=r"made from other inputs: the model's files \['config.json'\] changed since"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
 
 
 def test_a_provenance_edited_to_claim_another_run_is_refused(first_run):
@@ -430,15 +434,15 @@ def test_a_provenance_edited_to_claim_another_run_is_refused(first_run):
     path.write_text(json.dumps(known))
     with pytest.raises(ValueError, match=r"run.jsonl.provenance.json says its records were made with other \['model'\] "
                                          r"than this run's"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
     del known[digest]["inputs"]
     known[digest]["config"]["model"] = "tiny-arm"
     path.write_text(json.dumps(known))
     with pytest.raises(ValueError, match="made before sinklib recorded a run's inputs"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
     path.unlink()
     with pytest.raises(ValueError, match="has no entry for configuration"):
-        evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
 
 
 def test_the_same_inputs_resume_without_running_again(first_run, monkeypatch):
@@ -447,7 +451,7 @@ def test_the_same_inputs_resume_without_running_again(first_run, monkeypatch):
     loaded, task_file, out = first_run
     before = out.read_bytes()
     monkeypatch.setattr(runner, "generate", lambda *a, **k: pytest.fail("a finished run generated again"))
-    summary = evaluate(loaded, "arithmetic", limit=2, out=out, progress=False, task_path=task_file)
+    summary = evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
     assert summary.n == 2 and out.read_bytes() == before
 
 

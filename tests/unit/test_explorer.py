@@ -11,7 +11,7 @@ from tests.models import MASK_ID, diffusion_llama
 @pytest.fixture(scope="module")
 def setup():
     loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
-    trace = sinklib.generate(loaded, [5, 9, 2, 33, 17, 8], steps=4, gen_length=4, progress=False)
+    trace = sinklib.generate(loaded, [5, 9, 2, 33, 17, 8], loaded.settings_for(steps=4, gen_length=4), progress=False)
     return loaded, trace
 
 
@@ -29,7 +29,8 @@ def test_render_shows_map_bars_and_canvas(setup):
 
 def test_replayed_map_equals_a_map_kept_during_generation(setup):
     loaded, _ = setup
-    kept = sinklib.generate(loaded, [5, 9, 2, 33, 17, 8], steps=4, gen_length=4, maps=[(2, 0, 3)], progress=False)
+    kept = sinklib.generate(loaded, [5, 9, 2, 33, 17, 8], loaded.settings_for(steps=4, gen_length=4), maps=[(2, 0, 3)],
+                            progress=False)
     torch.testing.assert_close(replay_map(loaded, kept, 2, 0, 3), kept.maps[(2, 0, 3)], atol=1e-6, rtol=0)
 
 
@@ -74,7 +75,7 @@ def test_header_main_sinks_match_a_loop_over_every_head(setup):
 
 def test_autoregressive_nan_keys_are_never_the_main_sink():
     loaded = sinklib.load(diffusion_llama("arm"))
-    trace = sinklib.generate(loaded, [5, 9, 2, 33], gen_length=3, progress=False)
+    trace = sinklib.generate(loaded, [5, 9, 2, 33], loaded.settings_for(gen_length=3), progress=False)
     assert trace.scores.isnan().any()
     _, positions = payload.main_sinks(trace.scores)
     assert not trace.scores.gather(-1, positions[..., None]).isnan().any()
@@ -240,8 +241,9 @@ def test_header_says_which_queries_a_cached_step_computed():
     """A cached sampler's trace carries Trace.recomputed into the explorer's data (its step label names the window);
     a plain trace's is null."""
     loaded = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
-    cached = sinklib.generate(loaded, [5, 9, 2, 33], steps=4, gen_length=8, block_length=4, cache="dual", progress=False)
+    cached = sinklib.generate(loaded, [5, 9, 2, 33], loaded.settings_for(steps=4, gen_length=8, block_length=4, cache="dual"),
+                              progress=False)
     header = payload.header(cached)
     assert header["recomputed"][0] == [1] * 12 and header["recomputed"][1] == [0] * 4 + [1] * 4 + [0] * 4
-    plain = sinklib.generate(loaded, [5, 9, 2, 33], steps=4, gen_length=8, block_length=4, progress=False)
+    plain = sinklib.generate(loaded, [5, 9, 2, 33], loaded.settings_for(steps=4, gen_length=8, block_length=4), progress=False)
     assert payload.header(plain)["recomputed"] is None

@@ -45,11 +45,11 @@ def toy_policy():
 
 def test_a_policy_defined_here_runs_by_name_as_the_built_in_policy_it_equals(toy_policy):
     loaded = sinklib.load("tiny-arm")
-    by_name = evaluate(loaded, "arithmetic", limit=6, batch_size=3, progress=False, gen_length=12,
+    by_name = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=12), limit=6, batch_size=3, progress=False,
                        intervention=make_policy(toy_policy, count=30))
-    built_in = evaluate(loaded, "arithmetic", limit=6, batch_size=3, progress=False, gen_length=12,
+    built_in = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=12), limit=6, batch_size=3, progress=False,
                         intervention=MaskKeys(positions=tuple(range(30))))
-    clean = evaluate(loaded, "arithmetic", limit=6, batch_size=3, progress=False, gen_length=12)
+    clean = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=12), limit=6, batch_size=3, progress=False)
     assert [r["output"] for r in by_name.records] == [r["output"] for r in built_in.records]
     assert [r["output"] for r in by_name.records] != [r["output"] for r in clean.records], "the policy acts"
     assert inspect.getsourcefile(MaskFirstKeys) == __file__, "defined outside the package"
@@ -76,16 +76,17 @@ def test_the_lm_eval_model_takes_any_registered_policy_by_name(toy_policy):
 
 def test_a_table_1_condition_defined_here_is_a_column_by_name(toy_policy):
     CONDITIONS.register("first keys", Condition("first keys", "first", "with its first {k} key{s} masked",
-                                                lambda family, k, eps, source, seed: make_policy(toy_policy, count=k)))
+                                                lambda family, k, eps, seed: make_policy(toy_policy, count=k)))
     try:  # a table names its columns through the registry: read it while the condition is registered
-        table = masking_table(["tiny-arm"], ks=[0, 30], conditions=["sinks", "first keys"], limit=6, batch_size=3,
-                              progress=False, checks=False, gen_length=12)
+        arm = sinklib.load("tiny-arm")
+        table = masking_table([arm], ks=[0, 30], conditions=["sinks", "first keys"], limit=6, batch_size=3,
+                              progress=False, settings=arm.settings_for(gen_length=12))
         columns, findings = list(table.wide().columns), table.summary().findings
     finally:
         CONDITIONS.unregister("first keys")
     assert columns == ["unmasked", "top-30", "first-30"]
     loaded = sinklib.load("tiny-arm")
-    alone = evaluate(loaded, "arithmetic", limit=6, batch_size=3, progress=False, gen_length=12,
+    alone = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=12), limit=6, batch_size=3, progress=False,
                      intervention=MaskFirstKeys(count=30))
     row = table.frame.set_index(["condition", "k"]).loc[("first keys", 30)]
     assert row["accuracy"] == alone.accuracy and row["n"] == 6
@@ -110,7 +111,7 @@ def test_a_task_defined_here_is_evaluated_and_masked_by_name_with_no_family_pres
     try:
         loaded = sinklib.load("tiny-arm")
         summary = evaluate(loaded, "doubling", batch_size=3, progress=False)
-        table = masking_table([loaded], "doubling", ks=[0, 1], random_control=False, progress=False, checks=False)
+        table = masking_table([loaded], "doubling", ["sinks"], ks=[0, 1], progress=False)
     finally:
         TASKS.unregister("doubling")
     by_hand = [score_final_number(generate_answer, sample)["correct"]
@@ -155,7 +156,7 @@ class ToyRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
     def collect(self):
         loaded = self.load()
         return {name: collect_traces(model, trace_prompts(model.is_zoo, self.n_prompts), seed=self.seed,
-                                     progress=False, sampler=model.settings_for())
+                                     progress=False, settings=self.settings_for(model))
                 for name, model in loaded.items()}
 
 

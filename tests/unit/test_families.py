@@ -34,47 +34,49 @@ def test_a_family_in_one_file_plus_its_registration_generates_like_its_reference
     loaded = sinklib.load(model, mask_id=MASK_ID)
     assert loaded.family is toy and loaded.family.kind == "diffusion"
     prompt = [3, 4, 5, 6]
-    trace = sinklib.generate(loaded, prompt, steps=5, gen_length=5, progress=False)
+    trace = sinklib.generate(loaded, prompt, loaded.settings_for(steps=5, gen_length=5), progress=False)
     assert trace.tokens[-1].tolist() == reference_left_to_right(model, prompt, 5)
     assert trace.scores.shape[0] == 5 and trace.is_masked[0, 4:].all() and not trace.is_masked[-1, :5].any()
-    batch = sinklib.generate(loaded, [prompt, [7, 8]], steps=5, gen_length=5, progress=False)  # left padding
+    batch = sinklib.generate(loaded, [prompt, [7, 8]], loaded.settings_for(steps=5, gen_length=5), progress=False)  # left padding
     assert batch[0].tokens[-1].tolist() == trace.tokens[-1].tolist()
     assert batch[1].tokens[-1].tolist() == reference_left_to_right(model, [7, 8], 5)
 
 
 def test_a_family_owns_its_options(toy):
     loaded = sinklib.load(diffusion_llama("toy"), mask_id=MASK_ID)
-    right = sinklib.generate(loaded, [3, 4], steps=3, gen_length=3, direction="right_to_left", progress=False)
+    right = sinklib.generate(loaded, [3, 4], loaded.settings_for(steps=3, gen_length=3, direction="right_to_left"),
+                             progress=False)
     assert right.is_masked[1].tolist() == [False, False, True, True, False]  # the last position came first
     with pytest.raises(ValueError, match=r"alg='entropy' is not allowed for the toy family: it applies to dream only"):
-        sinklib.generate(loaded, [3, 4], steps=3, gen_length=3, alg="entropy", progress=False)
+        sinklib.generate(loaded, [3, 4], loaded.settings_for(steps=3, gen_length=3, alg="entropy"), progress=False)
     with pytest.raises(ValueError, match=r"direction='up' is not allowed: direction must be one of"):
-        sinklib.generate(loaded, [3, 4], steps=3, gen_length=3, direction="up", progress=False)
+        loaded.settings_for(steps=3, gen_length=3, direction="up")
     llada = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
     with pytest.raises(ValueError, match=r"direction='right_to_left' is not allowed for the llada family: "
                                          r"it applies to toy only"):
-        sinklib.generate(llada, [3, 4], steps=2, gen_length=2, direction="right_to_left", progress=False)
+        llada.settings_for(steps=2, gen_length=2, direction="right_to_left")
 
 
 def test_unknown_and_renamed_options_are_refused_with_a_hint():
     llada = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
-    with pytest.raises(TypeError, match=r"block_lenght=4 is not an option of generate: .*\(did you mean 'block_length'\?\)"):
-        sinklib.generate(llada, [3, 4], steps=2, gen_length=2, block_lenght=4, progress=False)
-    with pytest.raises(TypeError, match=r"eps=0.001 is not an option of generate: did you mean final_time"):
-        sinklib.generate(llada, [3, 4], steps=2, gen_length=2, eps=1e-3, progress=False)
+    with pytest.raises(TypeError, match=r"block_lenght=4 is not a sampler option: .*\(did you mean 'block_length'\?\)"):
+        llada.settings_for(steps=2, gen_length=2, block_lenght=4)
+    with pytest.raises(TypeError, match=r"eps=0.001 is not a sampler option: did you mean final_time"):
+        llada.settings_for(steps=2, gen_length=2, eps=1e-3)
 
 
-def test_a_typed_sampler_gives_the_same_run_as_its_options():
+def test_settings_made_by_hand_give_the_same_run_as_the_models_own():
     from sinklib.families.llada import LLaDASettings
 
     llada = sinklib.load(diffusion_llama("llada"), mask_id=MASK_ID)
-    by_name = sinklib.generate(llada, [3, 4, 5], steps=4, gen_length=4, block_length=2, progress=False)
+    by_name = sinklib.generate(llada, [3, 4, 5], llada.settings_for(steps=4, gen_length=4, block_length=2), progress=False)
     typed = sinklib.generate(llada, [3, 4, 5], LLaDASettings(steps=4, gen_length=4, block_length=2), progress=False)
     assert typed.tokens.tolist() == by_name.tokens.tolist() and torch.equal(typed.scores, by_name.scores)
     assert typed.meta["settings"]["mask_id"] == MASK_ID  # the model's mask id, not the dataclass default
     from sinklib.families.dream import DreamSettings
 
-    with pytest.raises(TypeError, match=r"sampler=DreamSettings\(.*\) is not allowed: the llada family takes a LLaDASettings"):
+    with pytest.raises(TypeError, match=r"settings=DreamSettings\(.*\) is not allowed: the llada family of .* takes "
+                                        r"LLaDASettings"):
         sinklib.generate(llada, [3], DreamSettings(steps=2, gen_length=2), progress=False)
 
 

@@ -25,7 +25,6 @@ def llada():
 def test_gen_length_alone_gives_the_largest_block_dividing_it(llada, gen_length, block, steps):
     settings = llada.settings_for(gen_length=gen_length)
     assert isinstance(settings, LLaDASettings) and (settings.block_length, settings.steps) == (block, steps)
-    assert settings.validate() is settings  # a layout the sampler accepts
 
 
 def test_explicit_values_win_and_steps_follow_the_blocks(llada):
@@ -77,22 +76,22 @@ def test_lm_eval_model_honours_max_gen_toks_unless_gen_length_is_given(caplog):
     pytest.importorskip("lm_eval")
     from sinklib.evaluation.harness import SinklibLM
 
-    free = SinklibLM(pretrained="tiny-llada", device="cpu")
+    free = SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "device": "cpu"})
     assert free.settings_for(8) == dataclasses.replace(free.settings, gen_length=8, block_length=8, steps=8)
     assert free.settings_for(256) == dataclasses.replace(free.settings, gen_length=256, block_length=8, steps=256)
-    pinned = SinklibLM(pretrained="tiny-llada", device="cpu", gen_length=16)
+    pinned = SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "device": "cpu", "gen_length": 16})
     with caplog.at_level(logging.WARNING):
         assert pinned.settings_for(8) == pinned.settings
-    assert "max_gen_toks=8; model_args gen_length=16 is used instead" in caplog.text
+    assert "max_gen_toks=8; the settings' gen_length=16 is used instead" in caplog.text
 
 
 def test_evaluate_runs_a_real_checkpoint_at_its_tasks_length(llada, monkeypatch):
     """evaluate fills what the caller left out from settings_for(task): on a real checkpoint the model's settings at
     the task's length (GSM8K's 256 steps and tokens), not the paper's 128 — the layout Table 1 runs."""
-    from sinklib.evaluation.runner import evaluate, sampler_settings
+    from sinklib.evaluation.runner import evaluate
 
-    assert sampler_settings(llada, "gsm8k") == llada.settings_for(get_task("gsm8k")) != llada.settings_for()
-    fitted = sampler_settings(llada, "gsm8k", steps=64)
+    assert llada.settings_for(get_task("gsm8k")) != llada.settings_for()
+    fitted = llada.settings_for(get_task("gsm8k"), steps=64)
     assert (fitted.steps, fitted.gen_length, fitted.block_length) == (64, 256, 32)
     asked = []
     zoo = sinklib.load("tiny-llada")
@@ -102,29 +101,31 @@ def test_evaluate_runs_a_real_checkpoint_at_its_tasks_length(llada, monkeypatch)
     assert asked == [get_task("arithmetic")]
 
 
-def test_layout_options_are_checked_on_every_path_and_a_block_above_the_length_is_named(llada):
-    """evaluate refuses another family's layout option and a bad value before any work; the lm-eval model fits
-    steps, gen_length and block_length together; a block longer than the answer is the sampler's clear error."""
-    from sinklib.evaluation.runner import evaluate, sampler_settings
+def test_layout_options_are_checked_where_settings_are_made_and_a_block_above_the_length_is_named(llada):
+    """settings_for refuses another family's layout option and a bad value before any work; a block longer than the
+    answer is the sampler's clear error, whether the settings are made or replaced."""
+    import dataclasses
+
     from sinklib.evaluation.tasks import Task, score_final_number
 
     with pytest.raises(ValueError, match=r"block_length=8 is not allowed for the arm family: it applies to "
                                          r"dream/llada/mmada"):
-        evaluate("tiny-arm", "arithmetic", limit=1, progress=False, block_length=8)
+        sinklib.load("tiny-arm").settings_for(block_length=8)
     dream = sinklib.load("tiny-dream")  # Dream's block-wise sampler (Fast-dLLM's) takes blocks by the same rule
-    assert sampler_settings(dream, "arithmetic", block_length=8).block_length == 8
+    assert dream.settings_for(get_task("arithmetic"), block_length=8).block_length == 8
     assert dream.settings_for(block_length=4).block_length == 4
     with pytest.raises(ValueError, match=r"steps=-2 is not allowed: steps must be an integer >= 1"):
-        evaluate("tiny-arm", "arithmetic", limit=1, progress=False, steps=-2)
-    # one fit from the model's settings, as settings_for does it: not a refit of the task's 16-token layout
-    assert sampler_settings(llada, "capitals", gen_length=128) == llada.settings_for(get_task("capitals"), gen_length=128)
-    assert sampler_settings(llada, "capitals", gen_length=128).block_length == 32
+        sinklib.load("tiny-arm").settings_for(steps=-2)
+    # one fit from the model's settings: not a refit of the task's 16-token layout
+    assert llada.settings_for(get_task("capitals"), gen_length=128).block_length == 32
     with pytest.raises(ValueError, match=r"gen_length=8 is not allowed: gen_length must be a multiple of block_length=16"):
-        llada.settings_for(gen_length=8, block_length=16).validate()
+        llada.settings_for(gen_length=8, block_length=16)
+    with pytest.raises(ValueError, match=r"gen_length=8 is not allowed: gen_length must be a multiple of block_length=16"):
+        dataclasses.replace(llada.settings_for(gen_length=16, block_length=16), gen_length=8)
     with pytest.raises(ValueError, match=r"stops='\\nclass' is not allowed: stops must be a tuple of non-empty strings"):
         Task("t", list, chat=False, scorer=score_final_number, stops="\nclass")
     pytest.importorskip("lm_eval")
     from sinklib.evaluation.harness import SinklibLM
 
-    lm = SinklibLM(pretrained="tiny-llada", device="cpu", gen_length=64, block_length=32)
+    lm = SinklibLM.create_from_arg_obj({"pretrained": "tiny-llada", "device": "cpu", "gen_length": 64, "block_length": 32})
     assert (lm.settings.gen_length, lm.settings.block_length, lm.settings.steps) == (64, 32, 64)

@@ -23,7 +23,7 @@ OFFSET = {"tiny-llada": 0, "tiny-dream": 1}
 @pytest.fixture(scope="module", params=["tiny-llada", "tiny-dream"])
 def run(request):
     loaded = sinklib.load(request.param)
-    trace = sinklib.generate(loaded, PROMPT, steps=6, gen_length=6, progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=6, gen_length=6), progress=False)
     return request.param, loaded, trace, logit_lens(loaded, trace)
 
 
@@ -79,7 +79,7 @@ def test_an_intermediate_layer_is_norm_and_lm_head_applied_by_hand(run):
 
 def test_the_top_k_columns_and_a_position_selection():
     loaded = sinklib.load("tiny-dream")
-    trace = sinklib.generate(loaded, PROMPT, steps=4, gen_length=4, progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=4, gen_length=4), progress=False)
     seq = trace.tokens.shape[1]
     frame = logit_lens(loaded, trace, steps=[1], positions=[seq - 1], top=3)
     assert set(frame["predicts"]) == {seq - 1} and set(frame["position"]) == {seq - 2} and set(frame["step"]) == {1}
@@ -159,13 +159,14 @@ def test_masked_sinks_against_other_masked_positions_by_hand(run):
 ])
 def test_bad_arguments_are_named(kwargs, message):
     loaded = sinklib.load("tiny-llada")
-    trace = sinklib.generate(loaded, "Q: 3 + 4 = A:", steps=4, gen_length=4, progress=False)
+    trace = sinklib.generate(loaded, "Q: 3 + 4 = A:", loaded.settings_for(steps=4, gen_length=4), progress=False)
     with pytest.raises(ValueError, match=message):
         logit_lens(loaded, trace, **kwargs)
 
 
 def test_a_trace_of_another_family_is_refused():
     dream = sinklib.load("tiny-dream")
-    trace = sinklib.generate(sinklib.load("tiny-llada"), "Q: 3 + 4 = A:", steps=2, gen_length=2, progress=False)
+    llada = sinklib.load("tiny-llada")
+    trace = sinklib.generate(llada, "Q: 3 + 4 = A:", llada.settings_for(steps=2, gen_length=2), progress=False)
     with pytest.raises(ValueError, match=r"trace=.*llada trace.* not allowed.*dream model"):
         logit_lens(dream, trace)

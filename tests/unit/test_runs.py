@@ -258,11 +258,14 @@ def test_notebook_04_evaluates_one_model_as_its_table_does():
     from sinklib.paths import DATA_DIR
 
     task_file = str(DATA_DIR / "arithmetic_test.jsonl")
-    run = runs.MaskingRun(models=["tiny-arm", "smollm2-135m-instruct"], task_path=task_file, steps=16, seed=3)
-    own, other = run.evaluation_of("tiny-arm"), run.evaluation_of("smollm2-135m-instruct")
-    assert (own["task"], own["task_path"]) == ("arithmetic", task_file)
-    assert (other["task"], other["task_path"]) == ("capitals", None)
-    assert own["steps"] == 16 and own["seed"] == 3 and own["batch_size"] == run.batch_size
+    run = runs.MaskingRun(models=["tiny-llada", "smollm2-135m-instruct"], task_path=task_file, steps=32, seed=3,
+                          tasks={"smollm2-135m-instruct": "capitals"})
+    loaded = run.load()
+    own, other = run.evaluation_of(loaded["tiny-llada"]), run.evaluation_of(loaded["smollm2-135m-instruct"])
+    assert (own["task"].name, own["task"].path) == ("arithmetic", task_file)
+    assert (other["task"].name, other["task"].path) == ("capitals", None)
+    assert own["settings"] == loaded["tiny-llada"].settings_for(steps=32) and own["settings"].steps == 32
+    assert own["seed"] == 3 and own["batch_size"] == run.batch_size
 
 
 @pytest.mark.transformers
@@ -308,3 +311,48 @@ def test_notebook_08s_masking_sections_run_each_model_under_its_samplers_where_t
     fast = settings("fast-sampling/table1", "tiny-llada", "oldest-1")
     assert (fast["cache"], fast["threshold"]) == ("dual", 0.9)
     assert settings("table1-arithmetic", "tiny-arm", "oldest-1")["gen_length"] == loaded["tiny-arm"].settings_for().gen_length
+
+
+def _stand_in(name: str):
+    """A tiny model of the family a paper parameter file's checkpoint belongs to, under that checkpoint's name (the
+    8B checkpoints cannot be loaded here; the settings depend only on the family, the name and the task)."""
+    import sinklib
+    from tests.models import MASK_ID, diffusion_llama, llama
+
+    family = next(f for word, f in (("llada", "llada"), ("mmada", "mmada"), ("dream", "dream"), ("llama", "arm"))
+                  if word in name.lower())
+    module = llama(causal=True) if family == "arm" else diffusion_llama(family)
+    loaded = sinklib.load(module, family=family, mask_id=None if family == "arm" else MASK_ID)
+    module.config.sinklib_family = None  # a real checkpoint's config declares no zoo family: the paper's settings
+    assert not loaded.is_zoo
+    return dataclasses.replace(loaded, name=name)
+
+
+@pytest.mark.parametrize("params", sorted((NOTEBOOKS / "params").glob("*.yaml")), ids=lambda p: p.stem)
+def test_notebooks_04_and_07_resolve_the_same_settings_from_every_parameter_file(params, monkeypatch):
+    """Notebook 04's Table 1 and notebook 07's dose-response run the same generation of each model on each task: both
+    ask SamplingPart.settings_for, whose settings reach masking_table (the issue: 07 once ran the paper's GSM8K at 256
+    tokens while 04 ran it at 128). Each run's real collect path, with masking_table recording what it is given."""
+    import yaml
+
+    given = {**yaml.safe_load(params.read_text()), "device": "cpu"}  # no GPU here; the settings do not depend on it
+    loaded = {name: _stand_in(name) for name in given["models"]}
+    asked: dict[str, dict] = {"04": {}, "07": {}}
+
+    def recording(notebook):
+        def masking_table(models, task, conditions, ks, settings, **kwargs):
+            asked[notebook].update({(model.name, str(getattr(task, "name", task))): settings[model.name]
+                                    for model in models})
+        return masking_table
+
+    masking = runs.MaskingRun(**{k: v for k, v in given.items() if k in runs.MaskingRun.parameter_names()})
+    carry = runs.CarryRun(**{k: v for k, v in given.items() if k in runs.CarryRun.parameter_names()})
+    monkeypatch.setattr(runs, "load_models", lambda names, **kw: {name: loaded[name] for name in names})
+    monkeypatch.setattr(runs, "masking_table", recording("04"))
+    masking.collect()
+    monkeypatch.setattr(runs, "masking_table", recording("07"))
+    carry.dose_response(loaded)
+    assert asked["04"] and asked["04"] == asked["07"]
+    for (name, task), settings in asked["04"].items():  # the parameter file's layout, fitted to the family
+        assert settings.gen_length == given.get("gen_length", settings.gen_length)
+        assert settings.steps in (None, given.get("steps", settings.steps))

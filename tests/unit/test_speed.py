@@ -87,7 +87,8 @@ def test_timing_made_for_other_jobs_is_refused_never_reused(tmp_path):
 def test_a_cached_steps_scores_are_put_on_the_full_steps_scale(models):
     """A cached window's scores sum over its rows only: comparable_scores rescales them to mean 1 over the keys,
     like a full step's, so sinks are found by one rule on every step."""
-    trace = sinklib.generate(models["llada"], [5, 9, 2, 33], steps=4, gen_length=8, block_length=4, cache="dual",
+    llada = models["llada"]
+    trace = sinklib.generate(llada, [5, 9, 2, 33], llada.settings_for(steps=4, gen_length=8, block_length=4, cache="dual"),
                              progress=False)
     means = comparable_scores(trace).nanmean(-1)
     torch.testing.assert_close(means, torch.ones_like(means), rtol=1e-4, atol=1e-4)

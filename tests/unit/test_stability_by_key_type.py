@@ -322,7 +322,8 @@ def test_frontier_tracking_refuses_an_autoregressive_trace_by_name():
 def test_the_all_row_of_a_tiny_dream_generation_is_stability_by_layers_pooled_data():
     import sinklib
 
-    trace = sinklib.generate(sinklib.load("tiny-dream"), "1+2=", steps=8, gen_length=8, progress=False)
+    dream = sinklib.load("tiny-dream")
+    trace = sinklib.generate(dream, "1+2=", dream.settings_for(steps=8, gen_length=8), progress=False)
     for k, eps in ((3, 3.0), (5, 1.0)):
         table = dynamics.stability_by_key_type([trace], k=k, eps=eps).set_index("key_type")
         moves = dynamics._moves(trace, 0, eps)

@@ -21,12 +21,12 @@ def loaded():
 
 @pytest.fixture(scope="module")
 def trace(loaded):
-    return sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, block_length=4, maps=[(3, 1, 2)],
+    return sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=8, block_length=4), maps=[(3, 1, 2)],
                             intervention=sinklib.MaskSinks(top_k=2, threshold=False), progress=False)
 
 
 def test_each_step_scores_belong_to_the_canvas_before_that_step(loaded):
-    trace = sinklib.generate(loaded, PROMPT, steps=8, gen_length=8, block_length=4, progress=False)
+    trace = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=8, gen_length=8, block_length=4), progress=False)
     for step in (0, 5):
         with torch.no_grad(), sinklib.capture(loaded.model) as rec:
             loaded.model(input_ids=trace.tokens[step][None])
@@ -65,7 +65,8 @@ def test_save_and_load_round_trip_is_loss_free(trace, tmp_path):
 
 def test_saved_files_are_deterministic(loaded, tmp_path):
     for name in ("a", "b"):
-        sinklib.generate(loaded, PROMPT, steps=4, gen_length=8, temperature=0.7, seed=5, progress=False).save(tmp_path / name)
+        sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=4, gen_length=8, temperature=0.7), seed=5,
+                         progress=False).save(tmp_path / name)
     for file in ("scores.parquet", "canvas.parquet", "maps.parquet", "meta.json"):
         assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes()
 
@@ -92,7 +93,7 @@ def test_to_frame_is_tidy(trace):
                                                      r"number <= 100"),
     (dict(steps=8, gen_length=8, cfg_scale=1e308), r"cfg_scale=1e\+308 is not allowed: cfg_scale must be a finite "
                                                    r"number <= 10000"),
-    (dict(steps=8, gen_length=60), r"gen_length=60 is not allowed: gen_length must be at most 58"),
+    (dict(steps=60, gen_length=60), r"gen_length=60 is not allowed: gen_length must be at most 58"),
     (dict(steps=8, gen_length=8, alg="entropy"), r"alg='entropy' is not allowed for the llada family"),
     (dict(steps=8, gen_length=8, remasking="lowest"), r"remasking='lowest' is not allowed"),
 ])
@@ -101,7 +102,7 @@ def test_bad_generation_arguments_fail_before_any_forward(loaded, kwargs, messag
     handle = loaded.model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
         with pytest.raises(ValueError, match=message):
-            sinklib.generate(loaded, PROMPT, progress=False, **kwargs)
+            sinklib.generate(loaded, PROMPT, loaded.settings_for(**kwargs), progress=False)
     finally:
         handle.remove()
     assert not calls
@@ -110,9 +111,9 @@ def test_bad_generation_arguments_fail_before_any_forward(loaded, kwargs, messag
 def test_unknown_dream_alg_and_empty_prompt():
     dream = sinklib.load(diffusion_llama("dream"), mask_id=MASK_ID)
     with pytest.raises(ValueError, match=r"alg='maskgit' is not allowed.*did you mean 'maskgit_plus'"):
-        sinklib.generate(dream, PROMPT, steps=4, gen_length=8, alg="maskgit", progress=False)
+        sinklib.generate(dream, PROMPT, dream.settings_for(steps=4, gen_length=8, alg="maskgit"), progress=False)
     with pytest.raises(ValueError, match=r"prompt=\[\] is not allowed"):
-        sinklib.generate(dream, [], steps=4, gen_length=8, progress=False)
+        sinklib.generate(dream, [], dream.settings_for(steps=4, gen_length=8), progress=False)
 
 
 def test_load_errors():
@@ -187,7 +188,8 @@ def test_keep_scores_false_keeps_tokens_text_and_maps_and_stores_no_scores(famil
         kwargs = dict(watched)
         if "intervention" in kwargs:
             kwargs["intervention"] = sinklib.MaskSinks(top_k=1, threshold=False)
-        return sinklib.generate(loaded, PROMPTS, progress=False, keep_scores=keep_scores, **options, **kwargs)
+        return sinklib.generate(loaded, PROMPTS, loaded.settings_for(**options), progress=False, keep_scores=keep_scores,
+                                **kwargs)
 
     captured_during_forward = []
     handle = loaded.model.register_forward_pre_hook(
@@ -207,7 +209,7 @@ def test_keep_scores_false_keeps_tokens_text_and_maps_and_stores_no_scores(famil
 
 
 def test_a_trace_without_scores_says_so_when_asked_for_them(loaded, tmp_path):
-    bare = sinklib.generate(loaded, PROMPT, steps=4, gen_length=4, progress=False, keep_scores=False)
+    bare = sinklib.generate(loaded, PROMPT, loaded.settings_for(steps=4, gen_length=4), progress=False, keep_scores=False)
     message = r"this Trace has no attention scores: it was generated with keep_scores=False"
     for use in (bare.to_frame, lambda: bare.save(tmp_path / "t"), lambda: sink_mask(bare)):
         with pytest.raises(ValueError, match=message):
@@ -319,11 +321,7 @@ def test_a_trace_is_never_saved_over_other_files(tmp_path):
     assert (folder / "mine.txt").read_text() == "keep"
 
 
-def test_an_explicit_none_option_keeps_the_given_samplers_value(loaded):
-    """None means "not given": generate(model, prompt, sampler, temperature=None) samples at the sampler's
-    temperature, never at the default's."""
-    import dataclasses
-
-    hot = dataclasses.replace(loaded.settings_for(gen_length=8, steps=8, block_length=4), temperature=0.5)
-    trace = sinklib.generate(loaded, PROMPT, hot, temperature=None, remasking=None, progress=False)
-    assert trace.meta["settings"]["temperature"] == 0.5
+def test_an_explicit_none_override_keeps_the_models_value(loaded):
+    """None means "not given": settings_for(temperature=None) keeps the model's own temperature, never a default's."""
+    own = loaded.settings_for(gen_length=8, steps=8, block_length=4)
+    assert loaded.settings_for(gen_length=8, steps=8, block_length=4, temperature=None, remasking=None) == own

@@ -25,15 +25,15 @@ def _folders(store):
 
 def test_stored_traces_equal_a_fresh_generation_and_are_read_back_without_generating(llada, tmp_path, monkeypatch):
     settings = llada.settings_for()
-    made = trace_store.stored_traces(llada, PROMPTS, tmp_path, seed=3, progress=False, sampler=settings)
-    reference = collect_traces(llada, PROMPTS, seed=3, progress=False, sampler=settings)
+    made = trace_store.stored_traces(llada, PROMPTS, tmp_path, seed=3, progress=False, settings=settings)
+    reference = collect_traces(llada, PROMPTS, seed=3, progress=False, settings=settings)
     assert len(_folders(tmp_path)) == 2
 
     def no_generation(*args, **kwargs):
         raise AssertionError("a stored trace was generated again")
 
     monkeypatch.setattr(trace_store, "generate", no_generation)
-    read = trace_store.stored_traces(llada, PROMPTS, tmp_path, seed=3, progress=False, sampler=settings)
+    read = trace_store.stored_traces(llada, PROMPTS, tmp_path, seed=3, progress=False, settings=settings)
     for fresh, saved, again in zip(reference, made, read):
         assert torch.equal(fresh.tokens, again.tokens) and torch.equal(saved.tokens, again.tokens)
         assert torch.equal(fresh.scores, again.scores) and torch.equal(fresh.is_masked, again.is_masked)
@@ -42,10 +42,10 @@ def test_stored_traces_equal_a_fresh_generation_and_are_read_back_without_genera
 
 @pytest.mark.parametrize("change", ["seed", "steps", "prompt", "intervention"])
 def test_a_trace_of_other_inputs_is_never_read(llada, tmp_path, change):
-    base = dict(seed=0, sampler=llada.settings_for(), intervention=None)
+    base = dict(seed=0, settings=llada.settings_for(), intervention=None)
     trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, **base)
     other = {**base, "seed": 1} if change == "seed" else \
-        {**base, "sampler": llada.settings_for(steps=8)} if change == "steps" else \
+        {**base, "settings": llada.settings_for(steps=8)} if change == "steps" else \
         {**base, "intervention": sinklib.MaskSinks(top_k=1)} if change == "intervention" else base
     prompts = PROMPTS[1:] if change == "prompt" else PROMPTS[:1]
     trace = trace_store.stored_traces(llada, prompts, tmp_path, progress=False, **other)[0]
@@ -65,15 +65,15 @@ def test_the_key_holds_the_weights_and_the_code(llada):
 
 def test_a_folder_holding_a_trace_of_other_inputs_is_refused(llada, tmp_path):
     settings = llada.settings_for()
-    [trace] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, sampler=settings)
+    [trace] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, settings=settings)
     wanted = trace_store.trace_key(llada, PROMPTS[1], settings, 0, chat=False)
     trace.save(trace_store.trace_folder(tmp_path, wanted))  # prompt 0's trace (and key) under prompt 1's name
     with pytest.raises(ValueError, match=r"store=.* is not allowed: .* holds a trace of other inputs"):
-        trace_store.stored_traces(llada, PROMPTS[1:], tmp_path, progress=False, sampler=settings)
+        trace_store.stored_traces(llada, PROMPTS[1:], tmp_path, progress=False, settings=settings)
 
 
 def test_a_measurement_of_a_stored_trace_is_kept_beside_it_and_read_back(llada, tmp_path, monkeypatch):
-    [trace] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, sampler=llada.settings_for())
+    [trace] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, settings=llada.settings_for())
     measured = trace_store.stored_measurement(tmp_path, trace, "logit_lens", {"top": 1}, "sinklib.lens",
                                               lambda: lens.logit_lens(llada, trace))
     [kept] = (tmp_path / _folders(tmp_path)[0] / "measured").glob("logit_lens-*.parquet")
@@ -83,7 +83,7 @@ def test_a_measurement_of_a_stored_trace_is_kept_beside_it_and_read_back(llada, 
     other = trace_store.stored_measurement(tmp_path, trace, "logit_lens", {"top": 2}, "sinklib.lens",
                                            lambda: lens.logit_lens(llada, trace, top=2))
     assert "top_ids" in other and len(list(kept.parent.glob("*.parquet"))) == 2, "other parameters, another file"
-    fresh = collect_traces(llada, PROMPTS[:1], progress=False, sampler=llada.settings_for())[0]  # not from a store
+    fresh = collect_traces(llada, PROMPTS[:1], progress=False, settings=llada.settings_for())[0]  # not from a store
     assert trace_store.stored_measurement(tmp_path, fresh, "logit_lens", {"top": 1}, "sinklib.lens",
                                           lambda: measured.head(3)).shape[0] == 3
 
@@ -93,7 +93,7 @@ def test_what_sinks_carry_keeps_its_forwards_beside_the_stored_traces_and_reads_
     (equal to measuring afresh), and another ε is another measurement."""
     analyses = pytest.importorskip("sinklib.analyses", reason="the notebooks extra (its figures) is not installed")
     traces = {"tiny-llada": trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False,
-                                                     sampler=llada.settings_for())}
+                                                     settings=llada.settings_for())}
     _, first = analyses.what_sinks_carry({"tiny-llada": llada}, traces, 3.0, store=tmp_path)
     [kept] = (tmp_path / _folders(tmp_path)[0] / "measured").glob("sink_carry-*.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(kept), carry.sink_carry(llada, traces["tiny-llada"][0], 3.0))

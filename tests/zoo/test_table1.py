@@ -56,15 +56,15 @@ def test_cells_equal_the_zoo_accuracy_under_the_same_interventions(models, tmp_p
 def _reference_accuracy(loaded, items, intervention) -> float:
     """One batch through generate with the zoo's settings, each answer read with the strict "#### N" rule."""
     traces = sinklib.generate(loaded, [p.question for p in items], chat=False, progress=False, keep_scores=False,
-                              intervention=intervention, sampler=loaded.family.defaults(zoo=True))
+                              intervention=intervention, settings=loaded.family.defaults(zoo=True))
     answers = [re.search(r"#### (-?\d+)", trace.text) for trace in traces]
     return sum(a is not None and int(a.group(1)) == p.answer for a, p in zip(answers, items)) / len(items)
 
 
 def test_a_changed_configuration_starts_new_files_beside_the_old(models, tmp_path):
-    first = masking_table(models[1:], ks=[0], random_control=False, limit=3, batch_size=3, out_dir=tmp_path, progress=False)
+    first = masking_table(models[1:], conditions=["sinks"], ks=[0], limit=3, batch_size=3, out_dir=tmp_path, progress=False)
     assert len(list(tmp_path.glob("tiny-arm-arithmetic-unmasked-*.jsonl"))) == 1
-    second = masking_table(models[1:], ks=[0], random_control=False, limit=2, batch_size=3, out_dir=tmp_path, progress=False)
+    second = masking_table(models[1:], conditions=["sinks"], ks=[0], limit=2, batch_size=3, out_dir=tmp_path, progress=False)
     assert len(list(tmp_path.glob("tiny-arm-arithmetic-unmasked-*.jsonl"))) == 2
     assert first.frame["n"].tolist() == [3] and second.frame["n"].tolist() == [2]
 
@@ -76,8 +76,9 @@ def test_bad_input(models):
         masking_table(models, task="gsm9k")
     with pytest.raises(ValueError, match=r"allow_code_execution=False: opt in"):
         masking_table(models, task="humaneval")
-    with pytest.raises(ValueError, match=r"source='next_step' is not allowed"):
-        masking_table(models, source="next_step")
+    with pytest.raises(ValueError, match=r"conditions='sinks' is not allowed: conditions must be a list of condition "
+                                         r"names, e.g. \['sinks'\]"):
+        masking_table(models, conditions="sinks")
 
 
 def test_each_row_carries_its_audits_closest_margin_and_a_checks_file_without_it_is_made_again(models, tmp_path):
@@ -91,7 +92,7 @@ def test_each_row_carries_its_audits_closest_margin_and_a_checks_file_without_it
     from sinklib.ties import smallest_margin
 
     llada = models[0]
-    table = masking_table([llada], ks=[1], random_control=False, limit=2, batch_size=2, out_dir=tmp_path,
+    table = masking_table([llada], conditions=["sinks"], ks=[1], limit=2, batch_size=2, out_dir=tmp_path,
                           progress=False)
     row = table.frame.iloc[0]
     task = get_task("arithmetic")
@@ -102,6 +103,6 @@ def test_each_row_carries_its_audits_closest_margin_and_a_checks_file_without_it
     older = json.loads(stored.read_text())
     del older["audit_margin"]
     stored.write_text(json.dumps(older))
-    again = masking_table([llada], ks=[1], random_control=False, limit=2, batch_size=2, out_dir=tmp_path,
+    again = masking_table([llada], conditions=["sinks"], ks=[1], limit=2, batch_size=2, out_dir=tmp_path,
                           progress=False)
     assert again.frame.equals(table.frame) and json.loads(stored.read_text())["audit_margin"] == row.audit_margin
