@@ -89,7 +89,7 @@ def floor_in_place(rows: int):
     capture (hooks, route, the model's own call with its lse, the step store) kept. The isolated floor runs its
     work on tensors hot in cache; here the model's weights and activations compete for the cache, as they do for
     the real statistics, so this is the floor a capture could reach where it actually runs."""
-    attend_module = importlib.import_module("sinklib.capture.attend")
+    attend_module = importlib.import_module("sinklib.capturing.attend")
     statistics_of = attend_module.attention_statistics
 
     def floor_work(q, k, *args, **kwargs):

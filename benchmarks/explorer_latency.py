@@ -16,7 +16,7 @@ from pathlib import Path
 
 import sinklib
 from sinklib import explorer
-from sinklib.generate import demo_trace
+from sinklib.generation import demo_trace
 
 PROMPT = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:"
 MODELS = ["tiny-llada", "tiny-dream", "tiny-arm", "smollm2-135m-instruct"]

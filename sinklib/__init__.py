@@ -1,27 +1,31 @@
-"""sinklib: see, measure and intervene on attention sinks in diffusion language models."""
-from sinklib.capture import AttentionCall, CaptureError, Recorder, capture
-from sinklib.generate import generate
-from sinklib.interventions import EvictOldest, Intervention, MaskKeys, MaskRandomKeys, MaskSinks
-from sinklib.layers import AttentionLayer, attention_layers
+"""sinklib: see, measure and intervene on attention sinks in diffusion language models.
+
+The names here are what a user does: load a model, generate with a trace (or capture any forward), find the sinks,
+intervene with a policy, evaluate and make Table 1. Extending sinklib (families, tasks, policies, Table 1 conditions,
+notebooks) is `sinklib.extend`; the notebooks' layer is `sinklib.runs` and `sinklib.analyses`. No name here shadows a
+module: `import sinklib.generation` is the module, `sinklib.generate` its verb.
+"""
+from sinklib.capturing import CaptureError, capture
+from sinklib.generation import collect_traces, generate
+from sinklib.interventions import AblateValues, EvictOldest, Intervention, MaskKeys, MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel, load
-from sinklib.sinks import (
-    SinkRule,
-    causal_uniform_scores,
-    find_sinks,
-    in_units,
-    positions_to_mask,
-    sink_margin,
-    threshold_sweep,
-    top_sinks,
-    uniform_scores,
-)
+from sinklib.sinks import SinkRule, causal_uniform_scores, find_sinks, threshold_sweep, top_sinks
 from sinklib.trace import Trace
+from sinklib.families.arm import ARMSettings
+from sinklib.families.dream import DreamSettings
+from sinklib.families.llada import LLaDASettings
 from sinklib.evaluation import evaluate
+from sinklib.evaluation.table1 import masking_table
+from sinklib.evaluation.tasks import Task, get_task
 from sinklib._version import __version__  # noqa: F401  (sinklib.__version__)
 
 __all__ = [
-    "AttentionCall", "AttentionLayer", "CaptureError", "EvictOldest", "Intervention", "MaskKeys", "MaskRandomKeys", "MaskSinks",
-    "LoadedModel", "Recorder", "SinkRule", "Trace", "evaluate", "generate", "load", "attention_layers", "capture",
-    "causal_uniform_scores", "find_sinks", "in_units",
-    "positions_to_mask", "sink_margin", "threshold_sweep", "top_sinks", "uniform_scores",
+    # models and generation
+    "load", "LoadedModel", "generate", "collect_traces", "Trace", "LLaDASettings", "DreamSettings", "ARMSettings",
+    # capture and sinks
+    "capture", "CaptureError", "find_sinks", "top_sinks", "SinkRule", "threshold_sweep", "causal_uniform_scores",
+    # interventions
+    "Intervention", "MaskSinks", "MaskRandomKeys", "MaskKeys", "EvictOldest", "AblateValues",
+    # evaluation and Table 1
+    "evaluate", "masking_table", "Task", "get_task",
 ]

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from sinklib import carry, dynamics, lens, plots
-from sinklib.capture.replay import full_pass_scores, replay_map
+from sinklib.capturing.replay import full_pass_scores, replay_map
 from sinklib.evaluation.table1 import MaskingTable, column_name, column_words
 from sinklib.loading import LoadedModel
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
@@ -372,6 +372,32 @@ def stability_by_key_type(traces: Traces, k: int, eps: float) -> Result:
                                               "jaccard_mean"]], findings))
 
 
+def _lens_groups(trace, frame: pd.DataFrame, eps: float) -> pd.DataFrame:
+    """One trace's lens frame with each (step, position) read's group: "masked sink", "other masked", "sink, not
+    masked" or "other" ("masked" as lens.masked_position_table has it: the read and the predicted position both still
+    masked)."""
+    sinks = lens.sink_positions(trace, eps)[["step", "position"]].assign(is_sink=True)
+    frame = frame.merge(sinks, on=["step", "position"], how="left")
+    is_sink = frame["is_sink"].eq(True).to_numpy()
+    masked = ((frame["state"] == "masked") & (frame["position_state"] == "masked")).to_numpy()
+    return frame.assign(group=np.select([is_sink & masked, masked, is_sink],
+                                        ["masked sink", "other masked", "sink, not masked"], "other"))
+
+
+def _lens_finding(name: str, by_group: pd.DataFrame, curves: pd.DataFrame) -> str:
+    """What one model's lens shows: how often and from which layer masked sinks and other masked positions name their
+    final token, and what the sink positions decode to at the last layer (its `curves`' rows)."""
+    last = curves[(curves["layer"] == curves["layer"].max()) & curves["group"].isin(["masked sink", "sink, not masked"])]
+    decoded = ", ".join(f"{token!r} {share:.2f}" for token, share in
+                        last["top_token"].value_counts(normalize=True).head(3).items())
+    sink, other = by_group.loc["sink"], by_group.loc["other masked"]
+    return (f"{name}: masked sinks name their final token at the last layer in {sink['share_final_at_last']:.2f} "
+            f"of {int(sink['n'])} (position, step) cases, from layer {sink['mean_first_correct_layer']:.1f} on "
+            f"average; other masked positions in {other['share_final_at_last']:.2f} of {int(other['n'])}, "
+            f"from layer {other['mean_first_correct_layer']:.1f}; the sink positions decode at the last layer "
+            f"to {decoded or 'nothing'}.")
+
+
 def what_sinks_store(models: Models, traces: Traces, eps: float, names: Sequence[str], n_traces: int = 2,
                      store: str | Path | None = None) -> Result:
     """The paper's open question (§7), with a logit lens (sinklib.lens): for each model of `names` (native
@@ -390,28 +416,11 @@ def what_sinks_store(models: Models, traces: Traces, eps: float, names: Sequence
                                      functools.partial(lens.logit_lens, models[name], trace)) for trace in chosen]
         groups = lens.sink_vs_other_masked(None, chosen, eps, frames=frames)
         rows += [{"model": name, **row} for row in groups.to_dict("records")]
-        for index, (trace, frame) in enumerate(zip(chosen, frames)):
-            sinks = lens.sink_positions(trace, eps)[["step", "position"]].assign(is_sink=True)
-            frame = frame.merge(sinks, on=["step", "position"], how="left")
-            is_sink = frame["is_sink"].eq(True).to_numpy()
-            # "masked" as lens.masked_position_table has it: the read and the predicted position both still masked
-            masked = ((frame["state"] == "masked") & (frame["position_state"] == "masked")).to_numpy()
-            frame["group"] = np.select([is_sink & masked, masked, is_sink],
-                                       ["masked sink", "other masked", "sink, not masked"], "other")
-            curves.append(frame.assign(model=name, trace=index)[["model", "trace", "layer", "group", "top_is_final",
-                                                                 "top_token", "position_state"]])
-        by_group = groups.set_index("group")
-        last = pd.concat(curves)
-        last = last[(last["model"] == name) & (last["layer"] == last["layer"].max()) & (last["group"] != "other")
-                    & (last["group"] != "other masked")]
-        decoded = ", ".join(f"{token!r} {share:.2f}" for token, share in
-                            last["top_token"].value_counts(normalize=True).head(3).items())
-        sink, other = by_group.loc["sink"], by_group.loc["other masked"]
-        findings.append(f"{name}: masked sinks name their final token at the last layer in {sink['share_final_at_last']:.2f} "
-                        f"of {int(sink['n'])} (position, step) cases, from layer {sink['mean_first_correct_layer']:.1f} on "
-                        f"average; other masked positions in {other['share_final_at_last']:.2f} of {int(other['n'])}, "
-                        f"from layer {other['mean_first_correct_layer']:.1f}; the sink positions decode at the last layer "
-                        f"to {decoded or 'nothing'}.")
+        mine = [_lens_groups(trace, frame, eps).assign(model=name, trace=index)[
+            ["model", "trace", "layer", "group", "top_is_final", "top_token", "position_state"]]
+            for index, (trace, frame) in enumerate(zip(chosen, frames))]
+        curves += mine
+        findings.append(_lens_finding(name, groups.set_index("group"), pd.concat(mine)))
     curve = (pd.concat(curves).groupby(["model", "group", "layer"], sort=False)["top_is_final"].agg(["mean", "size"])
              .reset_index().rename(columns={"mean": "share_final", "size": "n"}))
     findings.append("Paper §7 asks what the sinks on future positions store, e.g. with the logit lens. A sink that "

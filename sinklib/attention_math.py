@@ -537,6 +537,13 @@ def masked_causal_route(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if trusted_lse(lse, q.shape[-1]) is None:  # the output stands; the statistics recompute the softmax
         return output, attention_statistics(q, key, mask_keys(None, True, key_mask, n_queries), False, scale,
                                             want_last_row=True)
+    return output, _masked_causal_statistics(q, key, key_mask, lse, scale, highest, dead)
+
+
+def _masked_causal_statistics(q, key, key_mask: torch.Tensor, lse: torch.Tensor, scale: float, highest: int,
+                              dead: torch.Tensor | None) -> AttentionStats:
+    """masked_causal_route's statistics from the fused call's lse: the live rows by the transposed route, then the
+    dead rows' (the `highest` rows before a head's first unmasked key; `dead` [B, H, rows], None: in every head)."""
     # Live rows by the transposed route without the mask (a masked key's column is zeroed after); a dead row's lse
     # set to +∞ leaves it out. (Starting the blocks after the dead rows instead was slower: blocks whose key
     # counts are not multiples of 64 slow the matmul more than the rows saved.)
@@ -556,7 +563,7 @@ def masked_causal_route(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                                            lse[:, :, :highest], scale, dead)
         # a key before a head's first unmasked one is seen by that head's dead rows
         stats.key_valid[:, :highest] |= True if dead is None else dead.any(1)
-    return output, stats
+    return stats
 
 
 def _restore_dead_rows(q, key, value, output, lse, first_live: torch.Tensor, rows: int, uniform: bool, scale: float,

@@ -1,7 +1,7 @@
 """Named, minimal fixes that let remote-code checkpoints (LLaDA, Dream, MMaDA) run on transformers 5.x.
 
 Their code was written for transformers 4.46–4.56 and runs unchanged there; nothing here is applied on
-4.x. Each fix is applied only where its symptom can occur and is listed in LoadedModel.extra["compat"].
+4.x. Each fix is applied only where its symptom can occur and is listed in LoadedModel.compat_fixes.
 
 - default_rope: transformers 5 dropped ROPE_INIT_FUNCTIONS["default"], which Dream's rotary embedding
   looks up at construction (KeyError: 'default'). We register the standard RoPE frequencies under it.

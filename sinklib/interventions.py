@@ -17,7 +17,7 @@ import torch
 
 from sinklib.validation import bad_value, check_choice, check_eps, check_int
 from sinklib.attention_math import AttentionStats
-from sinklib.capture import AttentionCall, check_intervention
+from sinklib.capturing import AttentionCall, check_intervention
 from sinklib.layers import AttentionLayer
 from sinklib.registry import Registry
 from sinklib.sinks import SinkRule, positions_to_mask, single_row_scores

@@ -10,7 +10,7 @@ import json
 import os
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -27,7 +27,7 @@ from sinklib import compat, mmada_repo, named
 from sinklib.validation import Consent, Index, bad_value, check_choice, checked, did_you_mean
 from sinklib.families.base import LAYOUT, Family, check_options, family_names, get_family, layout_changes
 from sinklib.families.cached import Window, forward_cached
-from sinklib.cache_manifest import check_shipped
+from sinklib.cache_manifest import check_shipped, weights_fingerprint
 from sinklib.paths import ZOO_DIR
 
 CALLING = ("native", "remote")
@@ -36,7 +36,8 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 @dataclass
 class LoadedModel:
-    """A model with what sampling and tracing need: its family, special ids, tokenizer, how to call it."""
+    """A model with what sampling and tracing need, each settled once when it loads: its family, special ids,
+    tokenizer, how it is called, where it came from and which weights it holds."""
 
     model: nn.Module
     family: Family
@@ -45,11 +46,15 @@ class LoadedModel:
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
     name: str = ""
-    calling: str = "native"
-    max_length: int | None = None
+    calling: str = "native"  # "native" (transformers' own classes) or "remote" (the family's own modelling code)
+    max_length: int | None = None  # the positions the model handles (None: not declared)
     layer_names: list[str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
     source: str = "module"  # where it came from (model_source): "zoo", "named", "folder", "hub" or "module"
+    # the weights' fingerprint, what every run and trace is keyed by: a local checkpoint's weight files
+    # (cache_manifest.weights_fingerprint), an adapted model's adapter, a hub checkpoint's commit
+    weights: str = ""
+    bidirectional: bool = False  # a native model made to attend both ways (a diffusion model on a causal class)
+    compat_fixes: tuple[str, ...] = ()  # the transformers-version fixes applied to it (sinklib.compat)
 
     @property
     def device(self) -> torch.device:
@@ -125,7 +130,7 @@ class LoadedModel:
             return forward_cached(self.model, ids, attention_mask, position_ids, window, compat.cache_keyword(self.model))
         if self.calling == "remote":
             return self.family.call(self.model, ids, attention_mask, position_ids)
-        if attention_mask is not None and self.extra.get("bidirectional"):
+        if attention_mask is not None and self.bidirectional:
             attention_mask = compat.bidirectional_key_mask(attention_mask)
         return self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids).logits
 
@@ -352,7 +357,20 @@ def load(
     max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
     return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
                        name=name, calling=_calling_for(model, spec), max_length=max_length,
-                       extra={"compat": fixes, "bidirectional": bidirectional}, source=model_source(name_or_model))
+                       source=model_source(name_or_model), weights=_weights_of(name, config),
+                       bidirectional=bidirectional, compat_fixes=tuple(fixes))
+
+
+def _weights_of(name: str, config) -> str:
+    """The fingerprint of the weights `name` loaded: an adapted model's adapter folder, else the folder its config
+    was read from (config.name_or_path: a zoo or local checkpoint, a named model's conversion), else a hub
+    checkpoint's commit (or, failing that, its name)."""
+    if name in named.ADAPTED_MODELS:
+        return weights_fingerprint(named.adapter_folder(name))
+    source = str(getattr(config, "name_or_path", "") or "")
+    if source and Path(source).is_dir():
+        return weights_fingerprint(Path(source))
+    return str(getattr(config, "_commit_hash", None) or source)
 
 
 def _resolve_family(family: str | None, config, name: str):

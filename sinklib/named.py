@@ -151,7 +151,6 @@ def apply_adapter(spec: AdaptedModel, model: torch.nn.Module, tokenizer) -> torc
         make_bidirectional(merged)
     if spec.mask_id is not None:
         merged.config.mask_token_id = spec.mask_id
-    merged.config._name_or_path = str(folder)  # what runner.model_fingerprint hashes: the adapter's weights
     if tokenizer is not None:
         tokenizer.chat_template = spec.chat_template
     return merged.eval()

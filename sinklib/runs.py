@@ -21,7 +21,7 @@ from sinklib.validation import (Consent, Count, DType, Device, Flag, Folder, Ind
 from sinklib.evaluation.table1 import MaskingTable, by_task, masking_table
 from sinklib.evaluation.tasks import TRACE_TASKS, get_task, task_names, trace_prompts
 from sinklib.explorer import export_pages
-from sinklib.generate import demo_trace, encode
+from sinklib.generation import demo_trace, encode
 from sinklib.loading import load, load_models
 from sinklib.paths import NOTEBOOKS
 from sinklib.plots import save_figure

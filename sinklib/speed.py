@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from sinklib.evaluation.runner import evaluate
 from sinklib.evaluation.tasks import get_task
 from sinklib.families.base import record
-from sinklib.generate import generate
+from sinklib.generation import generate
 from sinklib.stats import paired, wilson_interval
 from sinklib.validation import bad_value
 

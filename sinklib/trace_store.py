@@ -2,7 +2,7 @@
 
 Notebooks 01, 02, 03 and 07 analyse the same generations (each model on the first prompts of its task, its own
 settings, seed + i for prompt i). Each trace is kept in `store/<model>/<key>/` (Trace.save's files), where the key
-is the SHA-256 of every input that shaped it: the weights' fingerprint (evaluation.runner.model_fingerprint), the
+is the SHA-256 of every input that shaped it: the weights' fingerprint (LoadedModel.weights), the
 family and every field of its settings, the prompt, the seed, the chat template flag, the intervention, the source
 of every sinklib module generation runs (generation_code), and the sinklib and transformers versions. A trace
 is read only under its own key, so nothing made from other inputs is ever reused; a folder whose files were
@@ -30,9 +30,9 @@ import transformers
 from tqdm.auto import tqdm
 
 from sinklib._version import __version__
-from sinklib.evaluation.runner import config_hash, model_fingerprint
+from sinklib.evaluation.runner import config_hash
 from sinklib.families.base import record
-from sinklib.generate import generate
+from sinklib.generation import generate
 from sinklib.interventions import identity
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace
@@ -45,10 +45,10 @@ PACKAGE = Path(__file__).resolve().parent
 def generation_code() -> str:
     """A fingerprint of the code that makes a trace: the source of every module of generation_modules(). A change to
     any of them makes every stored trace another key's, so no trace made by other code is read."""
-    return _module_code("sinklib.generate")
+    return _module_code("sinklib.generation")
 
 
-def generation_modules(module: str = "sinklib.generate") -> dict[str, Path]:
+def generation_modules(module: str = "sinklib.generation") -> dict[str, Path]:
     """The sinklib modules a trace's generation runs, by name: `module` and every sinklib module it imports at
     module level, followed transitively (the capture, loading, the interventions, …), and every family (registered
     by import path in families.base, so no import statement leads to them)."""
@@ -83,7 +83,7 @@ def _module_file(name: str) -> Path | None:
 
 def trace_key(loaded: LoadedModel, prompt: str, settings: Any, seed: int, chat: bool, intervention=None) -> dict:
     """Every input a trace depends on (a JSON-able dict): what its folder's name is the hash of."""
-    return {"store": STORE_FORMAT, "model": loaded.name, "weights": model_fingerprint(loaded),
+    return {"store": STORE_FORMAT, "model": loaded.name, "weights": loaded.weights,
             "family": loaded.family.name, "settings": record(settings), "prompt": prompt, "seed": seed, "chat": chat,
             "intervention": identity(intervention) if intervention is not None else None,
             "sinklib": __version__, "code": generation_code(), "transformers": transformers.__version__}
@@ -102,7 +102,7 @@ def trace_folder(store: str | Path, key: dict) -> Path:
 
 def stored_traces(loaded: LoadedModel, texts: Sequence[str], store: str | Path, seed: int = 0, intervention=None,
                   progress: bool = True, settings=None) -> list[Trace]:
-    """One trace per prompt as sinklib.generate.collect_traces makes them (prompt i with seed + i, the model's own
+    """One trace per prompt as sinklib.generation.collect_traces makes them (prompt i with seed + i, the model's own
     prompt style, `settings` default loaded.settings_for()), each read from `store` when a trace of the same inputs is
     there (trace_key) and otherwise generated and saved there as it finishes."""
     settings = loaded.settings_for() if settings is None else loaded.runnable(settings)

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from sinklib.capture import capture
-from sinklib.generate import encode, generate
+from sinklib.capturing import capture
+from sinklib.generation import encode, generate
 from sinklib.interventions import Audited, MaskSinks
 from sinklib.loading import LoadedModel
 from sinklib.ties import smallest_margin

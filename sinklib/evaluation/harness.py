@@ -32,11 +32,11 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from sinklib.validation import Consent, Count, Index, NonNegative, bad_value, check_choice, check_value, did_you_mean, validated
-from sinklib.capture import check_intervention
+from sinklib.capturing import check_intervention
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import CONDITIONS
 from sinklib.families.base import RENAMED, Family, check_options, get_family, option_owners
-from sinklib.generate import generate
+from sinklib.generation import generate
 from sinklib.interventions import POLICIES, AblateValues, MaskSinks, make_policy
 from sinklib.loading import LoadedModel, load
 

@@ -19,13 +19,13 @@ from typing import Any, Iterator
 from tqdm.auto import tqdm
 
 from sinklib.ties import NEAR_TIE_MARK, closest_margin, is_near_tie, smallest_margin
-from sinklib.capture import check_intervention
-from sinklib.generate import generate
+from sinklib.capturing import check_intervention
+from sinklib.generation import generate
 from sinklib.validation import Consent, Count, Index, bad_value, checked
 from sinklib.evaluation.tasks import Task, get_task, qualified_name, require_code_execution_opt_in, sandbox_module
 from sinklib.interventions import identity
 from sinklib.provenance import as_text, describe
-from sinklib.cache_manifest import MANIFEST, weights_fingerprint
+from sinklib.cache_manifest import MANIFEST
 from sinklib.families.base import record
 from sinklib.loading import LoadedModel, load
 from sinklib.paths import ZOO_DIR
@@ -55,15 +55,6 @@ class EvalSummary:
         return f"{task}: {self.accuracy:.3f} ± {self.stderr:.3f} (n={self.n}{flexible})"
 
 
-def model_fingerprint(model: LoadedModel) -> str:
-    """Identifies the weights (so a retrained zoo model never reuses old records): for a local checkpoint the
-    fingerprint of its weight files (cache_manifest.weights_fingerprint), for a hub checkpoint its commit."""
-    source = getattr(getattr(model.model, "config", None), "_name_or_path", "") or ""
-    if Path(source).is_dir():
-        return weights_fingerprint(Path(source))
-    return str(getattr(model.model.config, "_commit_hash", None) or source)
-
-
 def config_hash(config: dict[str, Any]) -> str:
     """The first 16 hex digits of the SHA-256 of `config` as key-sorted JSON (non-JSON values as their str)."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -78,7 +69,7 @@ def run_config(model: LoadedModel, task: Task, intervention, limit: int | None, 
                settings) -> dict[str, Any]:
     """Everything a run's records depend on (task: the Task, its file and sandbox limits included; settings: the
     family's settings dataclass the run samples with); its config_hash is written into every record."""
-    config = {"records": RECORD_FORMAT, "model": model.name, "weights": model_fingerprint(model),
+    config = {"records": RECORD_FORMAT, "model": model.name, "weights": model.weights,
               "family": model.family.name, "task": task.name,
               "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
               "settings": record(settings), "task_path": task.path}

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 
 from sinklib import plots
-from sinklib.capture.replay import replay_map
+from sinklib.capturing.replay import replay_map
 from sinklib.loading import LoadedModel
 from sinklib.sinks import find_sinks
 from sinklib.trace import Trace

@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from sinklib.explorer.page import to_html
-from sinklib.generate import demo_trace
+from sinklib.generation import demo_trace
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
 

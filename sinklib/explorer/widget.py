@@ -13,7 +13,7 @@ import numpy as np
 import traitlets
 
 from sinklib.explorer import payload
-from sinklib.capture.replay import replay_map
+from sinklib.capturing.replay import replay_map
 from sinklib.layers import attention_layers
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace

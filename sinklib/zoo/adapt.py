@@ -609,16 +609,21 @@ def _adapter_parameters(folder: Path) -> int:
         return sum(handle.get_slice(key).get_shape()[0] * handle.get_slice(key).get_shape()[1] for key in handle.keys())
 
 
+def _card_objective(spec: dict) -> str:
+    """The card's objective row: what the adapter was trained to do."""
+    return {"dream": "masked diffusion, Dream's shifted prediction (output i−1 predicts token i), the answer slot "
+                     "masked at t ~ U(ε, 1) and its masked tokens' CE weighted 1/t (LLaDA's SFT: the prompt never "
+                     "masked); mask token id 16 (`<empty_output>`); "
+                     + (f"attention annealed from causal to bidirectional over the first {spec['anneal_steps']} "
+                        "steps (DiffuLLaMA)" if spec.get("anneal_steps") else
+                        "bidirectional attention from the first step (the adapter it starts from already is)"),
+            "arm": "next-token prediction on the answer and its first `<|im_end|>`, causal attention"}[spec["objective"]]
+
+
 def render_card(card: dict) -> str:
     """The adapted model's README.md from its card record."""
     spec = card["spec"]
-    objective = {"dream": "masked diffusion, Dream's shifted prediction (output i−1 predicts token i), the answer slot "
-                          "masked at t ~ U(ε, 1) and its masked tokens' CE weighted 1/t (LLaDA's SFT: the prompt never "
-                          "masked); mask token id 16 (`<empty_output>`); "
-                          + (f"attention annealed from causal to bidirectional over the first {spec['anneal_steps']} "
-                             "steps (DiffuLLaMA)" if spec.get("anneal_steps") else
-                             "bidirectional attention from the first step (the adapter it starts from already is)"),
-                 "arm": "next-token prediction on the answer and its first `<|im_end|>`, causal attention"}[spec["objective"]]
+    objective = _card_objective(spec)
     adapter = (f"LoRA r = {spec['lora_rank']}, α = {spec['lora_alpha']}, every linear layer of the 30 blocks "
                f"({card['adapter_parameters']:,} parameters), `peft`"
                + (f"; started from `{spec['init_from']}`'s adapter" if spec.get("init_from") else "")
@@ -683,9 +688,9 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
             for key, value in checked_state(folder, name, step)["weights"].items():
                 params[key].copy_(value)
     merged = model.merge_and_unload().eval()
-    merged.config._name_or_path = f"{name}@step-{step:05d}"  # what runner.model_fingerprint records: this checkpoint
-    # the name stays the twin's: its sampler settings are looked up by it (named.sampling)
-    return dataclasses.replace(load(name), model=merged)
+    # the name stays the twin's: its sampler settings are looked up by it (named.sampling); the weights are this
+    # checkpoint's, as every run and trace of it is keyed
+    return dataclasses.replace(load(name), model=merged, weights=f"{name}@step-{step:05d}")
 
 
 def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, how=None,

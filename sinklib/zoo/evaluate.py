@@ -9,11 +9,11 @@ from typing import Any
 import pandas as pd
 import torch
 
-from sinklib.capture.replay import full_pass_scores
+from sinklib.capturing.replay import full_pass_scores
 from sinklib.carry import value_norms
 from sinklib.dynamics import sink_mask
 from sinklib.evaluation.runner import evaluate
-from sinklib.generate import generate
+from sinklib.generation import generate
 from sinklib.loading import LoadedModel, load
 from sinklib.sinks import find_sinks
 from sinklib.stats import wilson_interval

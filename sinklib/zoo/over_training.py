@@ -31,7 +31,7 @@ from sinklib import dynamics
 from sinklib.cache_manifest import fingerprint
 from sinklib.evaluation.table1 import masking_table
 from sinklib.evaluation.tasks import trace_prompts
-from sinklib.generate import collect_traces
+from sinklib.generation import collect_traces
 from sinklib.loading import LoadedModel, load
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.provenance import describe, locked, read_metadata, record_artifacts, write_parquet

@@ -9,7 +9,7 @@ import pytest
 
 import sinklib
 from sinklib import explorer, reproduce
-from sinklib.generate import demo_trace
+from sinklib.generation import demo_trace
 from tests.browser import chromium_page, jupyterlab, screenshot_folder, shown
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -6,7 +6,7 @@ import torch
 
 import sinklib
 from sinklib import attention_math
-from sinklib.capture import CaptureError
+from sinklib.capturing import CaptureError
 from sinklib.layers import attention_layers
 from tests.models import with_cache, NATIVE, eager_twin, logits_of, llama, qwen2_gqa
 from tests.standin import StandInLM
@@ -200,7 +200,7 @@ def test_one_query_calls_of_remote_style_layers_match_a_hand_computed_softmax(ca
 
 def test_a_capture_keeping_nothing_computes_no_statistics(monkeypatch):
     """keep_steps=False with no map or intervention: the calls run as the model made them and nothing is scored."""
-    from sinklib.capture import attend
+    from sinklib.capturing import attend
 
     model = llama()
     with torch.no_grad():
@@ -366,7 +366,7 @@ def test_a_capture_that_failed_mid_forward_leaves_no_frame_for_the_next():
     """Before: a forward that failed inside a captured layer left its route frame in the thread, and the next
     valid capture failed with "'NoneType' object is not subscriptable"."""
 
-    from sinklib.capture import route
+    from sinklib.capturing import route
 
     loaded = sinklib.load("tiny-llada")
     layer = attention_layers(loaded.model)[1].module
@@ -393,9 +393,7 @@ def test_a_capture_that_failed_mid_forward_leaves_no_frame_for_the_next():
 def test_two_threads_cannot_both_capture_one_model(monkeypatch):
     """Before: the "already active" check and the mark were apart (a recorder was built between them), so two
     threads could both enter. A slow recorder widens that window to make the race certain."""
-    import sys
-
-    capture_module = sys.modules["sinklib.capture"]  # the package (sinklib.capture the name is the function)
+    import sinklib.capturing as capture_module
     loaded = sinklib.load("tiny-llada")
     built = capture_module.Recorder
 

@@ -49,7 +49,7 @@ def test_load_gives_the_model_its_own_code_builds(folders, family, mmada_env):
     mask = {"llada": "<|mdm_mask|>", "mmada": "<|mdm_mask|>", "dream": "<|mask|>"}[family]
     assert (loaded.family.name, loaded.mask_id, loaded.model.dtype) == (family, ids[mask], torch.float32)
     assert loaded.calling == "remote"
-    assert sorted(loaded.extra["compat"]) == (sorted(FIXES_ON_5[family]) if compat.needs_fixes() else [])
+    assert sorted(loaded.compat_fixes) == (sorted(FIXES_ON_5[family]) if compat.needs_fixes() else [])
     tokens = torch.randint(0, 30, (2, 9), generator=torch.Generator().manual_seed(0))
     reference = _reference(folders, family)
     with torch.no_grad():
@@ -69,7 +69,7 @@ def test_load_gives_the_model_its_own_code_builds(folders, family, mmada_env):
 def test_native_llama_folder_is_the_autoregressive_family(folders):
     loaded = sinklib.load(folders[0]["llama"])
     ids = checkpoints.token_ids("llama")
-    assert (loaded.family.name, loaded.calling, loaded.extra["compat"]) == ("arm", "native", [])
+    assert (loaded.family.name, loaded.calling, loaded.compat_fixes) == ("arm", "native", ())
     assert set(loaded.eos_ids) >= {ids["<|end_of_text|>"], ids["<|eot_id|>"]}
     trace = sinklib.generate(loaded, "tom has 5 apples", loaded.settings_for(gen_length=3), progress=False)
     assert trace.tokens[0, 0].item() == ids["<|begin_of_text|>"]

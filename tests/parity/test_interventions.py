@@ -202,7 +202,7 @@ def test_masking_all_heads_of_a_gqa_model_equals_a_key_padding_mask_in_eager_att
 
 
 # -- what resumable runs record for a policy ------------------------------------------------------------------
-from sinklib.generate import collect_traces  # noqa: E402
+from sinklib.generation import collect_traces  # noqa: E402
 from sinklib.interventions import identity  # noqa: E402
 
 
@@ -258,7 +258,7 @@ def test_a_policy_whose_record_would_name_a_memory_address_is_refused_before_any
 def test_a_causal_call_is_masked_without_a_full_mask_and_agrees_with_the_full_mask_route(build, monkeypatch):
     """A square causal call takes masked_causal_route (the kernel's causal pattern plus one additive key row);
     forced onto the full-mask route, the logits and scores agree."""
-    attend_module = importlib.import_module("sinklib.capture.attend")
+    attend_module = importlib.import_module("sinklib.capturing.attend")
 
     model = build()
     ids = torch.randint(0, model.config.vocab_size - 1, (1, 400), generator=torch.Generator().manual_seed(4))

@@ -15,7 +15,7 @@ import torch
 import sinklib
 from sinklib import cache_manifest, compat, named
 from sinklib.paths import ZOO_DIR
-from sinklib.generate import encode
+from sinklib.generation import encode
 from tests.conftest import FRESH_CONVERSION
 from tests.models import eager_twin
 

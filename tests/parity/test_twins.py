@@ -8,7 +8,7 @@ import torch
 
 import sinklib
 from sinklib import named
-from sinklib.generate import encode
+from sinklib.generation import encode
 from sinklib.zoo import adapt
 from sinklib.evaluation.tasks import plain
 from sinklib.zoo.data import held_out
@@ -31,8 +31,8 @@ def autoregressive():
 
 
 def test_the_diffusion_twin_loads_as_dream_with_its_mask_token_and_bidirectional_attention(diffusion, autoregressive):
-    assert (diffusion.family.name, diffusion.mask_id, diffusion.extra["bidirectional"]) == ("dream", 16, True)
-    assert (autoregressive.family.name, autoregressive.mask_id, autoregressive.extra["bidirectional"]) == ("arm", None, False)
+    assert (diffusion.family.name, diffusion.mask_id, diffusion.bidirectional) == ("dream", 16, True)
+    assert (autoregressive.family.name, autoregressive.mask_id, autoregressive.bidirectional) == ("arm", None, False)
     ids = torch.tensor([encode(diffusion, QUESTION, chat=True)])
     changed = ids.clone()
     changed[0, -3] = 33  # a token near the end

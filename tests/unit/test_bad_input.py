@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import sinklib
-from sinklib import dynamics
-from sinklib.generate import collect_traces
+from sinklib import dynamics, sinks
+from sinklib.generation import collect_traces
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.sandbox import SandboxLimits, run_python
 from sinklib.evaluation.table1 import masking_table
@@ -96,8 +96,8 @@ CASES = [
     Case("top_sinks k negative", lambda t: sinklib.top_sinks(SCORES, k=-1), ValueError, "k"),
     Case("top_sinks k float", lambda t: sinklib.top_sinks(SCORES, k=1.5), ValueError, "k"),
     Case("top_sinks scores dict", lambda t: sinklib.top_sinks({"a": 1}, k=1), ValueError, "scores"),
-    Case("sink_margin scores None", lambda t: sinklib.sink_margin(None), ValueError, "scores"),
-    Case("in_units units", lambda t: sinklib.in_units(SCORES, units="sums"), ValueError, "units"),
+    Case("sink_margin scores None", lambda t: sinks.sink_margin(None), ValueError, "scores"),
+    Case("in_units units", lambda t: sinks.in_units(SCORES, units="sums"), ValueError, "units"),
     Case("threshold_sweep empty eps", lambda t: sinklib.threshold_sweep(SCORES, []), ValueError, "eps_values"),
     Case("threshold_sweep bad eps", lambda t: sinklib.threshold_sweep(SCORES, [1, -2]), ValueError, "eps_values"),
     Case("threshold_sweep valid with list", lambda t: sinklib.threshold_sweep([SCORES, SCORES], [1], valid=SCORES > 0),

@@ -4,7 +4,7 @@ import torch
 
 import sinklib
 from sinklib import explorer
-from sinklib.capture.replay import replay_map
+from sinklib.capturing.replay import replay_map
 from tests.models import MASK_ID, diffusion_llama
 
 

@@ -124,7 +124,7 @@ def test_a_task_defined_here_is_evaluated_and_masked_by_name_with_no_family_pres
 def _answers(loaded, task):
     """Each sample answered by sinklib.generate alone, with the settings evaluate gives a zoo model (its own 16-token
     slot: the task's gen_length is for real checkpoints)."""
-    from sinklib.generate import generate
+    from sinklib.generation import generate
 
     settings = loaded.settings_for(task)
     assert settings == loaded.settings_for() and settings.gen_length == 16
@@ -138,7 +138,7 @@ import pandas as pd
 
 from sinklib import dynamics
 from sinklib.evaluation.tasks import trace_prompts
-from sinklib.generate import collect_traces
+from sinklib.generation import collect_traces
 from sinklib.runs import ModelsPart, OutputsPart, RunConfig, SamplingPart, default_copy
 from sinklib.summary import Layout, Result
 from sinklib.validation import Count, Folder, ModelNames, validated

@@ -353,6 +353,46 @@ def test_notebooks_04_and_07_resolve_the_same_settings_from_every_parameter_file
     monkeypatch.setattr(runs, "masking_table", recording("07"))
     carry.dose_response(loaded)
     assert asked["04"] and asked["04"] == asked["07"]
-    for (name, task), settings in asked["04"].items():  # the parameter file's layout, fitted to the family
+    for settings in asked["04"].values():  # the parameter file's layout, fitted to the family
         assert settings.gen_length == given.get("gen_length", settings.gen_length)
         assert settings.steps in (None, given.get("steps", settings.steps))
+
+
+def test_steps_walks_from_a_notebooks_parameters_to_the_sampler_in_six_hops_and_is_built_once(tmp_path):
+    """Notebook 01's `steps` on its way to LLaDA's sampler, measured on the running code: the sinklib functions it
+    crosses from the run's collect() — as a number to where the settings are built, then inside the one settings object
+    to the sampler — are at most 6, and the settings are made once (they were made 5 times and validated 6 times in
+    one notebook-01 run, through about 13 hops)."""
+    import sys
+
+    from sinklib.families import llada
+
+    run = runs.TracesRun(models=["tiny-llada"], n_prompts=1, steps=8, gen_length=8, block_length=4, progress=False,
+                         results_dir=str(tmp_path), figures_dir=str(tmp_path))
+    built, sampled = [], []
+
+    def chain(frame) -> list[str]:  # the sinklib functions on the stack, innermost last, from collect() on
+        names = []
+        while frame is not None and frame.f_code.co_name != "collect":
+            code = frame.f_code  # a comprehension's frame is no hop; validation's checks are the dataclass's own
+            if "sinklib" in code.co_filename and "validation.py" not in code.co_filename and code.co_name[0] != "<":
+                names.append(frame.f_code.co_qualname)
+            frame = frame.f_back
+        return names[::-1]
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code is llada.sample.__code__:
+            sampled.append(chain(frame))
+        elif event == "call" and frame.f_code.co_name == "__init__" and frame.f_locals.get("self").__class__ is \
+                llada.LLaDASettings and frame.f_locals.get("steps") == 8:
+            built.append(chain(frame.f_back))
+
+    sys.setprofile(watch)
+    try:
+        run.collect()
+    finally:
+        sys.setprofile(None)
+    assert len(built) == 1 and len(sampled) == 1, (built, sampled)
+    assert built[0] == ["SamplingPart.settings_for", "LoadedModel.settings_for"]
+    assert sampled[0] == ["stored_traces", "generate", "_sample", "sample"]
+    assert len(built[0]) + len(sampled[0]) <= 6

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import sinklib
+from sinklib.sinks import uniform_scores
 
 
 def reference_sinks(row, eps, valid=None):
@@ -72,7 +73,7 @@ def test_uniform_causal_baseline_makes_position_zero_a_sink_in_40_tokens():
     torch.testing.assert_close(baseline, torch.tensor(harmonic), atol=1e-5, rtol=0)
     assert sinklib.find_sinks(baseline, 3.0).nonzero().flatten().tolist() == [0]
     assert math.isclose(float(baseline.sum()), 40.0, rel_tol=1e-6)
-    assert not sinklib.find_sinks(sinklib.uniform_scores(torch.ones(40, 40, dtype=torch.bool)), 0.0).any()
+    assert not sinklib.find_sinks(uniform_scores(torch.ones(40, 40, dtype=torch.bool)), 0.0).any()
 
 
 @pytest.mark.parametrize("eps", [-1.0, float("nan"), float("inf"), "3"])

@@ -8,7 +8,7 @@ import torch
 
 import sinklib
 from sinklib import carry, lens, trace_store
-from sinklib.generate import collect_traces
+from sinklib.generation import collect_traces
 
 PROMPTS = ["Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:",
            "Q: 3 + 4 = ? A:"]
@@ -58,7 +58,7 @@ def test_the_key_holds_the_weights_and_the_code(llada):
     assert key["weights"] and key["code"] == trace_store.generation_code()
     modules = trace_store.generation_modules()
     # the capture, every family (registered by import path), loading; not the plots or the notebooks' runs
-    assert {"sinklib.capture.attend", "sinklib.families.dream", "sinklib.families.llada", "sinklib.loading",
+    assert {"sinklib.capturing.attend", "sinklib.families.dream", "sinklib.families.llada", "sinklib.loading",
             "sinklib.interventions", "sinklib.trace"} <= set(modules)
     assert not {"sinklib.plots", "sinklib.runs", "sinklib.analyses"} & set(modules)
 

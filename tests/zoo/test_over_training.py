@@ -13,7 +13,7 @@ import torch
 
 import sinklib
 from sinklib import dynamics
-from sinklib.generate import generate
+from sinklib.generation import generate
 from sinklib.provenance import describe
 from sinklib.zoo import over_training
 from sinklib.zoo.data import held_out

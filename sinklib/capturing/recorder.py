@@ -11,9 +11,9 @@ from torch import nn
 
 from sinklib.validation import check_int, did_you_mean
 from sinklib.attention_math import deferrable_row
-from sinklib.capture import route
-from sinklib.capture.attend import AttentionCall, SdpaArgs, attend, clean_statistics, unmasked
-from sinklib.capture.steps import StepStore
+from sinklib.capturing import route
+from sinklib.capturing.attend import AttentionCall, SdpaArgs, attend, clean_statistics, unmasked
+from sinklib.capturing.steps import StepStore
 from sinklib.layers import AttentionLayer
 
 MapRequest = tuple[int, "int | str", int]

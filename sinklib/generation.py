@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from sinklib.validation import bad_value, check_int
 from sinklib._version import __version__
-from sinklib.capture import capture, check_intervention
+from sinklib.capturing import capture, check_intervention
 from sinklib.layers import attention_layers
 from sinklib.families.base import left_pad, record
 from sinklib.ties import recording_decisions

@@ -10,7 +10,7 @@ import torch
 
 from sinklib.attention_math import (AttentionStats, attention_statistics, heads_left_without_keys, mask_keys,
                                     masked_causal_route, sdpa_with_lse)
-from sinklib.capture.route import original_sdpa
+from sinklib.capturing.route import original_sdpa
 from sinklib.layers import AttentionLayer
 
 

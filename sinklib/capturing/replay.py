@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sinklib.capture import capture
+from sinklib.capturing import capture
 
 
 def replay_map(loaded, trace, step: int, layer: int, head: int) -> torch.Tensor:

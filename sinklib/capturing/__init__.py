@@ -21,9 +21,9 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
-from sinklib.capture import route
-from sinklib.capture.attend import AttentionCall
-from sinklib.capture.recorder import CaptureError, CaptureOptions, MapRequest, Recorder, check_intervention
+from sinklib.capturing import route
+from sinklib.capturing.attend import AttentionCall
+from sinklib.capturing.recorder import CaptureError, CaptureOptions, MapRequest, Recorder, check_intervention
 from sinklib.layers import attention_layers
 
 __all__ = ["AttentionCall", "CaptureError", "CaptureOptions", "MapRequest", "Recorder", "capture", "check_intervention"]
