@@ -17,6 +17,7 @@ from sinklib.families.llada import LLaDASettings
 from sinklib.evaluation import evaluate
 from sinklib.evaluation.table1 import masking_table
 from sinklib.evaluation.tasks import Task, get_task
+from sinklib.validation import BadValue
 from sinklib._version import __version__  # noqa: F401  (sinklib.__version__)
 
 __all__ = [
@@ -28,4 +29,6 @@ __all__ = [
     "Intervention", "MaskSinks", "MaskRandomKeys", "MaskKeys", "EvictOldest", "AblateValues",
     # evaluation and Table 1
     "evaluate", "masking_table", "Task", "get_task",
+    # the error every bad value raises
+    "BadValue",
 ]

@@ -49,6 +49,7 @@ import pandas as pd
 from sinklib.provenance import read_layout, read_manifest
 from sinklib.summary import Layout
 from sinklib.ties import NEAR_TIE, both_near_tie, is_near_tie
+from sinklib.validation import BadValue
 
 FLOAT_TOLERANCE = 1e-4
 GENERATIONS = "generations"
@@ -647,7 +648,7 @@ def compare_page(committed: Path, rerun: Path) -> Row:
 def _page_parts(text: str) -> tuple[str, dict]:
     found = _PAGE_DATA.search(text)
     if found is None:
-        raise ValueError("this page holds no sinklib explorer data")
+        raise BadValue("this page holds no sinklib explorer data")
     return text[:found.start(2)] + text[found.end(2):], json.loads(found.group(2))
 
 

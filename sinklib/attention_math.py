@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sinklib.validation import BadValue
+
 # The memory budget of one query chunk, in float32 (query, key) pairs: a GPU wants few large launches (16 MB);
 # a CPU wants the chunk to stay in cache (2 MB: fastest of 1–16 MB at head dims 32 and 64, S 512–2048, measured).
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
@@ -401,7 +403,7 @@ def _column_sums_by_blocks(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, 
     batch, heads, n_queries, dim = q.shape
     n_keys = k.shape[-2]
     if n_keys != n_queries:
-        raise ValueError(f"the block route is for square causal attention; got {n_queries} queries, {n_keys} keys")
+        raise BadValue(f"the block route is for square causal attention; got {n_queries} queries, {n_keys} keys")
     # The model's query rows as they are (a view, no copy): the scale rides on the matmul (alpha), where scaling
     # them first would write and read all of q once more, measured 5–7 % of this route in SmolLM2's layers.
     rows = q.float().reshape(batch * heads, n_queries, dim)

@@ -18,6 +18,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Collection, NamedTuple
 
+from sinklib.validation import BadValue
+
 MANIFEST = "sinklib-manifest.json"
 FORMAT = "sinklib-manifest 1"
 _CHUNK = 1 << 20
@@ -63,7 +65,7 @@ def write_manifest(folder: Path, header: dict[str, Any], skip: Collection[str] =
         if entry.name == MANIFEST or entry.name in skip:
             continue
         if not entry.is_file():
-            raise ValueError(f"{str(entry)!r} is not a file: a manifest covers a flat folder of files")
+            raise BadValue(f"{str(entry)!r} is not a file: a manifest covers a flat folder of files")
         files[entry.name] = {"size": entry.stat().st_size, "sha256": sha256_of(entry)}
     manifest = {"format": FORMAT, **header, "files": files}
     partial = Path(folder) / (MANIFEST + ".partial")
@@ -80,11 +82,11 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     try:
         manifest = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{MANIFEST}: unreadable ({error})") from error
+        raise BadValue(f"{MANIFEST}: unreadable ({error})") from error
     files = manifest.get("files") if isinstance(manifest, dict) else None
     well_formed = isinstance(files, dict) and all(isinstance(v, dict) and {"size", "sha256"} <= v.keys() for v in files.values())
     if not well_formed or manifest.get("format") != FORMAT:
-        raise ValueError(f"{MANIFEST}: not a {FORMAT!r} manifest with a size and SHA-256 per file")
+        raise BadValue(f"{MANIFEST}: not a {FORMAT!r} manifest with a size and SHA-256 per file")
     return manifest
 
 

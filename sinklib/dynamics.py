@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
-from sinklib.validation import check_eps, check_int
+from sinklib.validation import BadValue, check_eps, check_int
 from sinklib.sinks import find_sinks, single_row_scores, sink_margin
 from sinklib.stats import wilson_interval
 from sinklib.trace import Trace
@@ -231,7 +231,7 @@ def query_group_split(trace: Trace, step: int, layer: int, head: int) -> pd.Data
     most, with the attention each group gives it (paper Fig. 6a). Needs trace.maps[(step, layer, head)]."""
     key = (step, layer, head)
     if key not in trace.maps:
-        raise ValueError(f"trace has no map for (step, layer, head)={key}: generate with maps=[{key}]")
+        raise BadValue(f"trace has no map for (step, layer, head)={key}: generate with maps=[{key}]")
     attention = trace.maps[key]
     masked = trace.is_masked[step]
     rows = []
@@ -443,7 +443,7 @@ def stability_by_key_type(traces: Sequence[Trace], k: int = 5, eps: float = 3.0)
 # --- does the greatest sink track the masked canvas (paper Fig. 7, Dream)? ----------------------------------------------
 def _require_diffusion(trace: Trace, param: str) -> None:
     if trace.is_autoregressive:
-        raise ValueError(f"{param} is not allowed: {param} must be a diffusion trace, but model "
+        raise BadValue(f"{param} is not allowed: {param} must be a diffusion trace, but model "
                          f"{trace.meta.get('model', '')!r} is autoregressive (its canvas has no masked positions, "
                          f"so no unmasking frontier to track)")
 

@@ -19,7 +19,7 @@ from typing import Any
 from sinklib.evaluation.tasks import register_task
 from sinklib.families.base import register_family
 from sinklib.registry import Registry
-from sinklib.validation import check_choice
+from sinklib.validation import BadValue, check_choice
 
 __all__ = ["REGISTRIES", "register", "register_family", "register_task", "registry"]
 
@@ -43,5 +43,5 @@ def register(kind: str, name: str, target: Any, *, replace: bool = False) -> Non
     """Add `target` under `name` to the registry of `kind`: an object, or a lazy "module:attribute" imported on first
     use. A task is registered under its own name (`name` must be the Task's)."""
     if kind == "task" and getattr(target, "name", name) != name:
-        raise ValueError(f"name={name!r} is not allowed: name must be the task's own ({target.name!r})")
+        raise BadValue(f"name={name!r} is not allowed: name must be the task's own ({target.name!r})")
     registry(kind).register(name, target, replace=replace)

@@ -12,7 +12,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from sinklib.validation import bad_value, check_int
+from sinklib.validation import BadValue, bad_value, check_int
 from sinklib._version import __version__
 from sinklib.capturing import capture, check_intervention
 from sinklib.layers import attention_layers
@@ -49,7 +49,7 @@ def encode(loaded: LoadedModel, prompt, chat: bool) -> list[int]:
 def _tokenised(loaded: LoadedModel, text: str, chat: bool) -> list[int]:
     """Token ids of a text prompt: through the chat template when asked and the tokenizer has one."""
     if loaded.tokenizer is None:
-        raise ValueError(f"prompt is text but {loaded.name!r} has no tokenizer: pass token ids, or load with tokenizer=")
+        raise BadValue(f"prompt is text but {loaded.name!r} has no tokenizer: pass token ids, or load with tokenizer=")
     if not text.strip():
         raise bad_value("prompt", text, "a non-empty text or a non-empty list of token ids")
     if chat and getattr(loaded.tokenizer, "chat_template", None):
@@ -294,7 +294,7 @@ def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: i
     differs.update({key: (saved.get(key), value) for key, value in record(settings).items()
                     if key in saved and saved[key] != value})
     if differs:
-        raise ValueError(f"out={str(folder.parent)!r} is not allowed: {folder.name} was written by another run "
+        raise BadValue(f"out={str(folder.parent)!r} is not allowed: {folder.name} was written by another run "
                          f"(saved vs asked: {differs}); use a new folder or delete it")
     return trace
 

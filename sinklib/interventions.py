@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from sinklib.validation import bad_value, check_choice, check_eps, check_int
+from sinklib.validation import BadValue, bad_value, check_choice, check_eps, check_int
 from sinklib.attention_math import AttentionStats
 from sinklib.capturing import AttentionCall, check_intervention
 from sinklib.layers import AttentionLayer
@@ -63,7 +63,7 @@ def identity(intervention) -> str:
     any work, where that text names a memory address: it differs in every process, so the run could never resume."""
     text = repr(intervention)
     if _ADDRESS.search(text):
-        raise ValueError(f"intervention={text} is not allowed: its repr names a memory address, which differs in every "
+        raise BadValue(f"intervention={text} is not allowed: its repr names a memory address, which differs in every "
                          "process, so a saved run could never be resumed or compared; give the policy a __repr__ of its "
                          "settings, or keep them in public attributes (Intervention's own __repr__ lists those)")
     return text

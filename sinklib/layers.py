@@ -11,7 +11,7 @@ from typing import Sequence
 
 from torch import nn
 
-from sinklib.validation import did_you_mean
+from sinklib.validation import BadValue, did_you_mean
 
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layers", "num_layers")
 _HEAD_COUNT_KEYS = ("num_attention_heads", "n_heads", "num_heads")
@@ -51,7 +51,7 @@ def _head_count(module: nn.Module, model: nn.Module) -> int | None:
 def _block_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
     lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     if not lists:
-        raise ValueError(f"model={type(model).__name__} has no nn.ModuleList of transformer blocks; "
+        raise BadValue(f"model={type(model).__name__} has no nn.ModuleList of transformer blocks; "
                          "pass layer_names=[...] explicitly")
     n_layers = _config_value(getattr(model, "config", None), _LAYER_COUNT_KEYS)
     matching = [item for item in lists if len(item[1]) == n_layers]
@@ -69,16 +69,16 @@ def attention_layers(model: nn.Module, layer_names: Sequence[str] | None = None)
     """The attention-bearing module of every block, in execution order."""
     if layer_names is not None:
         if isinstance(layer_names, str):
-            raise ValueError(f"layer_names={layer_names!r} is not allowed: layer_names must be a list of module paths")
+            raise BadValue(f"layer_names={layer_names!r} is not allowed: layer_names must be a list of module paths")
         repeated = sorted({name for name in layer_names if list(layer_names).count(name) > 1})
         if repeated:  # one module twice would enter one layer and leave the other empty (a layer of NaN)
-            raise ValueError(f"layer_names={list(layer_names)!r} is not allowed: layer_names must name each module once "
+            raise BadValue(f"layer_names={list(layer_names)!r} is not allowed: layer_names must name each module once "
                              f"({repeated} repeated)")
         modules = dict(model.named_modules())
         layers = []
         for index, name in enumerate(layer_names):
             if name not in modules:
-                raise ValueError(f"layer_names[{index}]={name!r} is not a module of the model{did_you_mean(name, modules)}")
+                raise BadValue(f"layer_names[{index}]={name!r} is not a module of the model{did_you_mean(name, modules)}")
             layers.append(AttentionLayer(index, name, modules[name], _head_count(modules[name], model)))
         return layers
     list_name, blocks = _block_list(model)

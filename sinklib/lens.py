@@ -41,7 +41,7 @@ from torch import nn
 
 from sinklib.dynamics import greatest_sinks
 from sinklib.trace import Trace
-from sinklib.validation import bad_value, check_eps, check_int
+from sinklib.validation import BadValue, bad_value, check_eps, check_int
 
 _GLIBC = ctypes.util.find_library("c")
 try:  # glibc's malloc_trim: see _return_freed_memory
@@ -78,7 +78,7 @@ def lens_modules(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     norm = next((getattr(base, name) for name in _NORM_NAMES if isinstance(getattr(base, name, None), nn.Module)), None)
     if head is None or norm is None:
         missing = " and ".join(part for part, module in (("output embedding", head), ("final norm", norm)) if module is None)
-        raise ValueError(f"model={type(model).__name__} is not allowed: the logit lens needs a transformers model with "
+        raise BadValue(f"model={type(model).__name__} is not allowed: the logit lens needs a transformers model with "
                          f"an output embedding (get_output_embeddings()) and a final norm on its base model (one of "
                          f"{list(_NORM_NAMES)}); this one has no {missing}")
     return norm, head
@@ -100,7 +100,7 @@ def _reproduces(lens: torch.Tensor, own: torch.Tensor) -> bool:
 
 def _require_native(loaded: "LoadedModel") -> None:
     if loaded.calling != "native":
-        raise ValueError(f"loaded={loaded.name!r} is not allowed: the logit lens reads hidden states from "
+        raise BadValue(f"loaded={loaded.name!r} is not allowed: the logit lens reads hidden states from "
                          "transformers-native models (the zoo, adapted named models, AutoModelForCausalLM "
                          "checkpoints); this model runs its own remote modelling code")
 
@@ -274,7 +274,7 @@ def first_correct_layer(lens_frame: pd.DataFrame) -> pd.DataFrame:
     """
     missing = [c for c in _FIRST_CORRECT_NEEDS if c not in getattr(lens_frame, "columns", ())]
     if not isinstance(lens_frame, pd.DataFrame) or missing:
-        raise ValueError(f"lens_frame (missing {missing}) is not allowed: lens_frame must be a logit_lens frame, a "
+        raise BadValue(f"lens_frame (missing {missing}) is not allowed: lens_frame must be a logit_lens frame, a "
                          f"DataFrame with columns {list(_FIRST_CORRECT_NEEDS)}")
     keys = ["step", "predicts"]
     correct = lens_frame["top_id"] == lens_frame["final_id"]

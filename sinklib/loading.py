@@ -24,7 +24,7 @@ from transformers.dynamic_module_utils import get_class_from_dynamic_module
 from transformers.utils import cached_file
 
 from sinklib import compat, mmada_repo, named
-from sinklib.validation import Consent, Index, bad_value, check_choice, checked, did_you_mean
+from sinklib.validation import BadValue, Consent, Index, bad_value, check_choice, checked, did_you_mean
 from sinklib.families.base import LAYOUT, Family, check_options, family_names, get_family, layout_changes
 from sinklib.families.cached import Window, forward_cached
 from sinklib.cache_manifest import check_shipped, weights_fingerprint
@@ -307,10 +307,10 @@ def _load_config(path: str, trust_remote_code: bool):
         return transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except ValueError as error:
         if "trust_remote_code" in str(error):
-            raise ValueError(f"{path!r} ships its own modelling code: pass trust_remote_code=True to sinklib.load if you "
+            raise BadValue(f"{path!r} ships its own modelling code: pass trust_remote_code=True to sinklib.load if you "
                              "trust it (sinklib never turns it on by itself)") from None
         if any(words in str(error) for words in ("Unrecognized model", "model_type", "model type")):
-            raise ValueError(f"name_or_model={path!r} is not allowed: transformers does not know its config.json's "
+            raise BadValue(f"name_or_model={path!r} is not allowed: transformers does not know its config.json's "
                              "model_type and the folder ships no modelling code (auto_map); sinklib loads native "
                              f"transformers models and the families {family_names()}") from None
         raise
@@ -383,7 +383,7 @@ def _resolve_family(family: str | None, config, name: str):
     _check_family(family, infer_family(config) if config is not None else None, name)
     family = family or infer_family(config)
     if family is None:
-        raise ValueError(f"cannot tell the family of {name!r} from its config: pass family= one of {family_names()}")
+        raise BadValue(f"cannot tell the family of {name!r} from its config: pass family= one of {family_names()}")
     return get_family(family)
 
 
@@ -418,7 +418,7 @@ def _open_checkpoint(name: str, family: str | None, dtype, trust_remote_code: bo
     # trusted load), transformers would run it for any folder of that type without asking again
     if not trust_remote_code and ("auto_map" in raw or mmada_without_code):
         code = "the MMaDA repository's modelling code" if mmada_without_code else "its own modelling code"
-        raise ValueError(f"{name!r} ships or needs {code}: pass trust_remote_code=True to sinklib.load if you trust it "
+        raise BadValue(f"{name!r} ships or needs {code}: pass trust_remote_code=True to sinklib.load if you trust it "
                          "(sinklib never turns it on by itself)")
     _check_checkpoint_files(path, raw, name)
     if mmada_without_code:
@@ -483,7 +483,7 @@ def _remote_class(path: str, config, family: str | None) -> type:
     if reference is None:
         if family == "mmada":
             return mmada_repo.import_classes().model
-        raise ValueError(f"{path!r} declares model_type={getattr(config, 'model_type', None)!r}, which is not a transformers "
+        raise BadValue(f"{path!r} declares model_type={getattr(config, 'model_type', None)!r}, which is not a transformers "
                          "model, and its config.json has no auto_map naming the modelling code to run")
     if isinstance(reference, (list, tuple)):
         reference = reference[0]
@@ -496,18 +496,18 @@ def _raw_config(path: str) -> dict[str, Any]:
     if not local.is_file():
         try:
             found = cached_file(path, "config.json", _raise_exceptions_for_missing_entries=False)
-        except (OSError, ValueError):
-            return {}
+        except OSError as error:  # not here and the hub not reachable: said now, not by a later step
+            raise OSError(_offline_hint(path)) from error
         if found is None:
             return {}
         local = Path(found)
     try:
         raw = json.loads(local.read_text())
     except ValueError as error:
-        raise ValueError(f"name_or_model={path!r} is not allowed: its config.json ({str(local)!r}) is not valid JSON "
+        raise BadValue(f"name_or_model={path!r} is not allowed: its config.json ({str(local)!r}) is not valid JSON "
                          f"({error}); the checkpoint is damaged") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"name_or_model={path!r} is not allowed: its config.json holds a JSON {type(raw).__name__}, "
+        raise BadValue(f"name_or_model={path!r} is not allowed: its config.json holds a JSON {type(raw).__name__}, "
                          "not an object (name: value); the checkpoint is damaged")
     return raw
 
@@ -519,11 +519,11 @@ def _check_checkpoint_files(path: str, raw: dict[str, Any], name: str) -> None:
     folder = Path(path)
     auto_map = raw.get("auto_map") or {}
     if not isinstance(auto_map, dict):
-        raise ValueError(f"name_or_model={name!r} is not allowed: its config.json auto_map must be an object")
+        raise BadValue(f"name_or_model={name!r} is not allowed: its config.json auto_map must be an object")
     by_type = infer_family_from_dict(raw)
     by_code = _declaring_family(" ".join(str(v) for v in auto_map.values()).lower())
     if by_type and by_code and by_type != by_code:
-        raise ValueError(f"name_or_model={name!r} is not allowed: its config.json declares the {by_type} family "
+        raise BadValue(f"name_or_model={name!r} is not allowed: its config.json declares the {by_type} family "
                          f"(model_type / architectures) but its auto_map loads {by_code} code ({auto_map}); the "
                          "checkpoint is inconsistent")
     if not folder.is_dir():
@@ -531,14 +531,14 @@ def _check_checkpoint_files(path: str, raw: dict[str, Any], name: str) -> None:
     for target in auto_map.values():
         module = str(target[0] if isinstance(target, (list, tuple)) else target).rsplit(".", 1)[0]
         if "--" not in module and not (folder / f"{module}.py").is_file():
-            raise ValueError(f"name_or_model={name!r} is not allowed: its config.json auto_map names {module}.py, which "
+            raise BadValue(f"name_or_model={name!r} is not allowed: its config.json auto_map names {module}.py, which "
                              "is not in the folder; copy the checkpoint's modelling files beside config.json")
     for weights in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(weights), "pt"):
                 pass
         except Exception as error:  # safetensors' own error type is not importable across its versions
-            raise ValueError(f"name_or_model={name!r} is not allowed: {weights.name} is damaged or cut off "
+            raise BadValue(f"name_or_model={name!r} is not allowed: {weights.name} is damaged or cut off "
                              f"({' '.join(str(error).split())}); download it again") from None
 
 
@@ -548,8 +548,9 @@ def _load_tokenizer(path: str, trust_remote_code: bool):
         return None  # a checkpoint without a tokenizer: prompts must then be token ids
     try:
         return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, ImportError):
-        return None
+    except (OSError, ValueError, ImportError) as error:  # its tokenizer files are there but do not load: say so now
+        raise BadValue(f"name_or_model={path!r} is not allowed: its tokenizer does not load ({type(error).__name__}: "
+                       f"{error}); pass tokenizer= to sinklib.load, or repair the checkpoint's tokenizer files") from error
 
 
 def _mask_id(spec: Family, tokenizer, mask_id: int | None, name: str) -> int | None:
@@ -562,10 +563,10 @@ def _mask_id(spec: Family, tokenizer, mask_id: int | None, name: str) -> int | N
     if tokenizer is not None:
         vocab_size = len(tokenizer)
         if mask_id is None or not 0 <= mask_id < vocab_size:
-            raise ValueError(f"the tokenizer of {name!r} has no mask token (mask_id={mask_id}, vocabulary of {vocab_size}): "
+            raise BadValue(f"the tokenizer of {name!r} has no mask token (mask_id={mask_id}, vocabulary of {vocab_size}): "
                              "a diffusion family needs one; pass mask_id= explicitly")
     if mask_id is None:
-        raise ValueError(f"{name!r} has no tokenizer and no mask id: pass mask_id= for the {spec.name} family")
+        raise BadValue(f"{name!r} has no tokenizer and no mask id: pass mask_id= for the {spec.name} family")
     return mask_id
 
 

@@ -37,6 +37,7 @@ from sinklib.cache_manifest import (MANIFEST, FileProblem, FolderCheckError, che
                                     sha256_of, write_manifest)
 from sinklib.compat import make_bidirectional, transformers_major
 from sinklib.paths import ZOO_DIR
+from sinklib.validation import BadValue
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def cache_root() -> Path:
     if os.environ.get("SINKLIB_CACHE"):
         root = Path(os.environ["SINKLIB_CACHE"])
         if root.exists() and not root.is_dir():
-            raise ValueError(f"SINKLIB_CACHE={str(root)!r} is not allowed: SINKLIB_CACHE must be a folder (this is a file)")
+            raise BadValue(f"SINKLIB_CACHE={str(root)!r} is not allowed: SINKLIB_CACHE must be a folder (this is a file)")
         return root
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sinklib"
 
@@ -338,7 +339,7 @@ def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True,
         raise ModuleNotFoundError(f"name_or_model={spec.name!r} needs the gguf package to convert its weights: "
                                   f"{spec.install}")
     if os.path.lexists(target) and (not target.is_dir() or any(target.iterdir())):
-        raise ValueError(f"name_or_model={spec.name!r}: {str(target)!r} exists but is not a finished conversion; "
+        raise BadValue(f"name_or_model={spec.name!r}: {str(target)!r} exists but is not a finished conversion; "
                          "remove it (or point SINKLIB_CACHE elsewhere) to convert again")
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))

@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from sinklib.validation import BadValue
+
 PACKAGE = Path(__file__).resolve().parent
 KEY = "sinklib"  # the metadata key in parquet schemas and PNG text chunks; the PDF Subject holds the same JSON
 LAYOUT_KEY = "sinklib.layout"  # a results table's comparison layout, in its parquet schema (sinklib.agreement)
@@ -140,7 +142,7 @@ def _read_raw(folder: Path) -> dict[str, Any]:
         return {}
     raw = json.loads(manifest.read_text())
     if not isinstance(raw, dict) or set(raw) - {"artifacts", "code", "environments"} or "artifacts" not in raw:
-        raise ValueError(f"{manifest} is not allowed: it is not a manifest of this sinklib (artifacts, code and "
+        raise BadValue(f"{manifest} is not allowed: it is not a manifest of this sinklib (artifacts, code and "
                          "environments at its top); move it away and run again")
     return raw
 
@@ -194,12 +196,12 @@ def read_record(path: str | Path) -> dict[str, Any]:
     record is in the folder's PROVENANCE.json)."""
     path = Path(path)
     if path.suffix not in (".parquet", ".png", ".pdf"):
-        raise ValueError(f"path={str(path)!r} is not allowed: records are read from .parquet, .png or .pdf files")
+        raise BadValue(f"path={str(path)!r} is not allowed: records are read from .parquet, .png or .pdf files")
     try:
         return json.loads(_record_text(path))
     except (KeyError, ValueError) as error:
         reason = str(error) if isinstance(error, ValueError) else "it holds no sinklib record"
-        raise ValueError(f"path={str(path)!r} is not allowed: {reason} (not written by sinklib, or damaged)") from None
+        raise BadValue(f"path={str(path)!r} is not allowed: {reason} (not written by sinklib, or damaged)") from None
 
 
 def _record_text(path: Path) -> str:
@@ -217,11 +219,11 @@ def _pdf_string(data: bytes, opening: bytes) -> str:
     """The PDF literal string that starts right after `opening` (backslash escapes undone)."""
     start = data.find(opening)
     if start < 0:
-        raise ValueError("it holds no sinklib record")
+        raise BadValue("it holds no sinklib record")
     out, i = bytearray(), start + len(opening)
     while data[i:i + 1] != b")":
         if i >= len(data):
-            raise ValueError("this PDF's sinklib record is cut off (the file is truncated)")
+            raise BadValue("this PDF's sinklib record is cut off (the file is truncated)")
         if data[i:i + 1] == b"\\":
             i += 1
         out += data[i:i + 1]

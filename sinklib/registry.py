@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Generic, Iterator, TypeVar, Union
 
-from sinklib.validation import check_choice
+from sinklib.validation import BadValue, check_choice
 
 T = TypeVar("T")
 
@@ -24,12 +24,12 @@ class Registry(Generic[T]):
     def register(self, name: str, target: Union[str, T], *, replace: bool = False) -> None:
         """Add `name` → an object or a lazy "module:attribute"; an existing name needs replace=True."""
         if not isinstance(name, str) or not name:
-            raise ValueError(f"name={name!r} is not allowed: a {self.kind} name must be a non-empty str")
+            raise BadValue(f"name={name!r} is not allowed: a {self.kind} name must be a non-empty str")
         if name in self._entries and not replace:
-            raise ValueError(f"name={name!r} is not allowed: a {self.kind} of that name is registered already "
+            raise BadValue(f"name={name!r} is not allowed: a {self.kind} of that name is registered already "
                              "(pass replace=True to replace it)")
         if isinstance(target, str) and target.count(":") != 1:
-            raise ValueError(f"target={target!r} is not allowed: a lazy {self.kind} is 'module:attribute'")
+            raise BadValue(f"target={target!r} is not allowed: a lazy {self.kind} is 'module:attribute'")
         self._entries[name] = target
 
     def unregister(self, name: str) -> None:

@@ -46,7 +46,7 @@ except ModuleNotFoundError as missing:
 
 from sinklib import agreement
 from sinklib.notebook_outputs import strip_volatile
-from sinklib.validation import did_you_mean
+from sinklib.validation import BadValue, did_you_mean
 from sinklib.loading import is_default_model, resolve_name
 from sinklib.paths import DATA_DIR, INSTALLED, NOTEBOOKS
 
@@ -64,7 +64,7 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
         paths = [p for p in paths if any(p.name.startswith(prefix) for prefix in only)]
         if not paths:
             have = [p.name for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))]
-            raise ValueError(f"only={only!r} is not allowed: no notebook starts with it (have {have})")
+            raise BadValue(f"only={only!r} is not allowed: no notebook starts with it (have {have})")
     return paths
 
 
@@ -89,7 +89,7 @@ def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
     selected = declared_parameters(paths)
     for key in given:
         if key not in declared:
-            raise ValueError(f"parameter {key!r} is not allowed: no notebook declares it{did_you_mean(key, declared)}; "
+            raise BadValue(f"parameter {key!r} is not allowed: no notebook declares it{did_you_mean(key, declared)}; "
                              f"allowed: {sorted(declared)}")
     unused = [key for key in given if key not in selected]
     if unused:
@@ -112,7 +112,7 @@ def check_model_names(given: dict[str, Any], paths: list[Path] | None = None) ->
         names = [name for path in paths for name in getattr(run_for(path)(), "models", [])]
     for name in dict.fromkeys(names):
         if not isinstance(name, str):
-            raise ValueError(f"parameter models={given.get('models')!r} is not allowed: models are names (str), "
+            raise BadValue(f"parameter models={given.get('models')!r} is not allowed: models are names (str), "
                              f"got {name!r}")
         resolve_name(name)
 
@@ -162,17 +162,17 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     paths = notebook_paths(only)
     jobs = default_jobs(given) if jobs is None else jobs
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs={jobs!r} is not allowed: jobs must be a whole number >= 1 (notebooks run at once)")
+        raise BadValue(f"jobs={jobs!r} is not allowed: jobs must be a whole number >= 1 (notebooks run at once)")
     if remake_long_runs is not False and (remake_long_runs is not True or only or params or out is not None
                                           or figures_dir is not None or results_dir is not None):
-        raise ValueError(f"remake_long_runs={remake_long_runs!r} is not allowed here: only the default run of every "
+        raise BadValue(f"remake_long_runs={remake_long_runs!r} is not allowed here: only the default run of every "
                          "notebook (python -m sinklib.reproduce --remake-long-runs, no other option) makes the long "
                          "runs again, since it remakes everything that reads them")
     check_parameters(given, paths)
     check_model_names(given, paths)
     if INSTALLED:  # the wheel's notebooks and results are read, never written: everything goes under `out`
         if out is None:
-            raise ValueError("out=None is not allowed: an installed sinklib runs its notebooks into a folder of "
+            raise BadValue("out=None is not allowed: an installed sinklib runs its notebooks into a folder of "
                              "yours (python -m sinklib.reproduce --out DIR)")
         figures_dir = figures_dir or Path(out) / "figures"
         results_dir = results_dir or Path(out) / "data" / "results"
@@ -241,7 +241,7 @@ def waits_for(runs: list[Execution]) -> dict[Path, list[Path]]:
         free = [path for path, before in after.items() if path not in done and set(before) <= done]
         if not free:
             cycle = sorted(path.stem for path in after if path not in done)
-            raise ValueError(f"READS_FROM is not allowed to form a cycle: {cycle} each wait for another of them")
+            raise BadValue(f"READS_FROM is not allowed to form a cycle: {cycle} each wait for another of them")
         done.update(free)
     return after
 
@@ -380,7 +380,7 @@ def regenerated_stores(results_dir: Path, names: tuple[str, ...] = STORED) -> It
     for name in names:
         store, previous = results_dir / name, results_dir / f".{name}.previous"
         if previous.exists():
-            raise ValueError(f"results_dir={str(results_dir)!r} is not allowed: {previous.name} is left from a run that "
+            raise BadValue(f"results_dir={str(results_dir)!r} is not allowed: {previous.name} is left from a run that "
                              f"was stopped; move it back to {name} (or delete it) and run again")
         if store.exists():
             store.rename(previous)

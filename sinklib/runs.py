@@ -16,7 +16,7 @@ import pandas as pd
 
 from annotated_types import Ge
 
-from sinklib.validation import (Consent, Count, DType, Device, Flag, Folder, Index, Ks, ModelNames, NonNegative,
+from sinklib.validation import (BadValue, Consent, Count, DType, Device, Flag, Folder, Index, Ks, ModelNames, NonNegative,
                                 Text, did_you_mean, validated)
 from sinklib.evaluation.table1 import MaskingTable, by_task, masking_table
 from sinklib.evaluation.tasks import TRACE_TASKS, get_task, task_names, trace_prompts
@@ -113,7 +113,7 @@ class RunConfig:
         names = cls.parameter_names()
         for key in given:
             if key not in names:
-                raise ValueError(f"parameter {key!r} is not allowed: {cls.__name__} has no such field"
+                raise BadValue(f"parameter {key!r} is not allowed: {cls.__name__} has no such field"
                                  f"{did_you_mean(key, names)}; allowed: {names}")
 
     def save(self, result: "Result") -> "Result":
@@ -122,7 +122,7 @@ class RunConfig:
         machine and sha256. A table without a layout is refused before anything is written."""
         unlaid = sorted(set(result.tables) - set(result.layouts))
         if unlaid:
-            raise ValueError(f"result.tables={unlaid!r} is not allowed: every table needs a summary.Layout in "
+            raise BadValue(f"result.tables={unlaid!r} is not allowed: every table needs a summary.Layout in "
                              "result.layouts (the columns that identify a row, for comparing a rerun)")
         record = describe(self, notebook=type(self).NOTEBOOK)
         figures, results = Path(self.figures_dir), Path(getattr(self, "results_dir", self.figures_dir))
@@ -192,16 +192,16 @@ def _check_task_limits(config) -> None:
     only (a misspelt one would fail after the first model's traces, or silently change nothing)."""
     known = task_names()
     if config.task not in known:
-        raise ValueError(f"task={config.task!r} is not allowed: task must be one of {known}"
+        raise BadValue(f"task={config.task!r} is not allowed: task must be one of {known}"
                          f"{did_you_mean(config.task, known)}")
     wrong = {model: task for model, task in config.tasks.items() if task not in known}
     if wrong:
-        raise ValueError(f"tasks={config.tasks!r} is not allowed: {wrong} name no task; tasks are {known}")
+        raise BadValue(f"tasks={config.tasks!r} is not allowed: {wrong} name no task; tasks are {known}")
     for name in ("n_problems_by_task", "ks_by_task"):
         given = getattr(config, name, {})
         unknown = sorted(set(given) - set(task_names()))
         if unknown:
-            raise ValueError(f"{name}={given!r} is not allowed: {unknown} are not tasks; tasks are {task_names()}")
+            raise BadValue(f"{name}={given!r} is not allowed: {unknown} are not tasks; tasks are {task_names()}")
 
 
 def _check_models_named(config, *names: str) -> None:
@@ -214,7 +214,7 @@ def _check_models_named(config, *names: str) -> None:
                    and not (name == "tasks" and TASK_PER_MODEL.get(model) == given[model])]
         if unknown:
             hint = did_you_mean(unknown[0], config.models)
-            raise ValueError(f"{name}={given!r} is not allowed: {unknown} are not among models={config.models!r}{hint}")
+            raise BadValue(f"{name}={given!r} is not allowed: {unknown} are not among models={config.models!r}{hint}")
 
 
 def _check_consent(config) -> None:
@@ -222,16 +222,16 @@ def _check_consent(config) -> None:
     both would otherwise fail only after the first model's generations."""
     for task in dict.fromkeys([config.task, *config.tasks.values()]):
         if get_task(task).executes_code and not config.allow_code_execution:
-            raise ValueError(f"allow_code_execution=False is not allowed with task={task!r}: scoring it runs the "
+            raise BadValue(f"allow_code_execution=False is not allowed with task={task!r}: scoring it runs the "
                              "model-written code; pass allow_code_execution=True to consent (it runs isolated)")
     if config.task_path is not None and not (NOTEBOOKS / config.task_path).is_file():  # read from notebooks/
-        raise ValueError(f"task_path={config.task_path!r} is not allowed: task_path must be an existing file of samples")
+        raise BadValue(f"task_path={config.task_path!r} is not allowed: task_path must be an existing file of samples")
 
 
 def _check_layout(config) -> None:
     """gen_length must split into blocks of block_length (LLaDA / MMaDA's layout), when both are given."""
     if config.gen_length is not None and config.block_length is not None and config.gen_length % config.block_length:
-        raise ValueError(f"gen_length={config.gen_length!r} is not allowed: gen_length must be a multiple of "
+        raise BadValue(f"gen_length={config.gen_length!r} is not allowed: gen_length must be a multiple of "
                          f"block_length={config.block_length}")
 
 
@@ -288,10 +288,10 @@ class MovingSinksRun(TracesRun):
         allowed = {"steps", "gen_length", "block_length"}
         for name, layout in (self.paper_layouts or {}).items():
             if not layout or set(layout) - allowed:
-                raise ValueError(f"paper_layouts[{name!r}]={layout!r} is not allowed: a layout is a non-empty dict of "
+                raise BadValue(f"paper_layouts[{name!r}]={layout!r} is not allowed: a layout is a non-empty dict of "
                                  f"{sorted(allowed)}")
             if name not in self.models:
-                raise ValueError(f"paper_layouts[{name!r}] is not allowed: {name!r} is not one of models={self.models!r}")
+                raise BadValue(f"paper_layouts[{name!r}] is not allowed: {name!r} is not one of models={self.models!r}")
 
     @property
     def rule(self) -> SinkRule:
@@ -345,7 +345,7 @@ class ThresholdSweepRun(TracesRun):
         """TracesRun's rules, and at least one eps value."""
         super().check()
         if not self.eps_values:
-            raise ValueError("eps_values=[] is not allowed: eps_values must be a non-empty list of numbers >= 0")
+            raise BadValue("eps_values=[] is not allowed: eps_values must be a non-empty list of numbers >= 0")
 
 
 @validated
@@ -450,14 +450,14 @@ class TrainingDynamicsRun(RunConfig):
     def check(self) -> None:
         """At least one recipe, each once, and a checkpoint_count each recipe's steps can hold."""
         if not self.recipes or len(set(self.recipes)) != len(self.recipes):
-            raise ValueError(f"recipes={self.recipes!r} is not allowed: recipes must be a non-empty list of "
+            raise BadValue(f"recipes={self.recipes!r} is not allowed: recipes must be a non-empty list of "
                              "distinct recipe names (zoo models and variants)")
         for name in self.recipes:  # a count the log-spaced steps cannot hold is refused at once (none are built)
             total = over_training.recipe(name).steps
             try:
                 over_training.checkpoint_steps(total, self.checkpoint_count)
             except ValueError as error:
-                raise ValueError(f"checkpoint_count={self.checkpoint_count!r} is not allowed: recipe {name} trains "
+                raise BadValue(f"checkpoint_count={self.checkpoint_count!r} is not allowed: recipe {name} trains "
                                  f"{total} steps ({error})") from None
 
     @property
@@ -509,14 +509,14 @@ class CarryRun(TaskPart, TracesRun):
         self.check_lens_models()
         for name, ks in {"ks": self.ks, **{f"ks_by_task[{t!r}]": k for t, k in self.ks_by_task.items()}}.items():
             if 0 not in ks or len(set(ks)) != len(ks):
-                raise ValueError(f"{name}={ks!r} is not allowed: {name} must be distinct integers >= 0 and include 0 "
+                raise BadValue(f"{name}={ks!r} is not allowed: {name} must be distinct integers >= 0 and include 0 "
                                  "(unmasked)")
 
     def check_lens_models(self) -> None:
         """The logit lens reads models this run generates with: each of lens_models must be one of models."""
         missing = [name for name in self.lens_models or () if name not in self.models]
         if missing:
-            raise ValueError(f"lens_models={self.lens_models!r} is not allowed: {missing} are not in models={self.models!r}")
+            raise BadValue(f"lens_models={self.lens_models!r} is not allowed: {missing} are not in models={self.models!r}")
 
     def lens_names(self, loaded: Mapping[str, Any]) -> list[str]:
         """The models the logit lens reads: lens_models, or every diffusion model of `loaded` that runs on
@@ -539,7 +539,7 @@ class CarryRun(TaskPart, TracesRun):
         with its checks."""
         loaded = {name: model for name, model in loaded.items() if name not in self.masking_skip}
         if not loaded:
-            raise ValueError(f"masking_skip={self.masking_skip!r} is not allowed: it leaves no model of {self.models} "
+            raise BadValue(f"masking_skip={self.masking_skip!r} is not allowed: it leaves no model of {self.models} "
                              "for the dose-response")
         conditions = ("sinks", "random keys", f"sink values ({self.value_ablation})")
         return {task: masking_table(group, task, conditions, self.ks_by_task.get(task, self.ks),
@@ -582,17 +582,17 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         """trace_model one of models; trace_policy and masking_policy among sinklib.speed.POLICIES but plain,
         eviction_policy among them; masking_models among models."""
         if self.trace_model is not None and self.trace_model not in self.models:
-            raise ValueError(f"trace_model={self.trace_model!r} is not allowed: it must be one of models={self.models!r}")
+            raise BadValue(f"trace_model={self.trace_model!r} is not allowed: it must be one of models={self.models!r}")
         for name in ("trace_policy", "masking_policy"):
             if getattr(self, name) not in speed.POLICIES or getattr(self, name) == "plain":
-                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: choose one of "
+                raise BadValue(f"{name}={getattr(self, name)!r} is not allowed: choose one of "
                                  f"{[p for p in speed.POLICIES if p != 'plain']}")
         if self.eviction_policy not in speed.POLICIES:
-            raise ValueError(f"eviction_policy={self.eviction_policy!r} is not allowed: choose one of "
+            raise BadValue(f"eviction_policy={self.eviction_policy!r} is not allowed: choose one of "
                              f"{list(speed.POLICIES)}")
         strangers = [name for name in self.masking_models or () if name not in self.models]
         if strangers:
-            raise ValueError(f"masking_models={self.masking_models!r} is not allowed: {strangers} are not among "
+            raise BadValue(f"masking_models={self.masking_models!r} is not allowed: {strangers} are not among "
                              f"models={self.models!r}")
 
     @property
@@ -654,7 +654,7 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         name = self.trace_model or next((name for name, model in loaded.items() if model.family.kind == "diffusion"
                                          and model.calling == "native"), None)
         if name is None:
-            raise ValueError(f"models={self.models!r} is not allowed with trace_model=None: no model of the run is a "
+            raise BadValue(f"models={self.models!r} is not allowed with trace_model=None: no model of the run is a "
                              "diffusion model on transformers' own code (a cache needs one)")
         return name
 

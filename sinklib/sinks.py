@@ -158,9 +158,10 @@ def selection_margin(
     inf = torch.full(scores.shape[:-1], float("inf"), dtype=torch.float64, device=scores.device)
     if k == 0 or n == 0:
         return inf
-    margin = sink_margin(in_units(scores, units, valid=valid), valid=valid)  # −inf for invalid keys
+    scaled = in_units(scores, units, valid=valid)
+    margin = sink_margin(scaled, valid=valid)  # −inf for invalid keys
     top_margin, order = margin.topk(n, dim=-1)  # the top k+1 by score: the margin is monotone in the score
-    top_scores = in_units(scores, units, valid=valid).float().gather(-1, order)
+    top_scores = scaled.float().gather(-1, order)
     gaps = []
     if threshold:  # a test exactly on eps is no exact tie (rounding may put it either side): the closest near-tie
         tested = (top_margin.double() - eps).abs() / (1 + top_scores.double().abs())

@@ -25,7 +25,7 @@ from sinklib.evaluation.tasks import get_task
 from sinklib.families.base import record
 from sinklib.generation import generate
 from sinklib.stats import paired, wilson_interval
-from sinklib.validation import bad_value
+from sinklib.validation import BadValue, bad_value
 
 THRESHOLD = 0.9  # Fast-dLLM's default confidence threshold
 # the sink-anchored refresh's bound on a share drift, chosen on the diffusion twin's held-out problems 200-202 (outside
@@ -149,7 +149,7 @@ def stored_timing(models: Mapping[str, Any], task_of: Mapping[str, str], out: st
                          or set(found[m, p]["settings"]) != {wanted[m, p]}
                          or list(found[m, p]["id"].astype(str)) != [str(i) for i in ids[m]])
         if differs:
-            raise ValueError(f"out={str(out)!r} is not allowed: its {TIMING_FILE} was timed for other jobs, settings or "
+            raise BadValue(f"out={str(out)!r} is not allowed: its {TIMING_FILE} was timed for other jobs, settings or "
                              f"problems ({', '.join(differs[:4])}); time into a new folder or remove that file")
         return timing
     timing = time_policies(models, task_of, problems, block_length=block_length, progress=progress)

@@ -20,6 +20,8 @@ from typing import Sequence
 import numpy as np
 from scipy.stats import binomtest
 
+from sinklib.validation import BadValue
+
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
 
@@ -67,7 +69,7 @@ class Paired:
 def paired(first: Sequence[bool], second: Sequence[bool]) -> Paired:
     """The paired comparison of two conditions' correctness on the same problems, in the same order."""
     if len(first) != len(second):
-        raise ValueError(f"second has {len(second)} problems, first {len(first)}: a paired comparison needs the same "
+        raise BadValue(f"second has {len(second)} problems, first {len(first)}: a paired comparison needs the same "
                          "problems in the same order")
     both = sum(a and b for a, b in zip(first, second))
     lost = sum(a and not b for a, b in zip(first, second))
@@ -121,7 +123,7 @@ def difference_of_changes(first_before: Sequence[bool], first_after: Sequence[bo
     resamples problems. `seed` fixes both (a result does not change from run to run)."""
     runs = [np.asarray(run, dtype=float) for run in (first_before, first_after, second_before, second_after)]
     if len({len(run) for run in runs}) != 1:
-        raise ValueError(f"the four runs answered {[len(run) for run in runs]} problems: a difference of paired changes "
+        raise BadValue(f"the four runs answered {[len(run) for run in runs]} problems: a difference of paired changes "
                          "needs the same problems in the same order")
     differences = (runs[3] - runs[2]) - (runs[1] - runs[0])
     n = len(differences)

@@ -21,6 +21,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from sinklib.validation import BadValue
+
 NEAR_TIE = 1e-3  # a margin at most this (and above 0) is a decision another CPU could take the other way
 NEAR_TIE_MARK = "≈"  # what a result decided at a near-tie is labelled with ("<model> ≈"), wherever it is shown
 
@@ -81,8 +83,8 @@ def note_selection(margins: torch.Tensor) -> None:
     batch], e.g. a guided forward's doubled batch), relative, +inf where nothing could change it (a no-op outside
     recording_decisions)."""
     pending = _SELECTIONS.get()
-    if pending is not None:
-        pending.append(margins.detach().to("cpu", torch.float64).reshape(-1))
+    if pending is not None:  # kept where it was computed: one copy to the CPU per forward (note_decisions), not per layer
+        pending.append(margins.detach().double().reshape(-1))
 
 
 def note_decisions(margins: torch.Tensor) -> None:
@@ -95,7 +97,7 @@ def note_decisions(margins: torch.Tensor) -> None:
     pending = _SELECTIONS.get()
     if pending:
         rows = margins.numel()
-        closest = torch.stack([_per_row(selection, rows) for selection in pending]).amin(0)
+        closest = torch.stack([_per_row(selection, rows) for selection in pending]).amin(0).to("cpu")
         margins = torch.minimum(margins, closest.reshape(margins.shape))
         pending.clear()
     log.append(margins)
@@ -106,7 +108,8 @@ def _per_row(selection: torch.Tensor, rows: int) -> torch.Tensor:
     batch is not the decisions' (no such sampler is known), its closest entry for every row."""
     if selection.numel() and selection.numel() % rows == 0:
         return selection.reshape(-1, rows).amin(0)
-    return selection.amin().expand(rows) if selection.numel() else torch.full((rows,), math.inf, dtype=torch.float64)
+    return selection.amin().expand(rows) if selection.numel() else \
+        torch.full((rows,), math.inf, dtype=torch.float64, device=selection.device)
 
 
 def relative_gap(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
@@ -170,7 +173,7 @@ def confidence_margin(logits_a: torch.Tensor, logits_b: torch.Tensor, dtype: tor
       probability, −log(1 − gap) of a probability gap, −log(−entropy) of an entropy (logit units; at least 2 NEAR_TIE).
     """
     if kind not in CONFIDENCE_KINDS:
-        raise ValueError(f"kind={kind!r} is not allowed: choose one of {CONFIDENCE_KINDS}")
+        raise BadValue(f"kind={kind!r} is not allowed: choose one of {CONFIDENCE_KINDS}")
     if bool(logits_a.isnan().any() or logits_b.isnan().any()) or not (logits_a.isfinite().any(-1).all() and
                                                                         logits_b.isfinite().any(-1).all()):
         return float("nan")  # NaN logits, or a row with no finite logit: no decision to measure, never a near-tie

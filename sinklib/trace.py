@@ -32,6 +32,7 @@ import torch
 
 from sinklib.cache_manifest import sha256_of
 from sinklib.families.base import get_family
+from sinklib.validation import BadValue
 
 
 @dataclass
@@ -73,7 +74,7 @@ class Trace:
     def require_scores(self) -> torch.Tensor:
         """The scores, or a clear error for a trace generated with keep_scores=False."""
         if self.scores is None:
-            raise ValueError("this Trace has no attention scores: it was generated with keep_scores=False "
+            raise BadValue("this Trace has no attention scores: it was generated with keep_scores=False "
                              "(generate again with keep_scores=True to analyse its attention)")
         return self.scores
 
@@ -177,7 +178,7 @@ class Trace:
         try:
             meta = json.loads((folder / "meta.json").read_text())
         except ValueError as error:
-            raise ValueError(f"path={str(path)!r} is not a readable Trace: meta.json is not valid JSON ({error})") from None
+            raise BadValue(f"path={str(path)!r} is not a readable Trace: meta.json is not valid JSON ({error})") from None
         _verify(folder, meta)
         steps, layers, heads, seq = meta["shape"]
         table = pq.read_table(folder / "scores.parquet")
@@ -185,7 +186,7 @@ class Trace:
         expected = np.meshgrid(np.arange(steps), np.arange(layers), np.arange(heads), indexing="ij")
         for name, grid in zip(("step", "layer", "head"), expected):
             if not np.array_equal(table[name].to_numpy(), grid.ravel()):
-                raise ValueError(f"path={str(path)!r} is not a consistent Trace: scores.parquet's {name} column does not "
+                raise BadValue(f"path={str(path)!r} is not a consistent Trace: scores.parquet's {name} column does not "
                                  f"match the shape {meta['shape']} in meta.json")
         scores = torch.from_numpy(_unlist(table["scores"], np.float32, seq)).reshape(steps, layers, heads, seq)
         masked = None
@@ -202,7 +203,7 @@ class Trace:
         for row in pq.read_table(folder / "maps.parquet").to_pylist():
             flat = torch.tensor(row["map"], dtype=torch.float32)
             if row["rows"] < 1 or flat.numel() % row["rows"]:
-                raise ValueError(f"path={str(path)!r} is not a consistent Trace: map {row['step'], row['layer'], row['head']} "
+                raise BadValue(f"path={str(path)!r} is not a consistent Trace: map {row['step'], row['layer'], row['head']} "
                                  f"has {flat.numel()} values for {row['rows']} rows")
             maps[(row["step"], row["layer"], row["head"])] = flat.reshape(row["rows"], -1)
         return cls(scores=scores, tokens=tokens, is_masked=is_masked, prompt_len=meta["prompt_len"],
@@ -218,12 +219,12 @@ _DATA_FILES = ("scores.parquet", "canvas.parquet", "maps.parquet")
 def _check_trace_folder(folder: Path) -> None:
     """A trace is saved into a new folder, an empty one, or over a saved trace — never over other files."""
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise ValueError(f"path={str(folder)!r} is not allowed: a Trace is saved into a folder (this is a file or a symlink)")
+        raise BadValue(f"path={str(folder)!r} is not allowed: a Trace is saved into a folder (this is a file or a symlink)")
     if folder.is_dir():
         foreign = sorted(p.name for p in folder.iterdir() if p.name not in (*_DATA_FILES, "meta.json")
                          and not (p.name.startswith(".") and p.name.endswith(".partial")))  # an interrupted save's
         if foreign:
-            raise ValueError(f"path={str(folder)!r} is not allowed: it holds files that are not a Trace's ({foreign[:3]}); "
+            raise BadValue(f"path={str(folder)!r} is not allowed: it holds files that are not a Trace's ({foreign[:3]}); "
                              "save into a new or empty folder")
 
 
@@ -245,22 +246,22 @@ def _sha256_meta(meta: dict) -> str:
 def _verify(folder: Path, meta: dict) -> None:
     digests = meta.get("sha256") if isinstance(meta, dict) else None
     if not isinstance(digests, dict):
-        raise ValueError(f"path={str(folder)!r} is not a verifiable Trace: meta.json has no checksums (written by an "
+        raise BadValue(f"path={str(folder)!r} is not a verifiable Trace: meta.json has no checksums (written by an "
                          "older sinklib, or edited); generate it again")
     if digests.get("meta.json") != _sha256_meta(meta):
-        raise ValueError(f"path={str(folder)!r} is a damaged Trace: meta.json was changed after it was written")
+        raise BadValue(f"path={str(folder)!r} is a damaged Trace: meta.json was changed after it was written")
     for name in _DATA_FILES:
         if not (folder / name).exists():
-            raise ValueError(f"path={str(folder)!r} is an incomplete Trace: {name} is missing")
+            raise BadValue(f"path={str(folder)!r} is an incomplete Trace: {name} is missing")
         if sha256_of(folder / name) != digests.get(name):
-            raise ValueError(f"path={str(folder)!r} is a damaged Trace: {name} does not match its SHA-256 in meta.json "
+            raise BadValue(f"path={str(folder)!r} is a damaged Trace: {name} does not match its SHA-256 in meta.json "
                              "(changed or cut after it was written)")
 
 
 def _expect(folder: Path, name: str, table: pa.Table, rows: int, width: int, column: str) -> None:
     list_width = getattr(table.schema.field(column).type, "list_size", None)
     if table.num_rows != rows or list_width != width:
-        raise ValueError(f"path={str(folder)!r} is not a consistent Trace: {name} holds {table.num_rows} rows of "
+        raise BadValue(f"path={str(folder)!r} is not a consistent Trace: {name} holds {table.num_rows} rows of "
                          f"{list_width} values, meta.json's shape needs {rows} of {width}")
 
 
@@ -305,11 +306,11 @@ def _pick(selection, size: int, param: str) -> list[int]:
         return list(range(size))
     if isinstance(selection, (int, str)) or \
             not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in selection):
-        raise ValueError(f"{param}={selection!r} is not allowed: {param} must be a list of integers in 0..{size - 1}")
+        raise BadValue(f"{param}={selection!r} is not allowed: {param} must be a list of integers in 0..{size - 1}")
     picked = [int(i) for i in selection]
     bad = [i for i in picked if not 0 <= i < size]
     if bad:
-        raise ValueError(f"{param}={bad} is not allowed: {param} must lie in 0..{size - 1}")
+        raise BadValue(f"{param}={bad} is not allowed: {param} must lie in 0..{size - 1}")
     return picked
 
 

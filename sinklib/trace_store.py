@@ -36,6 +36,7 @@ from sinklib.generation import generate
 from sinklib.interventions import identity
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace
+from sinklib.validation import BadValue
 
 STORE_FORMAT = 1
 PACKAGE = Path(__file__).resolve().parent
@@ -131,7 +132,7 @@ def _read(folder: Path, key: dict) -> Trace:
     """The stored trace, refused if the key it records is not the one its folder is named by."""
     trace = Trace.load(folder)
     if _canonical(trace.meta.get("store_key")) != _canonical(key):
-        raise ValueError(f"store={str(folder.parent.parent)!r} is not allowed: {folder.relative_to(folder.parent.parent)} "
+        raise BadValue(f"store={str(folder.parent.parent)!r} is not allowed: {folder.relative_to(folder.parent.parent)} "
                          f"holds a trace of other inputs (its store_key is {trace.meta.get('store_key')!r}, its name "
                          f"says {key!r}); delete that folder to generate it again")
     return trace

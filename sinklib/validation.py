@@ -181,7 +181,7 @@ def check_value(value: Any, hint: Any, name: str) -> Any:
 
 def _named(error: ValidationError, name: str) -> ValueError:
     first = error.errors(include_url=False)[0]
-    return ValueError(f"{name}={first.get('input')!r} is not allowed: {name} must be {_allowed(first)}")
+    return BadValue(f"{name}={first.get('input')!r} is not allowed: {name} must be {_allowed(first)}")
 
 
 def checked(function: Callable[..., T]) -> Callable[..., T]:
@@ -238,10 +238,17 @@ def is_validated(cls: type) -> bool:
 
 
 # --- checks where the bound is known only at run time -------------------------------------------------------------
-def bad_value(param: str, value: Any, allowed: str) -> ValueError:
-    """The ValueError every check raises (returned, not raised): "{param}={value!r} is not allowed: {param} must
+class BadValue(ValueError):
+    """The one error sinklib raises for a value it does not allow (a ValueError: `except ValueError` keeps working).
+    Its message names the parameter, the value and what is allowed: "{param}={value!r} is not allowed: …". A value of
+    the wrong type altogether is a TypeError. (The HumanEval sandbox, which runs as a standard-library script, raises
+    plain ValueErrors with the same message.)"""
+
+
+def bad_value(param: str, value: Any, allowed: str) -> BadValue:
+    """The BadValue every check raises (returned, not raised): "{param}={value!r} is not allowed: {param} must
     be {allowed}"."""
-    return ValueError(f"{param}={value!r} is not allowed: {param} must be {allowed}")
+    return BadValue(f"{param}={value!r} is not allowed: {param} must be {allowed}")
 
 
 def check_eps(eps: Any, param: str = "eps") -> float:
@@ -272,5 +279,5 @@ def check_choice(value: Any, param: str, choices: Iterable[str]) -> str:
     """`value` when it is one of `choices`; otherwise a ValueError listing them, with a "did you mean"."""
     choices = list(choices)
     if value not in choices:
-        raise ValueError(f"{param}={value!r} is not allowed: {param} must be one of {choices}{did_you_mean(value, choices)}")
+        raise BadValue(f"{param}={value!r} is not allowed: {param} must be one of {choices}{did_you_mean(value, choices)}")
     return value

@@ -12,6 +12,7 @@ from sinklib.attention_math import (AttentionStats, attention_statistics, heads_
                                     masked_causal_route, sdpa_with_lse)
 from sinklib.capturing.route import original_sdpa
 from sinklib.layers import AttentionLayer
+from sinklib.validation import BadValue
 
 
 @dataclass
@@ -156,7 +157,7 @@ def refuse_stranded_heads(call: AttentionCall, args: SdpaArgs, key_mask: torch.T
     stranded = heads_left_without_keys(args.mask, args.is_causal, key_mask, call.n_queries)
     if bool(stranded.any()):
         b, h = (int(i) for i in stranded.nonzero()[0])
-        raise ValueError(f"intervention={intervention!r} is not allowed here: at step {call.step}, {call.layer_name} "
+        raise BadValue(f"intervention={intervention!r} is not allowed here: at step {call.step}, {call.layer_name} "
                          f"(batch {b}, head {h}) it masks every key a query may attend to, which would leave "
                          "the softmax nothing; it must leave at least one key per head")
 
@@ -196,5 +197,5 @@ def checked_key_mask(key_mask: torch.Tensor, batch: int, heads: int, n_keys: int
     try:
         return key_mask.to(device).expand(batch, heads, n_keys)
     except RuntimeError:
-        raise ValueError(f"an intervention returned a key mask of shape {tuple(key_mask.shape)}; expected "
+        raise BadValue(f"an intervention returned a key mask of shape {tuple(key_mask.shape)}; expected "
                          f"[{batch}, {heads}, {n_keys}] (or broadcastable)") from None

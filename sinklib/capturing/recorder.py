@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from sinklib.validation import check_int, did_you_mean
+from sinklib.validation import BadValue, check_int, did_you_mean
 from sinklib.attention_math import deferrable_row
 from sinklib.capturing import route
 from sinklib.capturing.attend import AttentionCall, SdpaArgs, attend, clean_statistics, unmasked
@@ -95,7 +95,7 @@ class Recorder:
         if isinstance(layer, str):
             if layer in self.layer_names:
                 return self.layer_names.index(layer)
-            raise ValueError(f"layer={layer!r} is not an attention layer of this model"
+            raise BadValue(f"layer={layer!r} is not an attention layer of this model"
                              f"{did_you_mean(layer, self.layer_names)}; layers are {self.layer_names[:3]}…")
         return check_int(layer, "layer", 0, self.n_layers - 1)
 
@@ -108,7 +108,7 @@ class Recorder:
         """(scores [layers, batch, heads, keys], query_count [layers, batch]) of the last forward run with
         `watch` on: what a sampler that watches its own attention (families.cached.BlockCache) reads."""
         if self._store.last is None:
-            raise ValueError("no watched forward was recorded: set recorder.watch = True before the forward")
+            raise BadValue("no watched forward was recorded: set recorder.watch = True before the forward")
         return self._store.last["scores"], self._store.last["query_count"]
 
     @property
@@ -131,7 +131,7 @@ class Recorder:
         wanted: dict[tuple[int, int], set[int]] = {}
         for item in maps:
             if not (isinstance(item, (tuple, list)) and len(item) == 3):
-                raise ValueError(f"maps item {item!r} is not allowed: each item must be a (step, layer, head) triple")
+                raise BadValue(f"maps item {item!r} is not allowed: each item must be a (step, layer, head) triple")
             step, layer, head = item
             step = check_int(step, "maps step", 0)
             index = self.layer_index(layer)
@@ -229,7 +229,7 @@ class Recorder:
         map_heads = tuple(sorted(self._wanted_maps.get((step, layer.index), ())))
         for head in map_heads:
             if head >= heads:
-                raise ValueError(f"maps head={head} is not allowed: layer {layer.name} has {heads} heads (0..{heads - 1})")
+                raise BadValue(f"maps head={head} is not allowed: layer {layer.name} has {heads} heads (0..{heads - 1})")
         return map_heads
 
     def _query_weight(self, batch: int, n_queries: int) -> torch.Tensor | None:
@@ -238,6 +238,6 @@ class Recorder:
         if tuple(self.query_mask.shape) != (batch, n_queries):
             if self.query_mask.shape[0] == batch and n_queries == 1:
                 return None  # a KV-cache decoding step: its single query is always real
-            raise ValueError(f"recorder.query_mask has shape {tuple(self.query_mask.shape)} but the attention call has "
+            raise BadValue(f"recorder.query_mask has shape {tuple(self.query_mask.shape)} but the attention call has "
                              f"batch {batch} and {n_queries} queries")
         return self.query_mask

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sinklib.validation import check_int
+from sinklib.validation import BadValue, check_int
 from sinklib.attention_math import DecodingRows
 
 FIELDS = {"scores": float("nan"), "masked": False, "query_count": float("nan")}  # → fill for a layer that did not run
@@ -87,7 +87,7 @@ class StepStore:
     def require(self) -> None:
         """Raise unless per-step scores are kept (keep_steps=True)."""
         if not self.keep_steps:
-            raise ValueError("this capture was opened with keep_steps=False: it kept no per-step scores "
+            raise BadValue("this capture was opened with keep_steps=False: it kept no per-step scores "
                              "(open it with keep_steps=True to read them)")
 
     def step(self, step: int, name: str = "scores") -> torch.Tensor:
@@ -100,7 +100,7 @@ class StepStore:
         """[steps, layers, …] of one field; steps with fewer keys (KV-cache decoding) are padded with its fill."""
         self.require()
         if not self._steps:
-            raise ValueError("no step was recorded: run a forward pass of the model inside the capture first")
+            raise BadValue("no step was recorded: run a forward pass of the model inside the capture first")
         if name == "query_count":
             return torch.stack([step[name] for step in self._steps])
         width = max(step[name].shape[-1] for step in self._steps)

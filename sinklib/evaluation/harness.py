@@ -31,7 +31,8 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-from sinklib.validation import Consent, Count, Index, NonNegative, bad_value, check_choice, check_value, did_you_mean, validated
+from sinklib.validation import (BadValue, Consent, Count, Index, NonNegative, bad_value,
+                                check_choice, check_value, did_you_mean, validated)
 from sinklib.capturing import check_intervention
 from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import CONDITIONS
@@ -59,7 +60,7 @@ def _named_policy(name: str, settings: dict[str, Any]):
     takes = [key for key, parameter in parameters.items() if parameter.kind is not parameter.VAR_KEYWORD]
     for key in settings:
         if key not in takes:
-            raise ValueError(f"model_args {POLICY_PREFIX}{key}= is not allowed: policy {name!r} takes "
+            raise BadValue(f"model_args {POLICY_PREFIX}{key}= is not allowed: policy {name!r} takes "
                              f"{[POLICY_PREFIX + t for t in takes]}"
                              f"{did_you_mean(POLICY_PREFIX + key, [POLICY_PREFIX + t for t in takes])}")
     hints = typing.get_type_hints(POLICIES.get(name))
@@ -70,7 +71,7 @@ def _named_policy(name: str, settings: dict[str, Any]):
                if parameter.default is parameter.empty and parameter.kind is parameter.POSITIONAL_OR_KEYWORD
                and key not in settings]
     if missing:
-        raise ValueError(f"model_args {POLICY_PREFIX}{missing[0]}= is required by policy {name!r} "
+        raise BadValue(f"model_args {POLICY_PREFIX}{missing[0]}= is required by policy {name!r} "
                          f"(e.g. policy={name},{POLICY_PREFIX}{missing[0]}=1)")
     return make_policy(name, **settings)
 
@@ -204,10 +205,10 @@ class SinklibLM(LM):
         keys = [pair[0].strip() for pair in pairs]
         repeated = sorted({key for key in keys if keys.count(key) > 1})
         if repeated:
-            raise ValueError(f"model_args {repeated[0]}= is not allowed: it is given twice")
+            raise BadValue(f"model_args {repeated[0]}= is not allowed: it is given twice")
         malformed = [item for item in pairs if len(item) != 2]
         if malformed:
-            raise ValueError(f"model_args {malformed[0][0].strip()!r} is not allowed: each argument is key=value")
+            raise BadValue(f"model_args {malformed[0][0].strip()!r} is not allowed: each argument is key=value")
         return cls.create_from_arg_obj({key.strip(): _policy_arg(value) if key.strip().startswith(POLICY_PREFIX)
                                         else _model_arg(value) for key, value in pairs}, additional_config)
 
@@ -228,10 +229,10 @@ class SinklibLM(LM):
         allowed = [*LOAD_ARGS, *RUN_ARGS, *masking_names, *option_owners()]
         for key in args:
             if key not in allowed and key not in RENAMED:
-                raise ValueError(f"model_args {key}= is not allowed: the sinklib model takes {allowed}"
+                raise BadValue(f"model_args {key}= is not allowed: the sinklib model takes {allowed}"
                                  f"{did_you_mean(key, allowed)}")
         if "pretrained" not in args:
-            raise ValueError("model_args pretrained= is required: a hub id, a local folder or a zoo name "
+            raise BadValue("model_args pretrained= is required: a hub id, a local folder or a zoo name "
                              "(e.g. --model_args pretrained=tiny-llada)")
         given = {**{k: v for k, v in (additional_config or {}).items() if v is not None and k in (*LOAD_ARGS, *RUN_ARGS)},
                  **args}

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from sinklib.ties import NEAR_TIE_MARK, closest_margin, is_near_tie, smallest_margin
 from sinklib.capturing import check_intervention
 from sinklib.generation import generate
-from sinklib.validation import Consent, Count, Index, bad_value, checked
+from sinklib.validation import BadValue, Consent, Count, Index, bad_value, checked
 from sinklib.evaluation.tasks import Task, get_task, qualified_name, require_code_execution_opt_in, sandbox_module
 from sinklib.interventions import identity
 from sinklib.provenance import as_text, describe
@@ -115,19 +115,19 @@ def check_resumable(out: Path, digest: str, config: dict, inputs: dict) -> None:
     try:
         entry = json.loads(path.read_text()).get(digest) if path.is_file() else None
     except (ValueError, AttributeError) as error:
-        raise ValueError(f"out={str(out)!r} is not allowed: {path.name} beside it cannot be read ({error}), so nothing "
+        raise BadValue(f"out={str(out)!r} is not allowed: {path.name} beside it cannot be read ({error}), so nothing "
                          "says what made its records; use a new file") from None
     if not isinstance(entry, dict):
-        raise ValueError(f"out={str(out)!r} is not allowed: {path.name} beside it has no entry for configuration "
+        raise BadValue(f"out={str(out)!r} is not allowed: {path.name} beside it has no entry for configuration "
                          f"{digest}, so nothing says what made its records; use a new file")
     recorded = json.loads(as_text(entry.get("config")))
     if recorded != json.loads(as_text(config)):
         changed = sorted(k for k in set(recorded) | set(config) if recorded.get(k) != json.loads(as_text(config)).get(k))
-        raise ValueError(f"out={str(out)!r} is not allowed: {path.name} says its records were made with other "
+        raise BadValue(f"out={str(out)!r} is not allowed: {path.name} says its records were made with other "
                          f"{changed} than this run's (edited, or another run's); use a new file")
     made_from = entry.get("inputs")
     if made_from is None:
-        raise ValueError(f"out={str(out)!r} is not allowed: its records were made before sinklib recorded a run's "
+        raise BadValue(f"out={str(out)!r} is not allowed: its records were made before sinklib recorded a run's "
                          "inputs (the task's definition and samples, the model's files), so they cannot be checked; "
                          "use a new file")
     changed = sorted(k for k in set(made_from) | set(inputs) if made_from.get(k) != inputs.get(k))
@@ -141,7 +141,7 @@ def check_resumable(out: Path, digest: str, config: dict, inputs: dict) -> None:
             else:
                 details.append({"task": "the task's definition (chat, stops, length, scorer or loader)",
                                 "samples": "the task's samples (their file was edited or replaced)"}.get(key, key))
-        raise ValueError(f"out={str(out)!r} is not allowed: its records were made from other inputs: "
+        raise BadValue(f"out={str(out)!r} is not allowed: its records were made from other inputs: "
                          f"{'; '.join(details)} changed since; use a new file")
 
 
@@ -156,7 +156,7 @@ def write_provenance(out: Path, digest: str, config: dict[str, Any], inputs: dic
     first writes there: a rerun that resumes it (or finds it done) leaves the file as it is, whatever code runs."""
     path = provenance_path(out)
     if os.path.lexists(path) and not path.is_file() or path.is_symlink():
-        raise ValueError(f"out={str(out)!r} is not allowed: {path.name} beside it must be a regular file")
+        raise BadValue(f"out={str(out)!r} is not allowed: {path.name} beside it must be a regular file")
     known = json.loads(path.read_text()) if path.is_file() else {}
     if digest in known:
         return
@@ -180,17 +180,17 @@ def _read_done(out: Path, digest: str) -> dict[str, dict]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            raise ValueError(f"out={str(out)!r} is not allowed: line {number} is not a JSON record (the file was edited "
+            raise BadValue(f"out={str(out)!r} is not allowed: line {number} is not a JSON record (the file was edited "
                              "or damaged); use a new file") from None
         if not isinstance(record, dict) or record.get("config_hash") != digest:
             found = record.get("config_hash") if isinstance(record, dict) else None
-            raise ValueError(f"out={str(out)!r} is not allowed: line {number} was written by another configuration "
+            raise BadValue(f"out={str(out)!r} is not allowed: line {number} was written by another configuration "
                              f"(config_hash {found} ≠ {digest}); use a new file")
         if record.get("record_sha256") != record_digest(record):
-            raise ValueError(f"out={str(out)!r} is not allowed: line {number} was edited after it was written (its "
+            raise BadValue(f"out={str(out)!r} is not allowed: line {number} was edited after it was written (its "
                              "record_sha256 does not match its content); use a new file")
         if record.get("id") in done:
-            raise ValueError(f"out={str(out)!r} is not allowed: sample {record['id']!r} is written twice (lines "
+            raise BadValue(f"out={str(out)!r} is not allowed: sample {record['id']!r} is written twice (lines "
                              f"{lines[record['id']]} and {number}), so two runs wrote it at once; use a new file")
         done[record["id"]] = record
         lines[record["id"]] = number
@@ -252,10 +252,10 @@ def _lock(out: Path) -> _Results:
         try:
             descriptor, created = os.open(out, flags), False
         except OSError as error:
-            raise ValueError(f"out={str(out)!r} is not allowed: out must be a regular file ({error.strerror})") from None
+            raise BadValue(f"out={str(out)!r} is not allowed: out must be a regular file ({error.strerror})") from None
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
-        raise ValueError(f"out={str(out)!r} is not allowed: out must be a regular file, not a device, FIFO or socket")
+        raise BadValue(f"out={str(out)!r} is not allowed: out must be a regular file, not a device, FIFO or socket")
     os.set_blocking(descriptor, True)
     handle = os.fdopen(descriptor, "a")
     try:
@@ -270,14 +270,14 @@ def _lock(out: Path) -> _Results:
 def _check_results_path(out: Path) -> None:
     """Refuse, by what is at the path now, anything but a regular file or nothing (symlinks are never followed)."""
     if not str(out).strip() or out.name in ("", ".", ".."):
-        raise ValueError(f"out={str(out)!r} is not allowed: out must be the path of a results file (.jsonl)")
+        raise BadValue(f"out={str(out)!r} is not allowed: out must be the path of a results file (.jsonl)")
     try:
         mode = os.lstat(out).st_mode
     except FileNotFoundError:
         return
     if not stat.S_ISREG(mode):
         kind = "a symlink" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
-        raise ValueError(f"out={str(out)!r} is not allowed: out must be a regular file, and it is {kind}")
+        raise BadValue(f"out={str(out)!r} is not allowed: out must be a regular file, and it is {kind}")
 
 
 def _close(results: _Results | None) -> None:
@@ -327,11 +327,11 @@ def check_scorer(spec: Any, sample: Any) -> None:
         try:
             scored = spec.scorer(output, sample)
         except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
-            raise ValueError(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} fails on the output "
+            raise BadValue(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} fails on the output "
                              f"{output!r} for sample {sample.id!r} ({type(error).__name__}: {error})") from None
         bools = ("correct", "correct_flexible") if isinstance(scored, dict) and "correct_flexible" in scored else ("correct",)
         if not isinstance(scored, dict) or not all(isinstance(scored.get(key), bool) for key in bools):
-            raise ValueError(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} must return a dict "
+            raise BadValue(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} must return a dict "
                              f"with a bool 'correct' (and, if it gives one, a bool 'correct_flexible'; bool(x) converts "
                              f"numpy's); on the output {output!r} for sample {sample.id!r} it returned {scored!r}")
 
@@ -390,7 +390,7 @@ class _Run:
         try:
             return self.spec.score(output, sample)
         except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
-            raise ValueError(f"task={self.spec.name!r}: its scorer {qualified_name(self.spec.scorer)} failed on the generated "
+            raise BadValue(f"task={self.spec.name!r}: its scorer {qualified_name(self.spec.scorer)} failed on the generated "
                              f"output {output!r} for sample {sample.id!r} ({type(error).__name__}: {error}); the "
                              "records before it are kept and the run resumes from them") from error
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from sinklib import stats
-from sinklib.validation import Consent, Count, Index, Ks, NonNegative, bad_value, check_choice, checked
+from sinklib.validation import BadValue, Consent, Count, Index, Ks, NonNegative, bad_value, check_choice, checked
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import Task, get_task, require_code_execution_opt_in
 from sinklib.evaluation.checks import mass_dropped, noop_check
@@ -103,7 +103,7 @@ class MaskingTable:
         """Tables of one task (e.g. two masking_table calls with other conditions) as one; a run in several (their
         shared unmasked column) is kept once."""
         if len({table.task for table in tables}) != 1:
-            raise ValueError(f"tables of tasks {[t.task for t in tables]} are not allowed: join the tables of one task")
+            raise BadValue(f"tables of tasks {[t.task for t in tables]} are not allowed: join the tables of one task")
         frame = pd.concat([t.frame for t in tables]).drop_duplicates(["model", "condition", "k"]).reset_index(drop=True)
         items = None if any(t.items is None for t in tables) else pd.concat([t.items for t in tables]).drop_duplicates(
             ["model", "condition", "k", "id"]).reset_index(drop=True)
@@ -111,7 +111,7 @@ class MaskingTable:
 
     def _require_items(self, what: str) -> pd.DataFrame:
         if self.items is None or self.items.empty:
-            raise ValueError(f"{what} needs the table's items (one row per sample); this table has none")
+            raise BadValue(f"{what} needs the table's items (one row per sample); this table has none")
         return self.items
 
     def _items_by_run(self):
@@ -124,7 +124,7 @@ class MaskingTable:
     def _correct(self, model: str, condition: str, k: int) -> pd.Series:
         rows = self.items[(self.items["model"] == model) & (self.items["condition"] == condition) & (self.items["k"] == k)]
         if rows.empty:
-            raise ValueError(f"model={model!r} has no {column_name(condition, k)} run in this table to compare with")
+            raise BadValue(f"model={model!r} has no {column_name(condition, k)} run in this table to compare with")
         return rows.set_index("id")["correct"]
 
     def checks(self) -> pd.DataFrame:
@@ -320,7 +320,7 @@ def table_conditions(family: Family, ks: Sequence[int], names: Sequence[str], ep
         for k in (k for k in ks if k):
             intervention = condition.intervention(family, k, eps, seed)
             if intervention is None:  # it would run unmasked and be reported as masked
-                raise ValueError(f"conditions={list(names)!r} is not allowed: the policy of {condition.label!r} builds "
+                raise BadValue(f"conditions={list(names)!r} is not allowed: the policy of {condition.label!r} builds "
                                  f"no intervention for a {family.name} model at k={k}; a masked column must mask")
             result.append((condition.label, k, intervention))
     return result
@@ -499,7 +499,7 @@ def by_task(loaded: dict[str, LoadedModel], task: str, tasks: dict[str, str] | N
     # entries for default models this run leaves out are fine (the notebook's default names SmolLM2's task)
     unknown = sorted(name for name in tasks if name not in loaded and not is_default_model(name))
     if unknown:
-        raise ValueError(f"tasks={tasks!r} is not allowed: it names models not in models ({unknown}); "
+        raise BadValue(f"tasks={tasks!r} is not allowed: it names models not in models ({unknown}); "
                          f"models are {list(loaded)}")
     groups: dict[str, list[LoadedModel]] = {}
     for name, model in loaded.items():

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
-from sinklib.validation import Flag, bad_value, check_int, validated
+from sinklib.validation import BadValue, Flag, bad_value, check_int, validated
 from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
                                         strict_answer)
 
@@ -61,19 +61,19 @@ class Task:
         where = f"path={self.path!r}" if self.path else f"task={self.name!r}"
         loaded = self.load(self.path)
         if not isinstance(loaded, Iterable) or isinstance(loaded, (str, bytes, Mapping)):
-            raise ValueError(f"{where} is not allowed: its loader {qualified_name(self.load)} returned "
+            raise BadValue(f"{where} is not allowed: its loader {qualified_name(self.load)} returned "
                              f"{type(loaded).__name__} {loaded!r:.80}, not a list of Sample")
         samples = list(loaded)  # a generator is read once, here
         wrong = next((item for item in samples if not isinstance(item, Sample)), None)
         if wrong is not None:
-            raise ValueError(f"{where} is not allowed: its loader {qualified_name(self.load)} gave {type(wrong).__name__} "
+            raise BadValue(f"{where} is not allowed: its loader {qualified_name(self.load)} gave {type(wrong).__name__} "
                              f"{wrong!r:.80}, not a Sample (sinklib.evaluation.tasks.Sample(id, prompt, target))")
         if not samples:
-            raise ValueError(f"{where} is not allowed: it holds no sample")
+            raise BadValue(f"{where} is not allowed: it holds no sample")
         seen: dict[str, int] = {}
         for index, sample in enumerate(samples):
             if sample.id in seen:
-                raise ValueError(f"{where} is not allowed: sample id {sample.id!r} appears twice (samples {seen[sample.id]} "
+                raise BadValue(f"{where} is not allowed: sample id {sample.id!r} appears twice (samples {seen[sample.id]} "
                                  f"and {index}); ids must be unique")
             seen[sample.id] = index
         return samples
@@ -151,10 +151,10 @@ def read_rows(file: Path, fields: tuple[str, ...], given: str | None) -> list[di
         try:
             row = json.loads(line)
         except ValueError:
-            raise ValueError(f"{where} is not allowed: line {number} is not a JSON object") from None
+            raise BadValue(f"{where} is not allowed: line {number} is not a JSON object") from None
         missing = [name for name in fields if not isinstance(row, dict) or row.get(name) is None]
         if missing:
-            raise ValueError(f"{where} is not allowed: line {number} has no {missing[0]!r} (or it is null); each line "
+            raise BadValue(f"{where} is not allowed: line {number} has no {missing[0]!r} (or it is null); each line "
                              f"needs {list(fields)}")
         rows.append(row)
     return rows
@@ -235,7 +235,7 @@ TASKS: Registry[Task] = Registry("task", {
 def require_code_execution_opt_in(task: Task, allow_code_execution: bool, call: str) -> None:
     """Refuse a task that runs model-written code unless the caller opted in, before any heavy work."""
     if task.executes_code and allow_code_execution is not True:
-        raise ValueError(f"task={task.name!r} runs model-written code and allow_code_execution={allow_code_execution!r}: "
+        raise BadValue(f"task={task.name!r} runs model-written code and allow_code_execution={allow_code_execution!r}: "
                          f"opt in with {call}(..., allow_code_execution=True) (each sample then runs in a separate "
                          "sandboxed process with a timeout and CPU, memory, process and file-system limits)")
 

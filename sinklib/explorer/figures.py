@@ -10,6 +10,7 @@ from sinklib.capturing.replay import replay_map
 from sinklib.loading import LoadedModel
 from sinklib.sinks import find_sinks
 from sinklib.trace import Trace
+from sinklib.validation import BadValue
 
 
 @dataclass
@@ -40,7 +41,7 @@ def check_view(trace: Trace, step: int, layer: int, head: int) -> None:
     steps, layers, heads, _ = trace.require_scores().shape
     for name, value, size in (("step", step, steps), ("layer", layer, layers), ("head", head, heads)):
         if not 0 <= value < size:
-            raise ValueError(f"{name}={value} is not allowed: {name} must be in 0..{size - 1}")
+            raise BadValue(f"{name}={value} is not allowed: {name} must be in 0..{size - 1}")
 
 
 def render(loaded: LoadedModel, trace: Trace, step: int, layer: int, head: int, eps: float = 3.0) -> View:

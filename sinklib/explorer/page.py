@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sinklib.validation import NonNegative, Positive, checked
+from sinklib.validation import BadValue, NonNegative, Positive, checked
 from sinklib.explorer import payload
 from sinklib.trace import Trace
 
@@ -32,12 +32,12 @@ def page_layers(trace: Trace, layers: Sequence[int] | None, max_mb: float) -> li
         chosen = list(layers)
         if not chosen or any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n_layers
                              for i in chosen) or len(set(chosen)) != len(chosen):
-            raise ValueError(f"layers={layers!r} is not allowed: layers must be distinct ints in 0..{n_layers - 1}")
+            raise BadValue(f"layers={layers!r} is not allowed: layers must be distinct ints in 0..{n_layers - 1}")
         return sorted(int(i) for i in chosen)
     per_layer_mb = steps * heads * seq * 4 * 4 / 3 / 2**20  # float32 as base64
     fit = int(max_mb // per_layer_mb) if per_layer_mb > 0 else n_layers
     if fit < 1:
-        raise ValueError(f"max_mb={max_mb!r} is not allowed: one layer of this trace needs {per_layer_mb:.1f} MB "
+        raise BadValue(f"max_mb={max_mb!r} is not allowed: one layer of this trace needs {per_layer_mb:.1f} MB "
                          f"({steps} steps × {heads} heads × {seq} keys); raise max_mb")
     if fit >= n_layers:
         return list(range(n_layers))
@@ -49,7 +49,7 @@ def page_html(trace: Trace, eps: NonNegative = 3.0, title: str | None = None, *,
               max_mb: Positive = 25.0) -> str:
     """The page's text (see to_html)."""
     if trace.require_scores().shape[0] == 0:
-        raise ValueError("trace is not allowed: it has no step (0 forwards); an explorer page shows steps")
+        raise BadValue("trace is not allowed: it has no step (0 forwards); an explorer page shows steps")
     kept = page_layers(trace, layers, max_mb)
     model_layers = trace.require_scores().shape[1]
     if len(kept) < trace.require_scores().shape[1]:
@@ -88,7 +88,7 @@ def to_html(trace: Trace, path: str | Path, eps: NonNegative = 3.0, title: str |
         raise TypeError(f"trace={type(trace).__name__} is not allowed: trace must be a sinklib.Trace")
     path = Path(path)
     if path.suffix != ".html":
-        raise ValueError(f"path={str(path)!r} is not allowed: the page's file name must end in .html")
+        raise BadValue(f"path={str(path)!r} is not allowed: the page's file name must end in .html")
     text = page_html(trace, eps, title, layers=layers, max_mb=max_mb)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")

@@ -10,6 +10,7 @@ from sinklib.explorer.page import to_html
 from sinklib.generation import demo_trace
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
+from sinklib.validation import BadValue
 
 
 def page_name(model: str) -> str:
@@ -30,7 +31,7 @@ def export_pages(models: Sequence[str], folder: str | Path, prompt: str, *, trac
     names = [page_name(model) for model in models]
     clash = sorted({name for name in names if names.count(name) > 1})
     if clash:  # two folders with one last name would write one page over the other
-        raise ValueError(f"models={list(models)!r} is not allowed: their pages would share the name {clash[0]!r}; "
+        raise BadValue(f"models={list(models)!r} is not allowed: their pages would share the name {clash[0]!r}; "
                          "export them into separate folders")
     traces = dict(traces or {})
     written = []

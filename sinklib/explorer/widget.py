@@ -17,6 +17,7 @@ from sinklib.capturing.replay import replay_map
 from sinklib.layers import attention_layers
 from sinklib.loading import LoadedModel
 from sinklib.trace import Trace
+from sinklib.validation import BadValue
 
 KEPT_MAPS = 8
 
@@ -32,11 +33,11 @@ def _check_same_model(trace: Trace, loaded: LoadedModel) -> None:
     trace records one) and the same attention layers."""
     made_by = trace.meta.get("model")
     if made_by is not None and made_by != loaded.name:
-        raise ValueError(f"loaded={loaded.name!r} is not allowed: this trace was made by {made_by!r}; pass that model "
+        raise BadValue(f"loaded={loaded.name!r} is not allowed: this trace was made by {made_by!r}; pass that model "
                          "(or no model, to explore the recorded scores without replayed maps)")
     layers = trace.require_scores().shape[1]
     if len(attention_layers(loaded.model, loaded.layer_names)) != layers:
-        raise ValueError(f"loaded={loaded.name!r} is not allowed: it has a different number of attention layers than "
+        raise BadValue(f"loaded={loaded.name!r} is not allowed: it has a different number of attention layers than "
                          f"the trace ({layers})")
 
 

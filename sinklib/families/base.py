@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 import torch
 
 from sinklib.registry import Registry
-from sinklib.validation import bad_value, check_int, did_you_mean, is_validated
+from sinklib.validation import BadValue, bad_value, check_int, did_you_mean, is_validated
 
 Forward = Callable[..., torch.Tensor]
 S = TypeVar("S")
@@ -306,5 +306,5 @@ def check_options(family, options: dict) -> None:
             raise TypeError(f"{key}={value!r} is not a sampler option: the options are {sorted(owners)}"
                             f"{did_you_mean(key, owners)}")
         if value is not None and family is not None and family.name not in owners[key]:
-            raise ValueError(f"{key}={value!r} is not allowed for the {family.name} family: it applies to "
+            raise BadValue(f"{key}={value!r} is not allowed for the {family.name} family: it applies to "
                              f"{'/'.join(owners[key])} only")

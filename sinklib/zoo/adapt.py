@@ -48,7 +48,7 @@ from sinklib.cache_manifest import fingerprint, weights_fingerprint, write_shipp
 from sinklib.loading import load
 from sinklib.provenance import describe
 from sinklib.stats import paired
-from sinklib.validation import (Count, Flag, Index, Positive, Text, bad_value, check_choice, check_int,
+from sinklib.validation import (BadValue, Count, Flag, Index, Positive, Text, bad_value, check_choice, check_int,
                                 validated)
 from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, check_adapter, quiet_peft
 from sinklib.paths import DATA_DIR, ZOO_DIR
@@ -142,7 +142,7 @@ def answer_ids(tokenizer, problem: Problem, slot: int) -> tuple[list[int], int]:
     with its first `<|im_end|>`)."""
     answer = tokenizer(problem.response, add_special_tokens=False)["input_ids"] + [END_ID]
     if len(answer) > slot:
-        raise ValueError(f"slot={slot} is too short for {problem.response!r} ({len(answer)} tokens)")
+        raise BadValue(f"slot={slot} is too short for {problem.response!r} ({len(answer)} tokens)")
     return answer + [END_ID] * (slot - len(answer)), len(answer)
 
 
@@ -209,7 +209,7 @@ def training_exclusions(spec: AdaptSpec) -> tuple[frozenset[str], frozenset[str]
     split = work_split()
     shipped = read_jsonl(DATA_DIR / "arithmetic_unseen_work_test.jsonl")
     if split != shipped:  # work_split depends on every recipe in TWINS: a new or edited one would move it
-        raise ValueError(f"recipe {spec.name!r} holds out data/arithmetic_unseen_work_test.jsonl, but work_split() no "
+        raise BadValue(f"recipe {spec.name!r} holds out data/arithmetic_unseen_work_test.jsonl, but work_split() no "
                          "longer computes it (a twin recipe was added or edited): a resumed run would train on other "
                          "problems; restore the recipes, or rewrite the split (python -m sinklib.zoo data) and retrain")
     return questions | {p.question for p in split}, frozenset(p.work for p in split)
@@ -332,7 +332,7 @@ def _load_shipped_adapter(model, name: str) -> None:
     source = check_adapter(spec, param="init_from") / "adapter_model.safetensors"
     result = peft.set_peft_model_state_dict(model, load_file(str(source)))
     if result.unexpected_keys:
-        raise ValueError(f"init_from={name!r}: its adapter has keys this recipe's has not: {result.unexpected_keys[:3]}")
+        raise BadValue(f"init_from={name!r}: its adapter has keys this recipe's has not: {result.unexpected_keys[:3]}")
 
 
 def _checkpoints(folder: Path) -> dict[int, Path]:
@@ -347,10 +347,10 @@ def read_state(path: Path, name: str) -> dict:
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
         reason = "it is not a checkpoint sinklib wrote" if isinstance(error, pickle.UnpicklingError) else \
             " ".join(str(error).split())[:200]
-        raise ValueError(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read ({reason}); remove "
+        raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read ({reason}); remove "
                          f"it and train again (python -m sinklib.zoo adapt {name})") from None
     if not isinstance(state, dict) or not isinstance(state.get("spec"), dict) or "step" not in state:
-        raise ValueError(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt is not a twin's training state "
+        raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt is not a twin's training state "
                          f"(a spec and a step); remove it and train again (python -m sinklib.zoo adapt {name})")
     return state
 
@@ -362,7 +362,7 @@ def checked_state(folder: Path, name: str, step: int) -> dict:
     path = folder / f"step-{step:05d}" / "state.pt"
     state = read_state(path, name)
     if state["spec"].get("name") != name or state["step"] != step:
-        raise ValueError(f"checkpoint {str(path.parent)!r} is not allowed: it holds {state['spec'].get('name')!r} after "
+        raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: it holds {state['spec'].get('name')!r} after "
                          f"step {state['step']}, not {name!r} after step {step}")
     return state
 
@@ -386,7 +386,7 @@ def _resume(folder: Path, spec: AdaptSpec, model, optimizer) -> tuple[int, list[
         return 0, []
     state = read_state(saved[max(saved)] / "state.pt", spec.name)
     if state["spec"] != asdict(spec) or state["threads"] != torch.get_num_threads():
-        raise ValueError(f"checkpoints={str(folder)!r} is not allowed: {saved[max(saved)].name} was saved by "
+        raise BadValue(f"checkpoints={str(folder)!r} is not allowed: {saved[max(saved)].name} was saved by "
                          f"{state['spec']} on {state['threads']} threads, not {asdict(spec)} on "
                          f"{torch.get_num_threads()}; give an empty folder or that recipe's")
     params = dict(model.named_parameters())
@@ -459,7 +459,7 @@ def export_adapter(name: str, step: int | None = None, checkpoints: Path | None 
         raise FileNotFoundError(f"checkpoints={str(folder)!r} holds no checkpoint of {name}: train it first "
                                 f"(python -m sinklib.zoo adapt {name})")
     if step is not None and step not in saved:
-        raise ValueError(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
+        raise BadValue(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
     state = read_state(saved[max(saved) if step is None else step] / "state.pt", name)
     model, _ = build(spec)
     params = dict(model.named_parameters())
@@ -679,7 +679,7 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     saved = _checkpoints(folder)
     if step not in saved and step != 0:
-        raise ValueError(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)} "
+        raise BadValue(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)} "
                          "(and step 0, the run's start)")
     model, _ = build(TWINS[name])  # step 0 needs no checkpoint: this is it (a fresh adapter, or init_from's)
     if step != 0:
@@ -766,7 +766,7 @@ def curve_rows(measured: list[tuple[dict, list[dict]]], items: list[Problem], ag
         if against_last and index < len(measured) - 1:
             mine = {str(r["id"]): bool(r["correct"]) for r in records}
             if sorted(mine) != sorted(final):
-                raise ValueError(f"measured[{index}] ({head}) holds other problems than the last entry: a paired "
+                raise BadValue(f"measured[{index}] ({head}) holds other problems than the last entry: a paired "
                                  "comparison needs the same problems")
             ids = sorted(final)
             comparison = paired([mine[i] for i in ids], [final[i] for i in ids])

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from sinklib.validation import BadValue
+
 NAMES = ["tom", "ana", "li", "sam", "maya", "omar", "eva", "raj", "zoe", "ben", "kim", "leo"]
 ITEMS = ["apples", "books", "coins", "pens", "cards", "stamps", "shells", "marbles"]
 MAX_NUMBER = 200  # every number token the data can produce is below this
@@ -141,7 +143,7 @@ def held_out_by_work(seen_work: frozenset[str], n: int = 600, seed: int = 4321) 
             if len(chosen) == n:
                 return list(chosen.values())
         if since_new > 50_000:  # the generator has about 6,900 work strings: the unseen ones are used up
-            raise ValueError(f"n={n} is not allowed: only {len(chosen)} unseen work strings exist (none new in "
+            raise BadValue(f"n={n} is not allowed: only {len(chosen)} unseen work strings exist (none new in "
                              f"{since_new} draws)")
     raise AssertionError("unreachable")
 

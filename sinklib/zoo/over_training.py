@@ -36,7 +36,7 @@ from sinklib.loading import LoadedModel, load
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.provenance import describe, locked, read_metadata, record_artifacts, write_parquet
 from sinklib.summary import Result, Summary
-from sinklib.validation import Count, Index, NonNegative, checked, validated
+from sinklib.validation import BadValue, Count, Index, NonNegative, checked, validated
 from sinklib.zoo.train import (ZOO, checked_checkpoint, checkpoint_folder, checkpoint_steps, recipe, saved_checkpoints,
                                train, training_state)
 
@@ -78,7 +78,7 @@ def retrain(name: RecipeName, folder: Path = CHECKPOINTS_DIR, count: Annotated[i
     run_folder = Path(folder) / name
     if Path(folder).resolve().is_relative_to(ZOO_DIR.resolve()) or \
             any((run_folder / own).exists() for own in ("config.json", "model.safetensors", "card.json")):
-        raise ValueError(f"folder={str(folder)!r} is not allowed: it is (or is inside) a shipped model's folder; give "
+        raise BadValue(f"folder={str(folder)!r} is not allowed: it is (or is inside) a shipped model's folder; give "
                          "a folder for checkpoints (data/checkpoints/)")
     for path in saved_checkpoints(run_folder).values():
         training_state(path, spec)  # refuses another recipe's checkpoints before any work
@@ -127,7 +127,7 @@ def measure_all(names: list[RecipeName], how: Measurement = Measurement(), count
     (their sha256) and measurement settings is kept, not redone, and one for weights that have since been
     retrained is replaced. Missing checkpoints are refused before anything is measured. Returns every row."""
     if len(set(names)) != len(names):
-        raise ValueError(f"names={names!r} is not allowed: names must be distinct")
+        raise BadValue(f"names={names!r} is not allowed: names must be distinct")
     jobs = [(name, path) for name in names
             for path in [*_checkpoints(Path(folder), name, count), *([ZOO_DIR / name] if name in ZOO else [])]]
     rows = read_rows(results)
@@ -167,7 +167,7 @@ def _checkpoints(folder: Path, name: str, count: int) -> list[Path]:
     paths = [checkpoint_folder(folder / name, step) for step in steps]
     missing = [path.name for path in paths if not path.exists()]
     if missing:
-        raise ValueError(f"names: {name!r} lacks checkpoints {missing} in {folder / name}: retrain it first "
+        raise BadValue(f"names: {name!r} lacks checkpoints {missing} in {folder / name}: retrain it first "
                          "(python -m sinklib.zoo over-training, or notebook 06 with retrain=True)")
     for path, step in zip(paths, steps):
         checked_checkpoint(path, name, step)
@@ -199,7 +199,7 @@ def read_rows(results: Path = RESULTS_PATH) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     rows = pd.read_parquet(results)
     if list(rows.columns) != COLUMNS:
-        raise ValueError(f"results={str(results)!r} is not allowed: its columns {list(rows.columns)} are not "
+        raise BadValue(f"results={str(results)!r} is not allowed: its columns {list(rows.columns)} are not "
                          f"{COLUMNS}; give a sinks-over-training results file or a new path")
     recorded, digests = read_metadata(results, ROW_DIGESTS), row_digests(rows)
     if recorded != digests:
@@ -211,7 +211,7 @@ def read_rows(results: Path = RESULTS_PATH) -> pd.DataFrame:
             edited = [f"{model} {checkpoint}" for model, checkpoint, digest, kept
                       in zip(rows["model"], rows["checkpoint"], digests, recorded) if digest != kept]
             which = f"the rows of {edited} are not what their measurements wrote (edited since)"
-        raise ValueError(f"results={str(results)!r} is not allowed: {which}; nothing is resumed from it: measure "
+        raise BadValue(f"results={str(results)!r} is not allowed: {which}; nothing is resumed from it: measure "
                          "into a new path, or restore the file (in a checkout: git checkout -- it)")
     return rows
 
@@ -257,7 +257,7 @@ def select(rows: pd.DataFrame, how: Measurement, names: Sequence[str], count: in
     model), in `names` order then step order; a model without all of them is refused, naming the settings the
     file does hold."""
     if isinstance(names, str) or not names:
-        raise ValueError(f"names={names!r} is not allowed: names must be a non-empty list of recipe names")
+        raise BadValue(f"names={names!r} is not allowed: names must be a non-empty list of recipe names")
     chosen = rows[(rows["n_problems"] == how.n_problems) & (rows["n_traces"] == how.n_traces)
                   & (rows["eps"] == how.eps) & (rows["seed"] == how.seed)]
     wanted = {name: {f"step-{step:05d}" for step in checkpoint_steps(recipe(name).steps, count)}
@@ -267,7 +267,7 @@ def select(rows: pd.DataFrame, how: Measurement, names: Sequence[str], count: in
     missing = [name for name in names if set(chosen.loc[chosen["model"] == name, "checkpoint"]) != wanted[name]]
     if missing:
         held = rows[["model", *KEY[3:]]].drop_duplicates().to_dict("records")
-        raise ValueError(f"{missing} lack rows measured with {dataclasses.asdict(how)} at their {count} checkpoints "
+        raise BadValue(f"{missing} lack rows measured with {dataclasses.asdict(how)} at their {count} checkpoints "
                          f"(the file holds {held}): measure them (retrain=True) or choose the settings it holds")
     return _ordered(chosen, names)
 

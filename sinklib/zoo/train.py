@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from sinklib import compat
 from sinklib.cache_manifest import check_shipped, sha256_of, write_shipped_manifest
-from sinklib.validation import Count, checked
+from sinklib.validation import BadValue, Count, checked
 from sinklib.zoo.data import Problem, held_out, problems
 from sinklib.zoo.tokenizer import build_tokenizer, save_tokenizer
 
@@ -78,7 +78,7 @@ def recipe(name: str) -> ZooSpec:
         return ZOO[name]
     if name in VARIANTS:
         return VARIANTS[name]
-    raise ValueError(f"name={name!r} is not allowed: name must be one of {sorted(ZOO) + sorted(VARIANTS)}")
+    raise BadValue(f"name={name!r} is not allowed: name must be one of {sorted(ZOO) + sorted(VARIANTS)}")
 
 
 def model_config(spec: ZooSpec, tokenizer) -> transformers.LlamaConfig:
@@ -115,7 +115,7 @@ def make_batch(items: list[Problem], tokenizer) -> Batch:
         prompt = tokenizer(problem.question)["input_ids"]
         answer = tokenizer(problem.response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         if len(answer) > GEN_LENGTH:
-            raise ValueError(f"response of {len(answer)} tokens does not fit GEN_LENGTH={GEN_LENGTH}: {problem.response!r}")
+            raise BadValue(f"response of {len(answer)} tokens does not fit GEN_LENGTH={GEN_LENGTH}: {problem.response!r}")
         rows.append((prompt, answer + [tokenizer.eos_token_id] * (GEN_LENGTH - len(answer)), len(answer)))
         prompt_lens.append(len(prompt))
     width = max(prompt_lens) + GEN_LENGTH
@@ -218,12 +218,12 @@ def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
     """Step 0 (the initialisation) and `count` distinct steps log-spaced from `first` to `total` (the last is
     `total`): the steps after which a run followed over training saves its weights."""
     if count < 2 or not 1 <= first < total or count > total - first + 2:  # before building any step list
-        raise ValueError(f"count={count} is not allowed with total={total}, first={first}: need count >= 2, "
+        raise BadValue(f"count={count} is not allowed with total={total}, first={first}: need count >= 2, "
                          "1 <= first < total and count <= total - first + 2 (one step per distinct checkpoint)")
     ratio = (total / first) ** (1 / (count - 1))
     steps = sorted({0, *(round(first * ratio ** i) for i in range(count - 1)), total})
     if len(steps) != count + 1:
-        raise ValueError(f"count={count} is not allowed with total={total}: log-spaced steps from {first} would "
+        raise BadValue(f"count={count} is not allowed with total={total}: log-spaced steps from {first} would "
                          f"repeat; ask for fewer")
     return steps
 
@@ -271,19 +271,19 @@ def checked_checkpoint(path: Path, name: str, step: int) -> dict:
     redo = f"remove {path} and retrain it (python -m sinklib.zoo over-training {name})"
     weights, state_file = path / "model.safetensors", path / "training_state.pt"
     if not weights.is_file() or not state_file.is_file():
-        raise ValueError(f"checkpoint {str(path)!r} is not allowed: it lacks "
+        raise BadValue(f"checkpoint {str(path)!r} is not allowed: it lacks "
                          f"{'model.safetensors' if not weights.is_file() else 'training_state.pt'}; {redo}")
     saved = torch.load(state_file, weights_only=True)
     if saved["spec"].get("name") != name:
-        raise ValueError(f"checkpoint {str(path)!r} is not allowed: recipe {saved['spec'].get('name')!r} saved it, "
+        raise BadValue(f"checkpoint {str(path)!r} is not allowed: recipe {saved['spec'].get('name')!r} saved it, "
                          f"not {name!r}; give {name}'s checkpoints folder")
     if saved["step"] != step:
-        raise ValueError(f"checkpoint {str(path)!r} is not allowed: it holds the weights after step {saved['step']}, "
+        raise BadValue(f"checkpoint {str(path)!r} is not allowed: it holds the weights after step {saved['step']}, "
                          f"not {step} (a folder copied or linked under another step's name); {redo}")
     recorded = saved.get("weights_sha256")
     whole = sha256_of(weights) == recorded if recorded else _safetensors_whole(weights)
     if not whole:
-        raise ValueError(f"checkpoint {str(path)!r} is not allowed: its model.safetensors is not the file it was saved "
+        raise BadValue(f"checkpoint {str(path)!r} is not allowed: its model.safetensors is not the file it was saved "
                          f"with (cut or edited); {redo}")
     return saved
 
@@ -313,10 +313,10 @@ def training_state(path: Path, spec: ZooSpec | None = None, threads: int | None 
     thread count (another thread count sums floats in another order: the run would not have the same bits)."""
     saved = torch.load(path / "training_state.pt", weights_only=True)
     if spec is not None and saved["spec"] != asdict(spec):
-        raise ValueError(f"checkpoints={str(path.parent)!r} is not allowed: {path.name} was saved by another recipe "
+        raise BadValue(f"checkpoints={str(path.parent)!r} is not allowed: {path.name} was saved by another recipe "
                          f"({saved['spec']}), not {asdict(spec)}; give an empty folder or that recipe's")
     if threads is not None and saved.get("threads", threads) != threads:
-        raise ValueError(f"threads={threads} is not allowed: {path} was trained with threads={saved['threads']}, and "
+        raise BadValue(f"threads={threads} is not allowed: {path} was trained with threads={saved['threads']}, and "
                          "another thread count would not continue it with the same bits")
     return saved
 

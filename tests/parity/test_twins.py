@@ -153,7 +153,7 @@ def test_step_0_of_a_learning_curve_is_the_twin_the_run_started_from(tmp_path):
     ids = torch.tensor([encode(first, QUESTION, chat=True)])
     with torch.no_grad():
         torch.testing.assert_close(start.model(ids).logits, first.model(ids).logits, rtol=1e-4, atol=1e-4)
-    assert start.name == DIFFUSION and start.model.config._name_or_path == f"{DIFFUSION}@step-00000"
+    assert start.name == DIFFUSION and start.weights == f"{DIFFUSION}@step-00000"
     with pytest.raises(ValueError, match=r"step=7 is not allowed: .* holds checkpoints \[\] \(and step 0"):
         adapt.checkpoint_model(DIFFUSION, 7, checkpoints=tmp_path)
 

@@ -201,3 +201,17 @@ def test_no_function_in_sinklib_is_longer_than_40_lines():
                     lines -= first.end_lineno - first.lineno + 1
                 longest.append((lines, f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"))
     assert [name for lines, name in longest if lines > 40] == [], sorted(longest)[-3:]
+
+
+def test_the_architecture_pages_file_and_line_references_point_at_what_they_name():
+    """docs/architecture.md walks one call through the code by `file:line` `name`: each must be that definition's line,
+    so the page fails here, not in a reader's hands, when the code moves."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    references = re.findall(r"`(sinklib/[\w/]+\.py):(\d+)` `(\w+)`", text)
+    assert len(references) >= 14
+    wrong = [(path, line, name) for path, line, name in references
+             if not re.match(rf"\s*(async def|def|class) {name}\b", (ROOT / path).read_text().splitlines()[int(line) - 1])]
+    assert wrong == [], wrong
+    assert len(references) == len(re.findall(r"`sinklib/[\w/]+\.py:\d+`", text)), "every reference names its definition"
