@@ -44,12 +44,12 @@ def main() -> None:
         runs = conditions(loaded.family)
         seconds: dict[str, list[float]] = {label: [] for label in runs}
         accuracy = {}
-        evaluate(loaded, "arithmetic", limit=args.batch_size, batch_size=args.batch_size, progress=False,
+        evaluate(loaded, get_task("arithmetic", limit=args.batch_size), batch_size=args.batch_size, progress=False,
                  settings=settings)  # warm-up
         for _ in range(args.rounds):
             for label, intervention in runs.items():
                 began = time.perf_counter()
-                summary = evaluate(loaded, "arithmetic", intervention=intervention, limit=args.limit,
+                summary = evaluate(loaded, get_task("arithmetic", limit=args.limit), intervention=intervention,
                                    batch_size=args.batch_size, progress=False, settings=settings)
                 seconds[label].append(time.perf_counter() - began)
                 accuracy[label] = summary.accuracy

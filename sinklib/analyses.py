@@ -136,7 +136,8 @@ def sink_dynamics(traces: Traces, eps: float) -> Result:
 
 
 def _diffusion(models: Models, name: str) -> bool:
-    return models[name].family.kind == "diffusion"
+    """Whether `name`'s family sees its whole canvas at every step, so that its sinks can move (Family.canvas_moves)."""
+    return models[name].family.canvas_moves
 
 
 def moving_sinks(models: Models, traces: Traces, eps: float) -> Result:
@@ -266,7 +267,7 @@ def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]
     sweeps, baselines = [], []
     for name, model_traces in traces.items():
         model = models[name]
-        if model.family.kind == "diffusion":
+        if model.family.scores_cover_the_canvas:
             scores = [t.scores for t in model_traces]
         else:
             scores = [full_pass_scores(model, t.tokens[-1]) for t in model_traces]
@@ -280,7 +281,7 @@ def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]
     shares.columns = [f"eps={eps:g}" for eps in shares.columns]
     flagged = near_tie_models(traces)
     near_three = min(eps_values, key=lambda eps: abs(eps - 3.0))
-    full_pass = {name for name in traces if models[name].family.kind != "diffusion"}
+    full_pass = {name for name in traces if not models[name].family.scores_cover_the_canvas}
     findings = [f"{label(name, flagged)}: at eps = {near_three:g}, Eq. 3 selects {share:.1%} of its (step, layer, head, key) "
                 f"entries{' (one full causal pass of each final sequence)' if name in full_pass else ''}."
                 for name, share in sweep[sweep["eps"] == near_three].set_index("model")["share"].items()]

@@ -18,7 +18,7 @@ from annotated_types import Ge
 
 from sinklib.validation import (BadValue, Consent, Count, DType, Device, Flag, Folder, Index, Ks, ModelNames, NonNegative,
                                 Text, did_you_mean, validated)
-from sinklib.evaluation.table1 import MaskingTable, by_task, masking_table
+from sinklib.evaluation.table1 import CONDITIONS, MaskingTable, by_task, masking_table
 from sinklib.evaluation.tasks import TRACE_TASKS, get_task, task_names, trace_prompts
 from sinklib.explorer import export_pages
 from sinklib.generation import demo_trace, encode
@@ -318,6 +318,11 @@ class MovingSinksRun(TracesRun):
         return traces
 
 
+def at_eps(names: tuple[str, ...], eps: float) -> list:
+    """Table 1's conditions by name with a run's Eq. 3 threshold (Condition.at: the sink conditions use it)."""
+    return [CONDITIONS.get(name).at(eps) for name in names]
+
+
 def fitted_paper_layout(model: Any, prompts: list[str]) -> dict[str, int] | None:
     """A diffusion model's family's paper layout (gen_length, steps and, for LLaDA / MMaDA, block_length), halved
     until the longest prompt and the canvas fit the positions the model handles; None for an autoregressive model."""
@@ -375,25 +380,27 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
     def collect(self) -> dict[str, MaskingTable]:
         """Table 1, one table per task: each model on its own task (by_task), every (model, condition) resumable under
         results_dir/table1-<task>/."""
-        conditions = ("sinks", "random keys") if self.random_control else ("sinks",)
+        conditions = at_eps(("sinks", "random keys") if self.random_control else ("sinks",), self.eps)
         return {task: masking_table(group, self.task_of(task), conditions, self.ks,
-                                    {model.name: self.settings_for(model, task) for model in group}, eps=self.eps,
-                                    limit=self.n_problems_by_task.get(task, self.n_problems), batch_size=self.batch_size,
-                                    seed=self.seed, out_dir=Path(self.results_dir) / f"table1-{task}",
+                                    {model.name: self.settings_for(model, task) for model in group},
+                                    batch_size=self.batch_size, seed=self.seed,
+                                    out_dir=Path(self.results_dir) / f"table1-{task}",
                                     allow_code_execution=self.allow_code_execution, progress=self.progress)
                 for task, group in by_task(self.load(), self.task, self.tasks).items()}
 
-    def evaluation_of(self, model: Any) -> dict[str, Any]:
+    def evaluation_of(self, model: Any, limit: int | None = None) -> dict[str, Any]:
         """What collect() evaluates `model` (a LoadedModel) with, as keyword arguments of sinklib.evaluate: its task
-        (with the run's task file where it is the run's own task), its settings, seed, batch size and consent."""
+        (with the run's task file where it is the run's own task; its first `limit` problems, None: the run's
+        n_problems), its settings, seed, batch size and consent."""
         task = self.tasks.get(model.name, self.task)
-        return dict(task=self.task_of(task), settings=self.settings_for(model, task), seed=self.seed,
-                    batch_size=self.batch_size, allow_code_execution=self.allow_code_execution)
+        return dict(task=get_task(self.task_of(task), limit=limit), settings=self.settings_for(model, task),
+                    seed=self.seed, batch_size=self.batch_size, allow_code_execution=self.allow_code_execution)
 
     def task_of(self, task: str):
-        """The Task a table of `task` reads: the run's task file belongs to its own task (a model given another task
-        reads that task's own data)."""
-        return get_task(task, path=self.task_path if task == self.task else None)
+        """The Task a table of `task` reads: its n_problems (n_problems_by_task, else n_problems), and the run's task
+        file where it is the run's own task (a model given another task reads that task's own data)."""
+        return get_task(task, path=self.task_path if task == self.task else None,
+                        limit=self.n_problems_by_task.get(task, self.n_problems))
 
 
 @validated
@@ -541,10 +548,10 @@ class CarryRun(TaskPart, TracesRun):
         if not loaded:
             raise BadValue(f"masking_skip={self.masking_skip!r} is not allowed: it leaves no model of {self.models} "
                              "for the dose-response")
-        conditions = ("sinks", "random keys", f"sink values ({self.value_ablation})")
-        return {task: masking_table(group, task, conditions, self.ks_by_task.get(task, self.ks),
-                                    {model.name: self.settings_for(model, task) for model in group}, eps=self.eps,
-                                    limit=self.n_problems_by_task.get(task, self.n_problems),
+        conditions = at_eps(("sinks", "random keys", f"sink values ({self.value_ablation})"), self.eps)
+        return {task: masking_table(group, get_task(task, limit=self.n_problems_by_task.get(task, self.n_problems)),
+                                    conditions, self.ks_by_task.get(task, self.ks),
+                                    {model.name: self.settings_for(model, task) for model in group},
                                     out_dir=Path(self.results_dir) / f"table1-{task}", batch_size=self.batch_size,
                                     seed=self.seed, progress=self.progress)
                 for task, group in by_task(loaded, self.task, self.tasks).items()}
@@ -635,8 +642,8 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         speed_store/table1)."""
         task = TRACE_TASKS[model.is_zoo]
         own = sampler in ("plain", speed.AUTOREGRESSIVE_POLICY)
-        return masking_table([model], task, conditions or ("sinks", "random keys"), ks,
-                             None if own else speed.policy_settings(model, sampler), limit=self.n_problems,
+        return masking_table([model], get_task(task, limit=self.n_problems), conditions or ("sinks", "random keys"), ks,
+                             None if own else speed.policy_settings(model, sampler),
                              batch_size=self.masking_batch_size, seed=self.seed, progress=self.progress,
                              out_dir=Path(self.results_dir) / f"table1-{task}" if own else self.speed_store / "table1")
 

@@ -101,7 +101,8 @@ def measure(models: Mapping[str, Any], task_of: Mapping[str, str], out: str | Pa
     for (name, policy), settings in tqdm(jobs.items(), desc="policies", disable=not progress):
         path = results_path(out, name, policy)
         path.parent.mkdir(parents=True, exist_ok=True)
-        evaluate(models[name], task_of[name], settings, limit=limit, batch_size=1, out=path, progress=progress)
+        evaluate(models[name], get_task(task_of[name], limit=limit), settings, batch_size=1, out=path,
+                 progress=progress)
 
 
 def time_policies(models: Mapping[str, Any], task_of: Mapping[str, str], problems: int,

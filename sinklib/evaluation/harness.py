@@ -146,7 +146,7 @@ class MaskingArgs:
             if self.mask_values is not None and self.mask_top_k:
                 name = f"sink values ({self.mask_values})"
             k = self.mask_top_k or self.mask_random_k
-            built = CONDITIONS.get(name).intervention(family, k, self.mask_eps, self.seed)
+            built = CONDITIONS.get(name).at(self.mask_eps).intervention(family, k, self.seed)
             if name.startswith("sink values"):
                 return built
             keys = built

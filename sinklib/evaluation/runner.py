@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from sinklib.ties import NEAR_TIE_MARK, closest_margin, is_near_tie, smallest_margin
 from sinklib.capturing import check_intervention
 from sinklib.generation import generate
-from sinklib.validation import BadValue, Consent, Count, Index, bad_value, checked
+from sinklib.validation import BadValue, Consent, Count, Index, checked
 from sinklib.evaluation.tasks import Task, get_task, qualified_name, require_code_execution_opt_in, sandbox_module
 from sinklib.interventions import identity
 from sinklib.provenance import as_text, describe
@@ -65,13 +65,12 @@ def config_hash(config: dict[str, Any]) -> str:
 RECORD_FORMAT = 3
 
 
-def run_config(model: LoadedModel, task: Task, intervention, limit: int | None, seed: int, batch_size: int,
-               settings) -> dict[str, Any]:
-    """Everything a run's records depend on (task: the Task, its file and sandbox limits included; settings: the
-    family's settings dataclass the run samples with); its config_hash is written into every record."""
+def run_config(model: LoadedModel, task: Task, intervention, seed: int, batch_size: int, settings) -> dict[str, Any]:
+    """Everything a run's records depend on (task: the Task, its file, limit and sandbox limits included; settings:
+    the family's settings dataclass the run samples with); its config_hash is written into every record."""
     config = {"records": RECORD_FORMAT, "model": model.name, "weights": model.weights,
               "family": model.family.name, "task": task.name,
-              "limit": limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
+              "limit": task.limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
               "settings": record(settings), "task_path": task.path}
     if task.executes_code:
         config["sandbox"] = asdict(task.sandbox or sandbox_module().SandboxLimits())
@@ -395,9 +394,7 @@ class _Run:
                              "records before it are kept and the run resumes from them") from error
 
 
-def _summary(task: str, records: list[dict], limit) -> EvalSummary:
-    if not records:
-        raise bad_value("limit", limit, "a number that leaves at least one sample")
+def _summary(task: str, records: list[dict]) -> EvalSummary:
     accuracy = sum(r["correct"] for r in records) / len(records)
     flexible = (sum(r["correct_flexible"] for r in records) / len(records)) if "correct_flexible" in records[0] else None
     stderr = math.sqrt(accuracy * (1 - accuracy) / max(1, len(records) - 1))
@@ -406,18 +403,18 @@ def _summary(task: str, records: list[dict], limit) -> EvalSummary:
 
 @checked
 def evaluate(model: LoadedModel | str, task: "str | Task", settings: Any = None, *, intervention=None,
-             limit: Count | None = None, batch_size: Count = 8, out: str | Path | None = None, seed: Index = 0,
+             batch_size: Count = 8, out: str | Path | None = None, seed: Index = 0,
              progress: bool = True, allow_code_execution: Consent = False) -> EvalSummary:
     """Accuracy of `model` on `task` with its own sampler.
 
     Args:
         model: a LoadedModel (sinklib.load), a zoo name, a local folder or a hub id.
-        task: a registered task's name, or a Task (get_task(name, path=..., sandbox=...): a local file of samples,
-            a code task's sandbox limits).
+        task: a registered task's name, or a Task: get_task(name, path=..., limit=..., sandbox=...) for a local file
+            of samples, its first `limit` samples, a code task's sandbox limits.
         settings: the family's settings dataclass; None: LoadedModel.settings_for(task), the model's own settings
             resized to the task's generation length (GSM8K's 256 tokens, HumanEval's 512, as Table 1 runs them).
         intervention: a policy applied at every forward (sinklib.interventions), e.g. MaskSinks(k=1).
-        limit: the first `limit` samples (None: all). batch_size: prompts per generation, part of the configuration.
+        batch_size: prompts per generation, part of the configuration.
         out: a JSONL file written one record per sample as it finishes (id, prompt, output, extracted answers,
             correct, margin: the generation's closest decision, seconds, forwards, tokens, config_hash); a rerun
             resumes from it. Batches are fixed slices of the task with a seed of their own, so an interrupted and
@@ -429,8 +426,7 @@ def evaluate(model: LoadedModel | str, task: "str | Task", settings: Any = None,
     Returns mean ± standard error over the samples."""
     model, spec, samples = _checked(model, task, intervention, allow_code_execution, out)
     settings = model.settings_for(spec) if settings is None else model.runnable(settings)
-    samples = samples[:limit]
-    config = run_config(model, spec, intervention, limit, seed, batch_size, settings)
+    config = run_config(model, spec, intervention, seed, batch_size, settings)
     run = _Run(model, spec, intervention, settings, config_hash(config), seed)
     out_path = Path(out) if out is not None else None
     results, done = _open_results(out_path, run.digest, config, run_inputs(model, spec, samples) if out_path else {})
@@ -452,4 +448,4 @@ def evaluate(model: LoadedModel | str, task: "str | Task", settings: Any = None,
                     bar.update(1)
     finally:
         _close(results)
-    return _summary(spec.name, [done[s.id] for s in samples], limit)
+    return _summary(spec.name, [done[s.id] for s in samples])

@@ -6,6 +6,7 @@ Every (model, condition) is one resumable run of the evaluation runner, written 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -16,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from sinklib import stats
-from sinklib.validation import BadValue, Consent, Count, Index, Ks, NonNegative, bad_value, check_choice, checked
+from sinklib.validation import BadValue, Consent, Count, Index, Ks, bad_value, check_choice, check_eps, checked
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
 from sinklib.evaluation.tasks import Task, get_task, require_code_execution_opt_in
 from sinklib.evaluation.checks import mass_dropped, noop_check
@@ -248,16 +249,22 @@ class Condition:
     """One kind of Table 1 column, as data: its `label` (the rows' condition), its column name before "-k" ("top-1",
     "random-5"), how a finding says it ("with its top-{k} sinks masked"; "{s}" is "s" unless k is 1) and `policy`,
     which builds the intervention for a model family's kind ("diffusion" / "autoregressive") and k from the table's
-    options (eps, seed). k = 0 is the unmasked column every table starts with, whatever its conditions."""
+    seed and the condition's own `eps` (the Eq. 3 threshold of a sink condition, sum units; the paper's 3 unless made
+    `at` another). k = 0 is the unmasked column every table starts with, whatever its conditions."""
     label: str
     column: str
     words: str
     policy: Callable[..., Any]
+    eps: float = 3.0
 
-    def intervention(self, family: Family, k: int, eps: float, seed: int):
+    def intervention(self, family: Family, k: int, seed: int):
         """This condition's intervention with k keys for a model of `family` (the registered policy, built by
         `policy`)."""
-        return self.policy(family=family, k=k, eps=eps, seed=seed)
+        return self.policy(family=family, k=k, eps=self.eps, seed=seed)
+
+    def at(self, eps: float) -> "Condition":
+        """This condition with another Eq. 3 threshold (a finite number >= 0, sum units): its columns and words stay."""
+        return dataclasses.replace(self, eps=check_eps(eps))
 
     def in_words(self, k: int) -> str:
         """How a finding names this condition at k."""
@@ -310,34 +317,46 @@ def column_name(condition: str, k: int) -> str:
     return "unmasked" if k == 0 else f"{_condition_of(condition).column}-{k}"
 
 
-def table_conditions(family: Family, ks: Sequence[int], names: Sequence[str], eps: float,
+def table_conditions(family: Family, ks: Sequence[int], chosen: Sequence[Condition],
                      seed: int) -> list[tuple[str, int, Any]]:
-    """(condition, k, intervention) in table order: unmasked (k = 0), then per condition (CONDITIONS, by name) its
-    k > 0 columns, each policy built for `family` with the sink conditions' Eq. 3 threshold `eps` and `seed`."""
-    chosen = [CONDITIONS.get(name) for name in names]
+    """(condition, k, intervention) in table order: unmasked (k = 0), then per condition (checked_conditions) its
+    k > 0 columns, each policy built for `family` with the condition's own eps and the table's `seed`."""
     result = [("sinks", 0, None)] if 0 in ks else []
     for condition in chosen:
         for k in (k for k in ks if k):
-            intervention = condition.intervention(family, k, eps, seed)
+            intervention = condition.intervention(family, k, seed)
             if intervention is None:  # it would run unmasked and be reported as masked
-                raise BadValue(f"conditions={list(names)!r} is not allowed: the policy of {condition.label!r} builds "
-                                 f"no intervention for a {family.name} model at k={k}; a masked column must mask")
+                raise BadValue(f"conditions={[c.label for c in chosen]!r} is not allowed: the policy of "
+                               f"{condition.label!r} builds no intervention for a {family.name} model at k={k}; a "
+                               "masked column must mask")
             result.append((condition.label, k, intervention))
     return result
 
 
-def check_conditions(names: Sequence[str] | None) -> None:
-    """Conditions that can make a table, checked before any run: a list (one string would be its characters) of
-    registered names, each once, whose columns differ (two conditions in one column make every view fail), each
-    registered under its own label (the rows carry the label) with words that take only {k} and {s}."""
-    if isinstance(names, str) or not isinstance(names, Sequence):
-        raise bad_value("conditions", names, f"a list of condition names, e.g. [{names!r}]" if isinstance(names, str)
-                        else f"a list of condition names ({CONDITIONS.names()})")
+def checked_conditions(conditions: Sequence["str | Condition"]) -> list[Condition]:
+    """The Conditions that make a table, checked before any run: a list (one string would be its characters) of
+    registered names or Conditions (a registered one made `at` another eps), each once, whose columns differ (two
+    conditions in one column make every view fail), each registered under its own label (the rows carry the label)
+    with words that take only {k} and {s}."""
+    if isinstance(conditions, str) or not isinstance(conditions, Sequence):
+        raise bad_value("conditions", conditions, f"a list of condition names, e.g. [{conditions!r}]"
+                        if isinstance(conditions, str) else f"a list of condition names ({CONDITIONS.names()})")
+    names = [c.label if isinstance(c, Condition) else c for c in conditions]
     for name in names:
         check_choice(name, "conditions", CONDITIONS.names())
     if len(set(names)) != len(names):
         raise bad_value("conditions", list(names), "distinct condition names (each once)")
-    chosen = {name: CONDITIONS.get(name) for name in names}
+    _check_columns(names, {name: CONDITIONS.get(name) for name in names})
+    for condition in conditions:  # one given whole is a registered one at its own eps: the views look it up by label
+        if isinstance(condition, Condition) and condition.at(CONDITIONS.get(condition.label).eps) != \
+                CONDITIONS.get(condition.label):
+            raise bad_value("conditions", list(names), f"registered conditions, by name or made `at` another eps "
+                            f"({condition.label!r} differs from the registered one beyond its eps)")
+    return [c if isinstance(c, Condition) else CONDITIONS.get(c) for c in conditions]
+
+
+def _check_columns(names: list[str], chosen: dict) -> None:
+    """Each condition registered under its own label, the columns distinct, the words taking only {k} and {s}."""
     columns: dict[str, str] = {}
     for name, condition in chosen.items():
         if condition.label != name:
@@ -359,10 +378,9 @@ TABLE1_CONDITIONS = ("sinks", "random keys")  # the paper's Table 1: the top-k s
 
 @checked
 def masking_table(models: Sequence[LoadedModel | str], task: "str | Task" = "arithmetic",
-                  conditions: Sequence[str] = TABLE1_CONDITIONS, ks: Ks = (0, 1, 5, 10), settings: Any = None, *,
-                  eps: NonNegative = 3.0, limit: Count | None = None, out_dir: str | Path | None = None,
-                  batch_size: Count = 8, seed: Index = 0, allow_code_execution: Consent = False,
-                  progress: bool = True) -> MaskingTable:
+                  conditions: Sequence["str | Condition"] = TABLE1_CONDITIONS, ks: Ks = (0, 1, 5, 10),
+                  settings: Any = None, *, out_dir: str | Path | None = None, batch_size: Count = 8, seed: Index = 0,
+                  allow_code_execution: Consent = False, progress: bool = True) -> MaskingTable:
     """Table 1 for `models` on `task`: the unmasked column (k = 0, when 0 is in ks), then each condition at every
     k > 0 of `ks`. Every row carries its checks: the no-op check (noop_identical: on the task's first sample,
     unbatched, a capture masking nothing is bit-identical to no capture) and the attention its policy moved in one
@@ -370,40 +388,40 @@ def masking_table(models: Sequence[LoadedModel | str], task: "str | Task" = "ari
 
     Args:
         models: loaded models or names for sinklib.load.
-        task: a task's name or a Task (get_task(name, path=...) for a local file of samples).
+        task: a task's name or a Task: get_task(name, path=..., limit=...) for a local file of samples, its first
+            `limit` samples.
         conditions: the columns by name (CONDITIONS, your own registered ones included): "sinks" (the paper's top-k
-            sinks masked, Eq. 3 on the previous step), "random keys", "oldest keys", "sink values (zero)" and
-            "sink values (mean)" (the top-k sinks keep their attention; their values are ablated).
+            sinks masked, Eq. 3 at eps = 3 on the previous step), "random keys", "oldest keys", "sink values (zero)"
+            and "sink values (mean)" (the top-k sinks keep their attention; their values are ablated); a Condition
+            for another eps: CONDITIONS.get("sinks").at(2.0).
         ks: keys masked per column; 0 is the unmasked column.
         settings: None: each model's LoadedModel.settings_for(task); one family's settings dataclass (a table of one
             model); or {model name: settings} (a run config's settings_for gives them).
-        eps: the Eq. 3 threshold of the sink conditions, in sum units.
-        limit, batch_size, seed, allow_code_execution, progress: as for sinklib.evaluate, for every run.
+        batch_size, seed, allow_code_execution, progress: as for sinklib.evaluate, for every run.
         out_dir: each run is written to out_dir/<model>-<task>-<column>-<config hash>.jsonl and resumes; a changed
             configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
     spec = get_task(task)
     require_code_execution_opt_in(spec, allow_code_execution, "masking_table")
     models = _checked_models(models)
-    check_conditions(conditions)
+    chosen = checked_conditions(conditions)
     _check_table_settings(settings, models)
     for model in models:  # every model whose family is known before loading: its conditions built before any run
         family = _family_before_loading(model)
         if family is not None:
-            table_conditions(family, ks, conditions, eps, seed)
+            table_conditions(family, ks, chosen, seed)
     rows, items = [], []
     for model in models:
         loaded = model if isinstance(model, LoadedModel) else load(model)
         given = settings.get(loaded.name) if isinstance(settings, Mapping) else settings
         run_settings = loaded.settings_for(spec) if given is None else loaded.runnable(given)
         audit = _Audit(loaded, spec, run_settings, seed)
-        for condition, k, intervention in table_conditions(loaded.family, ks, conditions, eps, seed):
+        for condition, k, intervention in table_conditions(loaded.family, ks, chosen, seed):
             out = None
             if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh
-                digest = config_hash(run_config(loaded, spec, intervention, limit, seed, batch_size, run_settings))
+                digest = config_hash(run_config(loaded, spec, intervention, seed, batch_size, run_settings))
                 out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{spec.name}-{column_name(condition, k)}-{digest}.jsonl"
-            summary = evaluate(loaded, spec, run_settings, intervention=intervention, limit=limit,
-                               batch_size=batch_size, out=out, seed=seed, progress=progress,
-                               allow_code_execution=allow_code_execution)
+            summary = evaluate(loaded, spec, run_settings, intervention=intervention, batch_size=batch_size, out=out,
+                               seed=seed, progress=progress, allow_code_execution=allow_code_execution)
             correct = sum(bool(r["correct"]) for r in summary.records)
             rows.append({"model": loaded.name, "condition": condition, "k": k,
                          **interval_columns(correct, summary.n), "accuracy_flexible": summary.accuracy_flexible,

@@ -45,6 +45,7 @@ class Task:
     gen_length: int | None = None
     stops: tuple[str, ...] = ()  # the output is scored up to the first of these
     path: str | None = None  # a local file of samples for load (e.g. GSM8K on an offline node); None: the default source
+    limit: int | None = None  # its first `limit` samples (None: all)
     sandbox: Any = None  # a task that runs code: the SandboxLimits its programs run under (None: the defaults)
 
     def __post_init__(self) -> None:
@@ -52,12 +53,14 @@ class Task:
         strings (one string would be cut at each of its characters)."""
         if self.gen_length is not None:
             check_int(self.gen_length, "gen_length", 1)
+        if self.limit is not None:
+            object.__setattr__(self, "limit", check_int(self.limit, "limit", 1))
         if not isinstance(self.stops, tuple) or not all(isinstance(stop, str) and stop for stop in self.stops):
             raise bad_value("stops", self.stops, "a tuple of non-empty strings")
 
     def samples(self) -> list[Sample]:
-        """The task's samples (from its `path` when it has one), refusing a file with no sample or an id twice (one
-        question would go unscored and another count twice)."""
+        """The task's samples (from its `path` when it has one; its first `limit`), refusing a file with no sample or
+        an id twice (one question would go unscored and another count twice)."""
         where = f"path={self.path!r}" if self.path else f"task={self.name!r}"
         loaded = self.load(self.path)
         if not isinstance(loaded, Iterable) or isinstance(loaded, (str, bytes, Mapping)):
@@ -76,7 +79,7 @@ class Task:
                 raise BadValue(f"{where} is not allowed: sample id {sample.id!r} appears twice (samples {seen[sample.id]} "
                                  f"and {index}); ids must be unique")
             seen[sample.id] = index
-        return samples
+        return samples[:self.limit]
 
     def score(self, output: str, sample: Sample) -> dict:
         """Per-sample fields: extracted answer(s), `correct` and, where defined, `correct_flexible`, of the output up
@@ -251,12 +254,12 @@ def task_names() -> list[str]:
     return TASKS.names()
 
 
-def get_task(name: "str | Task", *, path: str | None = None, sandbox: Any = None) -> Task:
+def get_task(name: "str | Task", *, path: str | None = None, limit: int | None = None, sandbox: Any = None) -> Task:
     """The registered task of that name (a Task passes through); an unknown name is refused with the registered ones.
-    path: its samples from this local file (e.g. GSM8K on an offline node); sandbox: a task that runs code, the
-    SandboxLimits its programs run under."""
+    What is given is laid over it — path: its samples from this local file (e.g. GSM8K on an offline node); limit: its
+    first `limit` samples; sandbox: a task that runs code, the SandboxLimits its programs run under."""
     task = name if isinstance(name, Task) else TASKS.get(name)
-    changes = {key: value for key, value in (("path", path), ("sandbox", sandbox)) if value is not None}
+    changes = {key: value for key, value in (("path", path), ("limit", limit), ("sandbox", sandbox)) if value is not None}
     if "sandbox" in changes and not task.executes_code:
         raise bad_value("sandbox", sandbox, f"None for task={task.name!r}: it runs no code")
     return replace(task, **changes) if changes else task

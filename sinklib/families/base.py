@@ -61,6 +61,11 @@ class Family:
 
     kind: ClassVar[str] = ""
     sink_rows: ClassVar[str] = "all"  # the query rows sinks are read from when they are masked (MaskSinks.rows)
+    # what a family answers about itself, so that no caller asks its kind: whether every forward sees the whole canvas
+    # (its sinks can move from step to step: the moving-sink figures), and whether each step's scores sum over every
+    # query of the canvas (what the threshold sweep reads; else one full pass of the final sequence stands for them)
+    canvas_moves: ClassVar[bool] = False
+    scores_cover_the_canvas: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         # settings that were never checked would reach the sampler unchecked: refused where the family is declared
@@ -120,6 +125,8 @@ class Family:
 class DiffusionFamily(Family):
     """Every forward sees the whole canvas; masked positions hold the mask id until decoded."""
     kind: ClassVar[str] = "diffusion"
+    canvas_moves: ClassVar[bool] = True
+    scores_cover_the_canvas: ClassVar[bool] = True
 
     def n_forwards(self, settings) -> int:
         """At most one forward per denoising step: settings.steps; with a confidence threshold, which writes at least

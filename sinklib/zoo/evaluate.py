@@ -13,6 +13,7 @@ from sinklib.capturing.replay import full_pass_scores
 from sinklib.carry import value_norms
 from sinklib.dynamics import sink_mask
 from sinklib.evaluation.runner import evaluate
+from sinklib.evaluation.tasks import get_task
 from sinklib.generation import generate
 from sinklib.loading import LoadedModel, load
 from sinklib.sinks import find_sinks
@@ -25,7 +26,7 @@ def accuracy(loaded: LoadedModel, n: int = 600, batch_size: int = 50, progress: 
     """Exact final-answer accuracy on the first n held-out problems (the arithmetic task, or its plain-English
     form "arithmetic-english"), at temperature 0 with the model's own sampler: the evaluation runner and its strict
     "#### N" extractor, as Table 1 scores them; `out`: the runner's resumable per-problem file."""
-    summary = evaluate(loaded, task, intervention=intervention, limit=n, batch_size=batch_size, out=out,
+    summary = evaluate(loaded, get_task(task, limit=n), intervention=intervention, batch_size=batch_size, out=out,
                        progress=progress)
     return {"accuracy": summary.accuracy, "n": summary.n, "outputs": [record["output"] for record in summary.records],
             "records": summary.records}

@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 
 from sinklib import dynamics
 from sinklib.cache_manifest import fingerprint
-from sinklib.evaluation.table1 import masking_table
-from sinklib.evaluation.tasks import trace_prompts
+from sinklib.evaluation.table1 import CONDITIONS, masking_table
+from sinklib.evaluation.tasks import get_task, trace_prompts
 from sinklib.generation import collect_traces
 from sinklib.loading import LoadedModel, load
 from sinklib.paths import DATA_DIR, ZOO_DIR
@@ -96,8 +96,9 @@ def measure(loaded: LoadedModel, how: Measurement, scratch: Path | None = None, 
     per-problem answers so that an interrupted measurement resumes. A model without any sink gets NaN token
     shares and an empty top token."""
     task = "arithmetic" if loaded.is_zoo else "arithmetic-english"  # a chat model reads the problems in plain English
-    table = masking_table([loaded], task, ("sinks", "random keys"), (0, 1), eps=how.eps, limit=how.n_problems,
-                          out_dir=scratch, batch_size=50, seed=how.seed, progress=progress).frame
+    conditions = [CONDITIONS.get(name).at(how.eps) for name in ("sinks", "random keys")]
+    table = masking_table([loaded], get_task(task, limit=how.n_problems), conditions, (0, 1), out_dir=scratch,
+                          batch_size=50, seed=how.seed, progress=progress).frame
     accuracy = {(condition, k): (a, s) for condition, k, a, s in
                 zip(table["condition"], table["k"], table["accuracy"], table["stderr"])}
     traces = collect_traces(loaded, trace_prompts(loaded.is_zoo, how.n_traces), seed=how.seed,

@@ -14,6 +14,7 @@ import sinklib  # noqa: E402
 from sinklib.evaluation import evaluate  # noqa: E402
 from sinklib.evaluation.extract import cut_at_stops  # noqa: E402
 from sinklib.evaluation.harness import SinklibLM  # noqa: E402
+from sinklib.evaluation.tasks import get_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "sinklib" / "evaluation" / "lm_eval_tasks"
@@ -47,7 +48,7 @@ def _by_doc(samples):
 def test_simple_evaluate_matches_the_sinklib_runner(name, model_args, intervention):
     results = _harness(model_args, limit=12)
     loaded = sinklib.load(name)
-    reference = evaluate(loaded, "arithmetic", limit=12, batch_size=4, progress=False, intervention=intervention,
+    reference = evaluate(loaded, get_task("arithmetic", limit=12), batch_size=4, progress=False, intervention=intervention,
                          settings=loaded.settings_for())
     outputs = _by_doc(results["samples"]["zoo_arithmetic"])
     assert [outputs[i] for i in range(12)] == [r["output"] for r in reference.records]
@@ -70,7 +71,7 @@ def test_data_parallel_under_accelerate_shards_without_loss_or_duplication(tmp_p
     samples = [json.loads(line) for f in tmp_path.rglob("samples_zoo_arithmetic_*.jsonl") for line in f.read_text().splitlines()]
     assert sorted(s["doc_id"] for s in samples) == list(range(10))
     arm = sinklib.load("tiny-arm")
-    reference = evaluate(arm, "arithmetic", arm.settings_for(gen_length=16), limit=10, progress=False)
+    reference = evaluate(arm, get_task("arithmetic", limit=10), arm.settings_for(gen_length=16), progress=False)
     outputs = _by_doc(samples)
     assert [outputs[i] for i in range(10)] == [r["output"] for r in reference.records]
     summary = json.loads(next(tmp_path.rglob("results_*.json")).read_text())

@@ -204,6 +204,7 @@ def test_masking_all_heads_of_a_gqa_model_equals_a_key_padding_mask_in_eager_att
 # -- what resumable runs record for a policy ------------------------------------------------------------------
 from sinklib.generation import collect_traces  # noqa: E402
 from sinklib.interventions import identity  # noqa: E402
+from sinklib.evaluation.tasks import get_task  # noqa: E402
 
 
 class EveryOtherKey(sinklib.Intervention):
@@ -249,7 +250,7 @@ def test_a_policy_whose_record_would_name_a_memory_address_is_refused_before_any
                        intervention=policy, progress=False)
     assert policy._calls == 0 and not any(tmp_path.iterdir())
     with pytest.raises(ValueError, match=r"its repr names a memory address"):
-        sinklib.evaluate("tiny-llada", "arithmetic", intervention=policy, limit=1, out=tmp_path / "e.jsonl",
+        sinklib.evaluate("tiny-llada", get_task("arithmetic", limit=1), intervention=policy, out=tmp_path / "e.jsonl",
                          progress=False)
     assert policy._calls == 0 and not (tmp_path / "e.jsonl").exists()
 

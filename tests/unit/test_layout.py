@@ -97,7 +97,7 @@ def test_evaluate_runs_a_real_checkpoint_at_its_tasks_length(llada, monkeypatch)
     zoo = sinklib.load("tiny-llada")
     original = type(zoo).settings_for
     monkeypatch.setattr(type(zoo), "settings_for", lambda self, task=None, **kw: asked.append(task) or original(self, task, **kw))
-    evaluate(zoo, "arithmetic", limit=1, progress=False)
+    evaluate(zoo, get_task("arithmetic", limit=1), progress=False)
     assert asked == [get_task("arithmetic")]
 
 

@@ -9,6 +9,7 @@ from sinklib.evaluation.table1 import masking_table
 from sinklib.interventions import MaskRandomKeys, MaskSinks
 from sinklib.stats import wilson_interval
 from sinklib.zoo.data import held_out
+from sinklib.evaluation.tasks import get_task
 
 N = 6
 
@@ -19,7 +20,7 @@ def models():
 
 
 def test_cells_equal_the_zoo_accuracy_under_the_same_interventions(models, tmp_path):
-    table = masking_table(models, ks=[0, 1], limit=N, batch_size=N, out_dir=tmp_path, progress=False)
+    table = masking_table(models, task=get_task("arithmetic", limit=N), ks=[0, 1], batch_size=N, out_dir=tmp_path, progress=False)
     frame = table.frame
     assert list(zip(frame["model"], frame["condition"], frame["k"])) == [
         ("tiny-llada", "sinks", 0), ("tiny-llada", "sinks", 1), ("tiny-llada", "random keys", 1),
@@ -45,7 +46,8 @@ def test_cells_equal_the_zoo_accuracy_under_the_same_interventions(models, tmp_p
     calls = []
     hooks = [m.model.register_forward_hook(lambda *a: calls.append(1)) for m in models]
     try:
-        again = masking_table(models, ks=[0, 1], limit=N, batch_size=N, out_dir=tmp_path, progress=False)
+        again = masking_table(models, task=get_task("arithmetic", limit=N), ks=[0, 1], batch_size=N, out_dir=tmp_path,
+                              progress=False)
     finally:
         for hook in hooks:
             hook.remove()
@@ -62,9 +64,11 @@ def _reference_accuracy(loaded, items, intervention) -> float:
 
 
 def test_a_changed_configuration_starts_new_files_beside_the_old(models, tmp_path):
-    first = masking_table(models[1:], conditions=["sinks"], ks=[0], limit=3, batch_size=3, out_dir=tmp_path, progress=False)
+    first = masking_table(models[1:], task=get_task("arithmetic", limit=3), conditions=["sinks"], ks=[0], batch_size=3,
+                          out_dir=tmp_path, progress=False)
     assert len(list(tmp_path.glob("tiny-arm-arithmetic-unmasked-*.jsonl"))) == 1
-    second = masking_table(models[1:], conditions=["sinks"], ks=[0], limit=2, batch_size=3, out_dir=tmp_path, progress=False)
+    second = masking_table(models[1:], task=get_task("arithmetic", limit=2), conditions=["sinks"], ks=[0], batch_size=3,
+                           out_dir=tmp_path, progress=False)
     assert len(list(tmp_path.glob("tiny-arm-arithmetic-unmasked-*.jsonl"))) == 2
     assert first.frame["n"].tolist() == [3] and second.frame["n"].tolist() == [2]
 
@@ -92,8 +96,8 @@ def test_each_row_carries_its_audits_closest_margin_and_a_checks_file_without_it
     from sinklib.ties import smallest_margin
 
     llada = models[0]
-    table = masking_table([llada], conditions=["sinks"], ks=[1], limit=2, batch_size=2, out_dir=tmp_path,
-                          progress=False)
+    table = masking_table([llada], task=get_task("arithmetic", limit=2), conditions=["sinks"], ks=[1], batch_size=2,
+                          out_dir=tmp_path, progress=False)
     row = table.frame.iloc[0]
     task = get_task("arithmetic")
     by_hand = sinklib.generate(llada, task.samples()[0].prompt, llada.settings_for(task), chat=task.chat,
@@ -103,6 +107,6 @@ def test_each_row_carries_its_audits_closest_margin_and_a_checks_file_without_it
     older = json.loads(stored.read_text())
     del older["audit_margin"]
     stored.write_text(json.dumps(older))
-    again = masking_table([llada], conditions=["sinks"], ks=[1], limit=2, batch_size=2, out_dir=tmp_path,
-                          progress=False)
+    again = masking_table([llada], task=get_task("arithmetic", limit=2), conditions=["sinks"], ks=[1], batch_size=2,
+                          out_dir=tmp_path, progress=False)
     assert again.frame.equals(table.frame) and json.loads(stored.read_text())["audit_margin"] == row.audit_margin
