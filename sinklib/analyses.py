@@ -12,7 +12,7 @@ import pandas as pd
 
 from sinklib import carry, dynamics, lens, plots
 from sinklib.capturing.replay import full_pass_scores, replay_map
-from sinklib.evaluation.table1 import MaskingTable, column_name, column_words
+from sinklib.evaluation.table1 import MaskingTable, _family_before_loading, column_name, column_words
 from sinklib.loading import LoadedModel
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
 from sinklib.stats import difference_of_changes
@@ -500,6 +500,65 @@ def masking_tests(tables: Mapping[str, MaskingTable], matched: Sequence[str] = (
     findings.append("delta is masked − unmasked (for 'sinks vs random keys': sinks − random keys); lost counts problems "
                     "right before and wrong after. McNemar's exact test uses only the problems that changed.")
     return Summary(frame, findings)
+
+
+# what the paper's Table 1 says a model of each kind does with its top-1 sink masked (GSM8K)
+PAPER_TOP1 = {"diffusion": ("barely notices", "the paper's diffusion models, which barely notice theirs (Dream-7B "
+                                              ".82 → .79, LLaDA-8B .76 → .75, MMaDA-8B .54 → .53)"),
+              "autoregressive": ("collapses", "the paper's Llama-3.1-8B, which collapses (.85 → .02)")}
+
+
+def sink_reliance(tables: Mapping[str, MaskingTable]) -> Summary:
+    """What this run shows, written from its own tables: for each model, whether masking its top-1 sink costs it
+    anything (the paired change from unmasked and its 95 % interval: it "collapses" where a quarter of its unmasked
+    accuracy or less is left, "loses" where the interval lies below 0, "barely notices" where it holds 0), whether
+    that costs more than one random key does (the sinks-against-random paired test at k = 1), and whether a model of
+    its kind (the family its config declares, where that is known without loading it) does what the paper's do."""
+    rows = []
+    for table in tables.values():
+        paired = table.paired().set_index(["model", "condition", "k"])
+        against = table.sinks_against_random().set_index(["model", "k"])
+        accuracy = table.frame.set_index(["model", "condition", "k"])["accuracy"]
+        for model in dict.fromkeys(table.frame["model"]):
+            if (model, "sinks", 1) not in paired.index or (model, "sinks", 0) not in accuracy.index:
+                continue
+            rows.append(_reliance_row(model, table.task, accuracy, paired.loc[(model, "sinks", 1)],
+                                      against.loc[(model, 1)] if (model, 1) in against.index else None))
+    frame = pd.DataFrame(rows).set_index("model")
+    findings = [f"{name}: {row['verdict']}." for name, row in frame.iterrows()]
+    return Summary.by_model(frame.drop(columns="verdict"), near_tie_models_of(tables), findings)
+
+
+def _reliance_row(model: str, task: str, accuracy: pd.Series, top1: pd.Series, against: pd.Series | None) -> dict:
+    """One model's verdict on its top-1 sink (sink_reliance)."""
+    unmasked, masked = accuracy.loc[(model, "sinks", 0)], accuracy.loc[(model, "sinks", 1)]
+    if top1["delta_high"] < 0:
+        cost = "collapses" if masked <= unmasked / 4 else "loses"
+    else:
+        cost = "barely notices"
+    amount = f"loses {-top1['delta']:.2f}" if cost == "loses" else cost
+    said = (f"with its top-1 sink masked it {amount} "
+            f"({unmasked:.2f} → {masked:.2f}; paired {top1['delta']:+.2f} [{top1['delta_low']:+.2f}, "
+            f"{top1['delta_high']:+.2f}], n = {int(top1['n'])})")
+    if against is not None:
+        beyond = "more than" if against["delta_high"] < 0 else "less than" if against["delta_low"] > 0 else "no more than"
+        said += (f", {beyond} one random key costs it (sinks − random {against['delta']:+.2f} "
+                 f"[{against['delta_low']:+.2f}, {against['delta_high']:+.2f}])")
+    family = _family_before_loading(model)
+    kind = family.kind if family is not None else None
+    if kind in PAPER_TOP1:
+        expected, paper = PAPER_TOP1[kind]
+        relation = "as" if cost == expected else "less than" if (cost, expected) == ("loses", "collapses") else "unlike"
+        said += f"; {relation} {paper}"
+    return {"model": model, "task": task, "kind": kind or "not declared", "unmasked": unmasked, "top-1": masked,
+            "delta": top1["delta"], "delta_low": top1["delta_low"], "delta_high": top1["delta_high"],
+            "verdict": said}
+
+
+def near_tie_models_of(tables: Mapping[str, MaskingTable]) -> set[str]:
+    """The models any of whose Table 1 answers passed a near-tie (their rows are marked)."""
+    return {name for table in tables.values() if table.items is not None
+            for name, margins in table.items.groupby("model")["margin"] if any(is_near_tie(m) for m in margins)}
 
 
 # --- notebook 08 ---------------------------------------------------------------------------------------------

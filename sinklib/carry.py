@@ -37,7 +37,7 @@ def _projection(layer_module: nn.Module, block: nn.Module, names: Sequence[str])
             if isinstance(found, nn.Linear):
                 return found
     raise BadValue(f"{type(layer_module).__name__} has no value / output projection named {list(names)}: "
-                     "sinklib.carry reads Llama-style attention (v_proj with o_proj, or LLaDA's v_proj with attn_out)")
+                   "sinklib.carry reads Llama-style attention (v_proj with o_proj, or LLaDA's v_proj with attn_out)")
 
 
 def _blocks(model: nn.Module, layer_names: Sequence[str] | None) -> list[tuple[nn.Module, nn.Module, int]]:
@@ -48,7 +48,7 @@ def _blocks(model: nn.Module, layer_names: Sequence[str] | None) -> list[tuple[n
         parent = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
         if layer.n_heads is None:
             raise BadValue(f"{layer.name} states no head count (config num_attention_heads or n_heads): "
-                             "sinklib.carry cannot split its values by head")
+                           "sinklib.carry cannot split its values by head")
         pairs.append((layer.module, modules.get(parent, layer.module), layer.n_heads))
     return pairs
 
@@ -107,10 +107,10 @@ def sink_carry(loaded, trace: Trace, eps: float = 3.0, steps: Sequence[int] | No
     outside = [step for step in chosen if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < trace.n_steps]
     if not chosen or outside:
         raise BadValue(f"steps={steps!r} is not allowed: steps must be None or a non-empty list of step indices in "
-                         f"0..{trace.n_steps - 1} (this trace's forwards)")
+                       f"0..{trace.n_steps - 1} (this trace's forwards)")
     if len(trace.layer_names) != len(_blocks(loaded.model, getattr(loaded, "layer_names", None))):
         raise BadValue(f"trace={trace.meta.get('model')!r} is not allowed with model={getattr(loaded, 'name', '')!r}: "
-                         f"its {len(trace.layer_names)} attention layers are not this model's")
+                       f"its {len(trace.layer_names)} attention layers are not this model's")
     sinks = sink_mask(trace, eps)
     rows = []
     for step, (raw, written) in _step_values(loaded, trace, chosen).items():

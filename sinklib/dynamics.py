@@ -444,8 +444,8 @@ def stability_by_key_type(traces: Sequence[Trace], k: int = 5, eps: float = 3.0)
 def _require_diffusion(trace: Trace, param: str) -> None:
     if trace.is_autoregressive:
         raise BadValue(f"{param} is not allowed: {param} must be a diffusion trace, but model "
-                         f"{trace.meta.get('model', '')!r} is autoregressive (its canvas has no masked positions, "
-                         f"so no unmasking frontier to track)")
+                       f"{trace.meta.get('model', '')!r} is autoregressive (its canvas has no masked positions, "
+                       f"so no unmasking frontier to track)")
 
 
 def _last_masked(trace: Trace) -> torch.Tensor:

@@ -295,7 +295,7 @@ def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: i
                     if key in saved and saved[key] != value})
     if differs:
         raise BadValue(f"out={str(folder.parent)!r} is not allowed: {folder.name} was written by another run "
-                         f"(saved vs asked: {differs}); use a new folder or delete it")
+                       f"(saved vs asked: {differs}); use a new folder or delete it")
     return trace
 
 

@@ -64,8 +64,8 @@ def identity(intervention) -> str:
     text = repr(intervention)
     if _ADDRESS.search(text):
         raise BadValue(f"intervention={text} is not allowed: its repr names a memory address, which differs in every "
-                         "process, so a saved run could never be resumed or compared; give the policy a __repr__ of its "
-                         "settings, or keep them in public attributes (Intervention's own __repr__ lists those)")
+                       "process, so a saved run could never be resumed or compared; give the policy a __repr__ of its "
+                       "settings, or keep them in public attributes (Intervention's own __repr__ lists those)")
     return text
 
 

@@ -52,7 +52,7 @@ def _block_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
     lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     if not lists:
         raise BadValue(f"model={type(model).__name__} has no nn.ModuleList of transformer blocks; "
-                         "pass layer_names=[...] explicitly")
+                       "pass layer_names=[...] explicitly")
     n_layers = _config_value(getattr(model, "config", None), _LAYER_COUNT_KEYS)
     matching = [item for item in lists if len(item[1]) == n_layers]
     return matching[0] if matching else max(lists, key=lambda item: len(item[1]))
@@ -73,7 +73,7 @@ def attention_layers(model: nn.Module, layer_names: Sequence[str] | None = None)
         repeated = sorted({name for name in layer_names if list(layer_names).count(name) > 1})
         if repeated:  # one module twice would enter one layer and leave the other empty (a layer of NaN)
             raise BadValue(f"layer_names={list(layer_names)!r} is not allowed: layer_names must name each module once "
-                             f"({repeated} repeated)")
+                           f"({repeated} repeated)")
         modules = dict(model.named_modules())
         layers = []
         for index, name in enumerate(layer_names):

@@ -79,8 +79,8 @@ def lens_modules(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     if head is None or norm is None:
         missing = " and ".join(part for part, module in (("output embedding", head), ("final norm", norm)) if module is None)
         raise BadValue(f"model={type(model).__name__} is not allowed: the logit lens needs a transformers model with "
-                         f"an output embedding (get_output_embeddings()) and a final norm on its base model (one of "
-                         f"{list(_NORM_NAMES)}); this one has no {missing}")
+                       f"an output embedding (get_output_embeddings()) and a final norm on its base model (one of "
+                       f"{list(_NORM_NAMES)}); this one has no {missing}")
     return norm, head
 
 
@@ -101,8 +101,8 @@ def _reproduces(lens: torch.Tensor, own: torch.Tensor) -> bool:
 def _require_native(loaded: "LoadedModel") -> None:
     if loaded.calling != "native":
         raise BadValue(f"loaded={loaded.name!r} is not allowed: the logit lens reads hidden states from "
-                         "transformers-native models (the zoo, adapted named models, AutoModelForCausalLM "
-                         "checkpoints); this model runs its own remote modelling code")
+                       "transformers-native models (the zoo, adapted named models, AutoModelForCausalLM "
+                       "checkpoints); this model runs its own remote modelling code")
 
 
 def iter_layer_logits(loaded: "LoadedModel", ids: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
@@ -275,7 +275,7 @@ def first_correct_layer(lens_frame: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in _FIRST_CORRECT_NEEDS if c not in getattr(lens_frame, "columns", ())]
     if not isinstance(lens_frame, pd.DataFrame) or missing:
         raise BadValue(f"lens_frame (missing {missing}) is not allowed: lens_frame must be a logit_lens frame, a "
-                         f"DataFrame with columns {list(_FIRST_CORRECT_NEEDS)}")
+                       f"DataFrame with columns {list(_FIRST_CORRECT_NEEDS)}")
     keys = ["step", "predicts"]
     correct = lens_frame["top_id"] == lens_frame["final_id"]
     wrong_layer = lens_frame["layer"].where(~correct)

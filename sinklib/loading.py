@@ -308,11 +308,11 @@ def _load_config(path: str, trust_remote_code: bool):
     except ValueError as error:
         if "trust_remote_code" in str(error):
             raise BadValue(f"{path!r} ships its own modelling code: pass trust_remote_code=True to sinklib.load if you "
-                             "trust it (sinklib never turns it on by itself)") from None
+                           "trust it (sinklib never turns it on by itself)") from None
         if any(words in str(error) for words in ("Unrecognized model", "model_type", "model type")):
             raise BadValue(f"name_or_model={path!r} is not allowed: transformers does not know its config.json's "
-                             "model_type and the folder ships no modelling code (auto_map); sinklib loads native "
-                             f"transformers models and the families {family_names()}") from None
+                           "model_type and the folder ships no modelling code (auto_map); sinklib loads native "
+                           f"transformers models and the families {family_names()}") from None
         raise
     except OSError as error:
         raise OSError(_offline_hint(path)) from error
@@ -419,7 +419,7 @@ def _open_checkpoint(name: str, family: str | None, dtype, trust_remote_code: bo
     if not trust_remote_code and ("auto_map" in raw or mmada_without_code):
         code = "the MMaDA repository's modelling code" if mmada_without_code else "its own modelling code"
         raise BadValue(f"{name!r} ships or needs {code}: pass trust_remote_code=True to sinklib.load if you trust it "
-                         "(sinklib never turns it on by itself)")
+                       "(sinklib never turns it on by itself)")
     _check_checkpoint_files(path, raw, name)
     if mmada_without_code:
         mmada_repo.import_classes()  # registers the "mmada" config type before AutoConfig reads config.json
@@ -484,7 +484,7 @@ def _remote_class(path: str, config, family: str | None) -> type:
         if family == "mmada":
             return mmada_repo.import_classes().model
         raise BadValue(f"{path!r} declares model_type={getattr(config, 'model_type', None)!r}, which is not a transformers "
-                         "model, and its config.json has no auto_map naming the modelling code to run")
+                       "model, and its config.json has no auto_map naming the modelling code to run")
     if isinstance(reference, (list, tuple)):
         reference = reference[0]
     return get_class_from_dynamic_module(reference, path)
@@ -505,10 +505,10 @@ def _raw_config(path: str) -> dict[str, Any]:
         raw = json.loads(local.read_text())
     except ValueError as error:
         raise BadValue(f"name_or_model={path!r} is not allowed: its config.json ({str(local)!r}) is not valid JSON "
-                         f"({error}); the checkpoint is damaged") from None
+                       f"({error}); the checkpoint is damaged") from None
     if not isinstance(raw, dict):
         raise BadValue(f"name_or_model={path!r} is not allowed: its config.json holds a JSON {type(raw).__name__}, "
-                         "not an object (name: value); the checkpoint is damaged")
+                       "not an object (name: value); the checkpoint is damaged")
     return raw
 
 
@@ -524,22 +524,22 @@ def _check_checkpoint_files(path: str, raw: dict[str, Any], name: str) -> None:
     by_code = _declaring_family(" ".join(str(v) for v in auto_map.values()).lower())
     if by_type and by_code and by_type != by_code:
         raise BadValue(f"name_or_model={name!r} is not allowed: its config.json declares the {by_type} family "
-                         f"(model_type / architectures) but its auto_map loads {by_code} code ({auto_map}); the "
-                         "checkpoint is inconsistent")
+                       f"(model_type / architectures) but its auto_map loads {by_code} code ({auto_map}); the "
+                       "checkpoint is inconsistent")
     if not folder.is_dir():
         return
     for target in auto_map.values():
         module = str(target[0] if isinstance(target, (list, tuple)) else target).rsplit(".", 1)[0]
         if "--" not in module and not (folder / f"{module}.py").is_file():
             raise BadValue(f"name_or_model={name!r} is not allowed: its config.json auto_map names {module}.py, which "
-                             "is not in the folder; copy the checkpoint's modelling files beside config.json")
+                           "is not in the folder; copy the checkpoint's modelling files beside config.json")
     for weights in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(weights), "pt"):
                 pass
         except Exception as error:  # safetensors' own error type is not importable across its versions
             raise BadValue(f"name_or_model={name!r} is not allowed: {weights.name} is damaged or cut off "
-                             f"({' '.join(str(error).split())}); download it again") from None
+                           f"({' '.join(str(error).split())}); download it again") from None
 
 
 def _load_tokenizer(path: str, trust_remote_code: bool):
@@ -564,7 +564,7 @@ def _mask_id(spec: Family, tokenizer, mask_id: int | None, name: str) -> int | N
         vocab_size = len(tokenizer)
         if mask_id is None or not 0 <= mask_id < vocab_size:
             raise BadValue(f"the tokenizer of {name!r} has no mask token (mask_id={mask_id}, vocabulary of {vocab_size}): "
-                             "a diffusion family needs one; pass mask_id= explicitly")
+                           "a diffusion family needs one; pass mask_id= explicitly")
     if mask_id is None:
         raise BadValue(f"{name!r} has no tokenizer and no mask id: pass mask_id= for the {spec.name} family")
     return mask_id

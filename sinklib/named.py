@@ -340,7 +340,7 @@ def convert(spec: NamedModel, source: Path, target: Path, progress: bool = True,
                                   f"{spec.install}")
     if os.path.lexists(target) and (not target.is_dir() or any(target.iterdir())):
         raise BadValue(f"name_or_model={spec.name!r}: {str(target)!r} exists but is not a finished conversion; "
-                         "remove it (or point SINKLIB_CACHE elsewhere) to convert again")
+                       "remove it (or point SINKLIB_CACHE elsewhere) to convert again")
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
     try:

@@ -143,7 +143,7 @@ def _read_raw(folder: Path) -> dict[str, Any]:
     raw = json.loads(manifest.read_text())
     if not isinstance(raw, dict) or set(raw) - {"artifacts", "code", "environments"} or "artifacts" not in raw:
         raise BadValue(f"{manifest} is not allowed: it is not a manifest of this sinklib (artifacts, code and "
-                         "environments at its top); move it away and run again")
+                       "environments at its top); move it away and run again")
     return raw
 
 

@@ -27,7 +27,7 @@ class Registry(Generic[T]):
             raise BadValue(f"name={name!r} is not allowed: a {self.kind} name must be a non-empty str")
         if name in self._entries and not replace:
             raise BadValue(f"name={name!r} is not allowed: a {self.kind} of that name is registered already "
-                             "(pass replace=True to replace it)")
+                           "(pass replace=True to replace it)")
         if isinstance(target, str) and target.count(":") != 1:
             raise BadValue(f"target={target!r} is not allowed: a lazy {self.kind} is 'module:attribute'")
         self._entries[name] = target

@@ -90,7 +90,7 @@ def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
     for key in given:
         if key not in declared:
             raise BadValue(f"parameter {key!r} is not allowed: no notebook declares it{did_you_mean(key, declared)}; "
-                             f"allowed: {sorted(declared)}")
+                           f"allowed: {sorted(declared)}")
     unused = [key for key in given if key not in selected]
     if unused:
         owners = {key: " ".join(path.stem[:2] for path in every if key in run_for(path).parameter_names())
@@ -113,7 +113,7 @@ def check_model_names(given: dict[str, Any], paths: list[Path] | None = None) ->
     for name in dict.fromkeys(names):
         if not isinstance(name, str):
             raise BadValue(f"parameter models={given.get('models')!r} is not allowed: models are names (str), "
-                             f"got {name!r}")
+                           f"got {name!r}")
         resolve_name(name)
 
 
@@ -166,14 +166,14 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     if remake_long_runs is not False and (remake_long_runs is not True or only or params or out is not None
                                           or figures_dir is not None or results_dir is not None):
         raise BadValue(f"remake_long_runs={remake_long_runs!r} is not allowed here: only the default run of every "
-                         "notebook (python -m sinklib.reproduce --remake-long-runs, no other option) makes the long "
-                         "runs again, since it remakes everything that reads them")
+                       "notebook (python -m sinklib.reproduce --remake-long-runs, no other option) makes the long "
+                       "runs again, since it remakes everything that reads them")
     check_parameters(given, paths)
     check_model_names(given, paths)
     if INSTALLED:  # the wheel's notebooks and results are read, never written: everything goes under `out`
         if out is None:
             raise BadValue("out=None is not allowed: an installed sinklib runs its notebooks into a folder of "
-                             "yours (python -m sinklib.reproduce --out DIR)")
+                           "yours (python -m sinklib.reproduce --out DIR)")
         figures_dir = figures_dir or Path(out) / "figures"
         results_dir = results_dir or Path(out) / "data" / "results"
         seed_committed_runs(Path(results_dir))
@@ -381,7 +381,7 @@ def regenerated_stores(results_dir: Path, names: tuple[str, ...] = STORED) -> It
         store, previous = results_dir / name, results_dir / f".{name}.previous"
         if previous.exists():
             raise BadValue(f"results_dir={str(results_dir)!r} is not allowed: {previous.name} is left from a run that "
-                             f"was stopped; move it back to {name} (or delete it) and run again")
+                           f"was stopped; move it back to {name} (or delete it) and run again")
         if store.exists():
             store.rename(previous)
             moved.append((store, previous))

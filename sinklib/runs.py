@@ -114,7 +114,7 @@ class RunConfig:
         for key in given:
             if key not in names:
                 raise BadValue(f"parameter {key!r} is not allowed: {cls.__name__} has no such field"
-                                 f"{did_you_mean(key, names)}; allowed: {names}")
+                               f"{did_you_mean(key, names)}; allowed: {names}")
 
     def save(self, result: "Result") -> "Result":
         """Write the result's figures (PNG + PDF), tables (parquet, each with its comparison layout) and texts; each
@@ -123,7 +123,7 @@ class RunConfig:
         unlaid = sorted(set(result.tables) - set(result.layouts))
         if unlaid:
             raise BadValue(f"result.tables={unlaid!r} is not allowed: every table needs a summary.Layout in "
-                             "result.layouts (the columns that identify a row, for comparing a rerun)")
+                           "result.layouts (the columns that identify a row, for comparing a rerun)")
         record = describe(self, notebook=type(self).NOTEBOOK)
         figures, results = Path(self.figures_dir), Path(getattr(self, "results_dir", self.figures_dir))
         written = []
@@ -193,7 +193,7 @@ def _check_task_limits(config) -> None:
     known = task_names()
     if config.task not in known:
         raise BadValue(f"task={config.task!r} is not allowed: task must be one of {known}"
-                         f"{did_you_mean(config.task, known)}")
+                       f"{did_you_mean(config.task, known)}")
     wrong = {model: task for model, task in config.tasks.items() if task not in known}
     if wrong:
         raise BadValue(f"tasks={config.tasks!r} is not allowed: {wrong} name no task; tasks are {known}")
@@ -223,7 +223,7 @@ def _check_consent(config) -> None:
     for task in dict.fromkeys([config.task, *config.tasks.values()]):
         if get_task(task).executes_code and not config.allow_code_execution:
             raise BadValue(f"allow_code_execution=False is not allowed with task={task!r}: scoring it runs the "
-                             "model-written code; pass allow_code_execution=True to consent (it runs isolated)")
+                           "model-written code; pass allow_code_execution=True to consent (it runs isolated)")
     if config.task_path is not None and not (NOTEBOOKS / config.task_path).is_file():  # read from notebooks/
         raise BadValue(f"task_path={config.task_path!r} is not allowed: task_path must be an existing file of samples")
 
@@ -232,7 +232,7 @@ def _check_layout(config) -> None:
     """gen_length must split into blocks of block_length (LLaDA / MMaDA's layout), when both are given."""
     if config.gen_length is not None and config.block_length is not None and config.gen_length % config.block_length:
         raise BadValue(f"gen_length={config.gen_length!r} is not allowed: gen_length must be a multiple of "
-                         f"block_length={config.block_length}")
+                       f"block_length={config.block_length}")
 
 
 @validated
@@ -289,7 +289,7 @@ class MovingSinksRun(TracesRun):
         for name, layout in (self.paper_layouts or {}).items():
             if not layout or set(layout) - allowed:
                 raise BadValue(f"paper_layouts[{name!r}]={layout!r} is not allowed: a layout is a non-empty dict of "
-                                 f"{sorted(allowed)}")
+                               f"{sorted(allowed)}")
             if name not in self.models:
                 raise BadValue(f"paper_layouts[{name!r}] is not allowed: {name!r} is not one of models={self.models!r}")
 
@@ -458,14 +458,14 @@ class TrainingDynamicsRun(RunConfig):
         """At least one recipe, each once, and a checkpoint_count each recipe's steps can hold."""
         if not self.recipes or len(set(self.recipes)) != len(self.recipes):
             raise BadValue(f"recipes={self.recipes!r} is not allowed: recipes must be a non-empty list of "
-                             "distinct recipe names (zoo models and variants)")
+                           "distinct recipe names (zoo models and variants)")
         for name in self.recipes:  # a count the log-spaced steps cannot hold is refused at once (none are built)
             total = over_training.recipe(name).steps
             try:
                 over_training.checkpoint_steps(total, self.checkpoint_count)
             except ValueError as error:
                 raise BadValue(f"checkpoint_count={self.checkpoint_count!r} is not allowed: recipe {name} trains "
-                                 f"{total} steps ({error})") from None
+                               f"{total} steps ({error})") from None
 
     @property
     def measurement(self) -> over_training.Measurement:
@@ -517,7 +517,7 @@ class CarryRun(TaskPart, TracesRun):
         for name, ks in {"ks": self.ks, **{f"ks_by_task[{t!r}]": k for t, k in self.ks_by_task.items()}}.items():
             if 0 not in ks or len(set(ks)) != len(ks):
                 raise BadValue(f"{name}={ks!r} is not allowed: {name} must be distinct integers >= 0 and include 0 "
-                                 "(unmasked)")
+                               "(unmasked)")
 
     def check_lens_models(self) -> None:
         """The logit lens reads models this run generates with: each of lens_models must be one of models."""
@@ -547,7 +547,7 @@ class CarryRun(TaskPart, TracesRun):
         loaded = {name: model for name, model in loaded.items() if name not in self.masking_skip}
         if not loaded:
             raise BadValue(f"masking_skip={self.masking_skip!r} is not allowed: it leaves no model of {self.models} "
-                             "for the dose-response")
+                           "for the dose-response")
         conditions = at_eps(("sinks", "random keys", f"sink values ({self.value_ablation})"), self.eps)
         return {task: masking_table(group, get_task(task, limit=self.n_problems_by_task.get(task, self.n_problems)),
                                     conditions, self.ks_by_task.get(task, self.ks),
@@ -593,14 +593,14 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         for name in ("trace_policy", "masking_policy"):
             if getattr(self, name) not in speed.POLICIES or getattr(self, name) == "plain":
                 raise BadValue(f"{name}={getattr(self, name)!r} is not allowed: choose one of "
-                                 f"{[p for p in speed.POLICIES if p != 'plain']}")
+                               f"{[p for p in speed.POLICIES if p != 'plain']}")
         if self.eviction_policy not in speed.POLICIES:
             raise BadValue(f"eviction_policy={self.eviction_policy!r} is not allowed: choose one of "
-                             f"{list(speed.POLICIES)}")
+                           f"{list(speed.POLICIES)}")
         strangers = [name for name in self.masking_models or () if name not in self.models]
         if strangers:
             raise BadValue(f"masking_models={self.masking_models!r} is not allowed: {strangers} are not among "
-                             f"models={self.models!r}")
+                           f"models={self.models!r}")
 
     @property
     def speed_store(self) -> Path:
@@ -662,7 +662,7 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
                                          and model.calling == "native"), None)
         if name is None:
             raise BadValue(f"models={self.models!r} is not allowed with trace_model=None: no model of the run is a "
-                             "diffusion model on transformers' own code (a cache needs one)")
+                           "diffusion model on transformers' own code (a cache needs one)")
         return name
 
     def collect_traces(self, loaded: Mapping[str, Any]) -> dict[str, Any]:

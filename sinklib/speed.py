@@ -151,7 +151,7 @@ def stored_timing(models: Mapping[str, Any], task_of: Mapping[str, str], out: st
                          or list(found[m, p]["id"].astype(str)) != [str(i) for i in ids[m]])
         if differs:
             raise BadValue(f"out={str(out)!r} is not allowed: its {TIMING_FILE} was timed for other jobs, settings or "
-                             f"problems ({', '.join(differs[:4])}); time into a new folder or remove that file")
+                           f"problems ({', '.join(differs[:4])}); time into a new folder or remove that file")
         return timing
     timing = time_policies(models, task_of, problems, block_length=block_length, progress=progress)
     Path(out).mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,7 @@ def paired(first: Sequence[bool], second: Sequence[bool]) -> Paired:
     """The paired comparison of two conditions' correctness on the same problems, in the same order."""
     if len(first) != len(second):
         raise BadValue(f"second has {len(second)} problems, first {len(first)}: a paired comparison needs the same "
-                         "problems in the same order")
+                       "problems in the same order")
     both = sum(a and b for a, b in zip(first, second))
     lost = sum(a and not b for a, b in zip(first, second))
     gained = sum(b and not a for a, b in zip(first, second))
@@ -124,7 +124,7 @@ def difference_of_changes(first_before: Sequence[bool], first_after: Sequence[bo
     runs = [np.asarray(run, dtype=float) for run in (first_before, first_after, second_before, second_after)]
     if len({len(run) for run in runs}) != 1:
         raise BadValue(f"the four runs answered {[len(run) for run in runs]} problems: a difference of paired changes "
-                         "needs the same problems in the same order")
+                       "needs the same problems in the same order")
     differences = (runs[3] - runs[2]) - (runs[1] - runs[0])
     n = len(differences)
     if n == 0:

@@ -75,7 +75,7 @@ class Trace:
         """The scores, or a clear error for a trace generated with keep_scores=False."""
         if self.scores is None:
             raise BadValue("this Trace has no attention scores: it was generated with keep_scores=False "
-                             "(generate again with keep_scores=True to analyse its attention)")
+                           "(generate again with keep_scores=True to analyse its attention)")
         return self.scores
 
     @property
@@ -187,7 +187,7 @@ class Trace:
         for name, grid in zip(("step", "layer", "head"), expected):
             if not np.array_equal(table[name].to_numpy(), grid.ravel()):
                 raise BadValue(f"path={str(path)!r} is not a consistent Trace: scores.parquet's {name} column does not "
-                                 f"match the shape {meta['shape']} in meta.json")
+                               f"match the shape {meta['shape']} in meta.json")
         scores = torch.from_numpy(_unlist(table["scores"], np.float32, seq)).reshape(steps, layers, heads, seq)
         masked = None
         if meta["has_masked_keys"]:
@@ -204,7 +204,7 @@ class Trace:
             flat = torch.tensor(row["map"], dtype=torch.float32)
             if row["rows"] < 1 or flat.numel() % row["rows"]:
                 raise BadValue(f"path={str(path)!r} is not a consistent Trace: map {row['step'], row['layer'], row['head']} "
-                                 f"has {flat.numel()} values for {row['rows']} rows")
+                               f"has {flat.numel()} values for {row['rows']} rows")
             maps[(row["step"], row["layer"], row["head"])] = flat.reshape(row["rows"], -1)
         return cls(scores=scores, tokens=tokens, is_masked=is_masked, prompt_len=meta["prompt_len"],
                    layer_names=meta["layer_names"], text=meta["text"], masked_keys=masked, maps=maps,
@@ -225,7 +225,7 @@ def _check_trace_folder(folder: Path) -> None:
                          and not (p.name.startswith(".") and p.name.endswith(".partial")))  # an interrupted save's
         if foreign:
             raise BadValue(f"path={str(folder)!r} is not allowed: it holds files that are not a Trace's ({foreign[:3]}); "
-                             "save into a new or empty folder")
+                           "save into a new or empty folder")
 
 
 def _fresh_file(folder: Path, name: str) -> Path:
@@ -247,7 +247,7 @@ def _verify(folder: Path, meta: dict) -> None:
     digests = meta.get("sha256") if isinstance(meta, dict) else None
     if not isinstance(digests, dict):
         raise BadValue(f"path={str(folder)!r} is not a verifiable Trace: meta.json has no checksums (written by an "
-                         "older sinklib, or edited); generate it again")
+                       "older sinklib, or edited); generate it again")
     if digests.get("meta.json") != _sha256_meta(meta):
         raise BadValue(f"path={str(folder)!r} is a damaged Trace: meta.json was changed after it was written")
     for name in _DATA_FILES:
@@ -255,14 +255,14 @@ def _verify(folder: Path, meta: dict) -> None:
             raise BadValue(f"path={str(folder)!r} is an incomplete Trace: {name} is missing")
         if sha256_of(folder / name) != digests.get(name):
             raise BadValue(f"path={str(folder)!r} is a damaged Trace: {name} does not match its SHA-256 in meta.json "
-                             "(changed or cut after it was written)")
+                           "(changed or cut after it was written)")
 
 
 def _expect(folder: Path, name: str, table: pa.Table, rows: int, width: int, column: str) -> None:
     list_width = getattr(table.schema.field(column).type, "list_size", None)
     if table.num_rows != rows or list_width != width:
         raise BadValue(f"path={str(folder)!r} is not a consistent Trace: {name} holds {table.num_rows} rows of "
-                         f"{list_width} values, meta.json's shape needs {rows} of {width}")
+                       f"{list_width} values, meta.json's shape needs {rows} of {width}")
 
 
 def _to_json(value: Any) -> Any:

@@ -133,8 +133,8 @@ def _read(folder: Path, key: dict) -> Trace:
     trace = Trace.load(folder)
     if _canonical(trace.meta.get("store_key")) != _canonical(key):
         raise BadValue(f"store={str(folder.parent.parent)!r} is not allowed: {folder.relative_to(folder.parent.parent)} "
-                         f"holds a trace of other inputs (its store_key is {trace.meta.get('store_key')!r}, its name "
-                         f"says {key!r}); delete that folder to generate it again")
+                       f"holds a trace of other inputs (its store_key is {trace.meta.get('store_key')!r}, its name "
+                       f"says {key!r}); delete that folder to generate it again")
     return trace
 
 

@@ -158,8 +158,8 @@ def refuse_stranded_heads(call: AttentionCall, args: SdpaArgs, key_mask: torch.T
     if bool(stranded.any()):
         b, h = (int(i) for i in stranded.nonzero()[0])
         raise BadValue(f"intervention={intervention!r} is not allowed here: at step {call.step}, {call.layer_name} "
-                         f"(batch {b}, head {h}) it masks every key a query may attend to, which would leave "
-                         "the softmax nothing; it must leave at least one key per head")
+                       f"(batch {b}, head {h}) it masks every key a query may attend to, which would leave "
+                       "the softmax nothing; it must leave at least one key per head")
 
 
 def clean_statistics(args: SdpaArgs, stats_options: dict) -> Callable[[], AttentionStats]:
@@ -198,4 +198,4 @@ def checked_key_mask(key_mask: torch.Tensor, batch: int, heads: int, n_keys: int
         return key_mask.to(device).expand(batch, heads, n_keys)
     except RuntimeError:
         raise BadValue(f"an intervention returned a key mask of shape {tuple(key_mask.shape)}; expected "
-                         f"[{batch}, {heads}, {n_keys}] (or broadcastable)") from None
+                       f"[{batch}, {heads}, {n_keys}] (or broadcastable)") from None

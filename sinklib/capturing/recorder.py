@@ -96,7 +96,7 @@ class Recorder:
             if layer in self.layer_names:
                 return self.layer_names.index(layer)
             raise BadValue(f"layer={layer!r} is not an attention layer of this model"
-                             f"{did_you_mean(layer, self.layer_names)}; layers are {self.layer_names[:3]}…")
+                           f"{did_you_mean(layer, self.layer_names)}; layers are {self.layer_names[:3]}…")
         return check_int(layer, "layer", 0, self.n_layers - 1)
 
     def step_scores(self, step: int) -> torch.Tensor:
@@ -239,5 +239,5 @@ class Recorder:
             if self.query_mask.shape[0] == batch and n_queries == 1:
                 return None  # a KV-cache decoding step: its single query is always real
             raise BadValue(f"recorder.query_mask has shape {tuple(self.query_mask.shape)} but the attention call has "
-                             f"batch {batch} and {n_queries} queries")
+                           f"batch {batch} and {n_queries} queries")
         return self.query_mask

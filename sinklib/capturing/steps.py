@@ -88,7 +88,7 @@ class StepStore:
         """Raise unless per-step scores are kept (keep_steps=True)."""
         if not self.keep_steps:
             raise BadValue("this capture was opened with keep_steps=False: it kept no per-step scores "
-                             "(open it with keep_steps=True to read them)")
+                           "(open it with keep_steps=True to read them)")
 
     def step(self, step: int, name: str = "scores") -> torch.Tensor:
         """One field of a finished step: [layers, batch, heads, keys] ("scores", "masked") or [layers, batch]

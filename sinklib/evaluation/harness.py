@@ -61,8 +61,8 @@ def _named_policy(name: str, settings: dict[str, Any]):
     for key in settings:
         if key not in takes:
             raise BadValue(f"model_args {POLICY_PREFIX}{key}= is not allowed: policy {name!r} takes "
-                             f"{[POLICY_PREFIX + t for t in takes]}"
-                             f"{did_you_mean(POLICY_PREFIX + key, [POLICY_PREFIX + t for t in takes])}")
+                           f"{[POLICY_PREFIX + t for t in takes]}"
+                           f"{did_you_mean(POLICY_PREFIX + key, [POLICY_PREFIX + t for t in takes])}")
     hints = typing.get_type_hints(POLICIES.get(name))
     # one value where the policy takes several ("policy.layers=3") is a list of one, as "policy.layers=3 5" is of two
     settings = {key: [value] if _takes_several(hints.get(key)) and not isinstance(value, (list, tuple)) else value
@@ -72,7 +72,7 @@ def _named_policy(name: str, settings: dict[str, Any]):
                and key not in settings]
     if missing:
         raise BadValue(f"model_args {POLICY_PREFIX}{missing[0]}= is required by policy {name!r} "
-                         f"(e.g. policy={name},{POLICY_PREFIX}{missing[0]}=1)")
+                       f"(e.g. policy={name},{POLICY_PREFIX}{missing[0]}=1)")
     return make_policy(name, **settings)
 
 
@@ -230,10 +230,10 @@ class SinklibLM(LM):
         for key in args:
             if key not in allowed and key not in RENAMED:
                 raise BadValue(f"model_args {key}= is not allowed: the sinklib model takes {allowed}"
-                                 f"{did_you_mean(key, allowed)}")
+                               f"{did_you_mean(key, allowed)}")
         if "pretrained" not in args:
             raise BadValue("model_args pretrained= is required: a hub id, a local folder or a zoo name "
-                             "(e.g. --model_args pretrained=tiny-llada)")
+                           "(e.g. --model_args pretrained=tiny-llada)")
         given = {**{k: v for k, v in (additional_config or {}).items() if v is not None and k in (*LOAD_ARGS, *RUN_ARGS)},
                  **args}
         masking = MaskingArgs(**{key: given.pop(key) for key in masking_names if key in given})

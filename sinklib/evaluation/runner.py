@@ -115,20 +115,20 @@ def check_resumable(out: Path, digest: str, config: dict, inputs: dict) -> None:
         entry = json.loads(path.read_text()).get(digest) if path.is_file() else None
     except (ValueError, AttributeError) as error:
         raise BadValue(f"out={str(out)!r} is not allowed: {path.name} beside it cannot be read ({error}), so nothing "
-                         "says what made its records; use a new file") from None
+                       "says what made its records; use a new file") from None
     if not isinstance(entry, dict):
         raise BadValue(f"out={str(out)!r} is not allowed: {path.name} beside it has no entry for configuration "
-                         f"{digest}, so nothing says what made its records; use a new file")
+                       f"{digest}, so nothing says what made its records; use a new file")
     recorded = json.loads(as_text(entry.get("config")))
     if recorded != json.loads(as_text(config)):
         changed = sorted(k for k in set(recorded) | set(config) if recorded.get(k) != json.loads(as_text(config)).get(k))
         raise BadValue(f"out={str(out)!r} is not allowed: {path.name} says its records were made with other "
-                         f"{changed} than this run's (edited, or another run's); use a new file")
+                       f"{changed} than this run's (edited, or another run's); use a new file")
     made_from = entry.get("inputs")
     if made_from is None:
         raise BadValue(f"out={str(out)!r} is not allowed: its records were made before sinklib recorded a run's "
-                         "inputs (the task's definition and samples, the model's files), so they cannot be checked; "
-                         "use a new file")
+                       "inputs (the task's definition and samples, the model's files), so they cannot be checked; "
+                       "use a new file")
     changed = sorted(k for k in set(made_from) | set(inputs) if made_from.get(k) != inputs.get(k))
     if changed:
         details = []
@@ -141,7 +141,7 @@ def check_resumable(out: Path, digest: str, config: dict, inputs: dict) -> None:
                 details.append({"task": "the task's definition (chat, stops, length, scorer or loader)",
                                 "samples": "the task's samples (their file was edited or replaced)"}.get(key, key))
         raise BadValue(f"out={str(out)!r} is not allowed: its records were made from other inputs: "
-                         f"{'; '.join(details)} changed since; use a new file")
+                       f"{'; '.join(details)} changed since; use a new file")
 
 
 def provenance_path(out: Path) -> Path:
@@ -180,17 +180,17 @@ def _read_done(out: Path, digest: str) -> dict[str, dict]:
             record = json.loads(line)
         except json.JSONDecodeError:
             raise BadValue(f"out={str(out)!r} is not allowed: line {number} is not a JSON record (the file was edited "
-                             "or damaged); use a new file") from None
+                           "or damaged); use a new file") from None
         if not isinstance(record, dict) or record.get("config_hash") != digest:
             found = record.get("config_hash") if isinstance(record, dict) else None
             raise BadValue(f"out={str(out)!r} is not allowed: line {number} was written by another configuration "
-                             f"(config_hash {found} ≠ {digest}); use a new file")
+                           f"(config_hash {found} ≠ {digest}); use a new file")
         if record.get("record_sha256") != record_digest(record):
             raise BadValue(f"out={str(out)!r} is not allowed: line {number} was edited after it was written (its "
-                             "record_sha256 does not match its content); use a new file")
+                           "record_sha256 does not match its content); use a new file")
         if record.get("id") in done:
             raise BadValue(f"out={str(out)!r} is not allowed: sample {record['id']!r} is written twice (lines "
-                             f"{lines[record['id']]} and {number}), so two runs wrote it at once; use a new file")
+                           f"{lines[record['id']]} and {number}), so two runs wrote it at once; use a new file")
         done[record["id"]] = record
         lines[record["id"]] = number
     return done
@@ -327,12 +327,12 @@ def check_scorer(spec: Any, sample: Any) -> None:
             scored = spec.scorer(output, sample)
         except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
             raise BadValue(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} fails on the output "
-                             f"{output!r} for sample {sample.id!r} ({type(error).__name__}: {error})") from None
+                           f"{output!r} for sample {sample.id!r} ({type(error).__name__}: {error})") from None
         bools = ("correct", "correct_flexible") if isinstance(scored, dict) and "correct_flexible" in scored else ("correct",)
         if not isinstance(scored, dict) or not all(isinstance(scored.get(key), bool) for key in bools):
             raise BadValue(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} must return a dict "
-                             f"with a bool 'correct' (and, if it gives one, a bool 'correct_flexible'; bool(x) converts "
-                             f"numpy's); on the output {output!r} for sample {sample.id!r} it returned {scored!r}")
+                           f"with a bool 'correct' (and, if it gives one, a bool 'correct_flexible'; bool(x) converts "
+                           f"numpy's); on the output {output!r} for sample {sample.id!r} it returned {scored!r}")
 
 
 def _open_results(out_path: Path | None, digest: str, config: dict, inputs: dict):
@@ -390,8 +390,8 @@ class _Run:
             return self.spec.score(output, sample)
         except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
             raise BadValue(f"task={self.spec.name!r}: its scorer {qualified_name(self.spec.scorer)} failed on the generated "
-                             f"output {output!r} for sample {sample.id!r} ({type(error).__name__}: {error}); the "
-                             "records before it are kept and the run resumes from them") from error
+                           f"output {output!r} for sample {sample.id!r} ({type(error).__name__}: {error}); the "
+                           "records before it are kept and the run resumes from them") from error
 
 
 def _summary(task: str, records: list[dict]) -> EvalSummary:

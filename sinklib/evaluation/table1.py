@@ -518,7 +518,7 @@ def by_task(loaded: dict[str, LoadedModel], task: str, tasks: dict[str, str] | N
     unknown = sorted(name for name in tasks if name not in loaded and not is_default_model(name))
     if unknown:
         raise BadValue(f"tasks={tasks!r} is not allowed: it names models not in models ({unknown}); "
-                         f"models are {list(loaded)}")
+                       f"models are {list(loaded)}")
     groups: dict[str, list[LoadedModel]] = {}
     for name, model in loaded.items():
         groups.setdefault(tasks.get(name, task), []).append(model)

@@ -65,19 +65,19 @@ class Task:
         loaded = self.load(self.path)
         if not isinstance(loaded, Iterable) or isinstance(loaded, (str, bytes, Mapping)):
             raise BadValue(f"{where} is not allowed: its loader {qualified_name(self.load)} returned "
-                             f"{type(loaded).__name__} {loaded!r:.80}, not a list of Sample")
+                           f"{type(loaded).__name__} {loaded!r:.80}, not a list of Sample")
         samples = list(loaded)  # a generator is read once, here
         wrong = next((item for item in samples if not isinstance(item, Sample)), None)
         if wrong is not None:
             raise BadValue(f"{where} is not allowed: its loader {qualified_name(self.load)} gave {type(wrong).__name__} "
-                             f"{wrong!r:.80}, not a Sample (sinklib.evaluation.tasks.Sample(id, prompt, target))")
+                           f"{wrong!r:.80}, not a Sample (sinklib.evaluation.tasks.Sample(id, prompt, target))")
         if not samples:
             raise BadValue(f"{where} is not allowed: it holds no sample")
         seen: dict[str, int] = {}
         for index, sample in enumerate(samples):
             if sample.id in seen:
                 raise BadValue(f"{where} is not allowed: sample id {sample.id!r} appears twice (samples {seen[sample.id]} "
-                                 f"and {index}); ids must be unique")
+                               f"and {index}); ids must be unique")
             seen[sample.id] = index
         return samples[:self.limit]
 
@@ -158,7 +158,7 @@ def read_rows(file: Path, fields: tuple[str, ...], given: str | None) -> list[di
         missing = [name for name in fields if not isinstance(row, dict) or row.get(name) is None]
         if missing:
             raise BadValue(f"{where} is not allowed: line {number} has no {missing[0]!r} (or it is null); each line "
-                             f"needs {list(fields)}")
+                           f"needs {list(fields)}")
         rows.append(row)
     return rows
 
@@ -239,8 +239,8 @@ def require_code_execution_opt_in(task: Task, allow_code_execution: bool, call: 
     """Refuse a task that runs model-written code unless the caller opted in, before any heavy work."""
     if task.executes_code and allow_code_execution is not True:
         raise BadValue(f"task={task.name!r} runs model-written code and allow_code_execution={allow_code_execution!r}: "
-                         f"opt in with {call}(..., allow_code_execution=True) (each sample then runs in a separate "
-                         "sandboxed process with a timeout and CPU, memory, process and file-system limits)")
+                       f"opt in with {call}(..., allow_code_execution=True) (each sample then runs in a separate "
+                       "sandboxed process with a timeout and CPU, memory, process and file-system limits)")
 
 
 def register_task(task: Task, *, replace: bool = False) -> None:

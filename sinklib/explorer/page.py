@@ -38,7 +38,7 @@ def page_layers(trace: Trace, layers: Sequence[int] | None, max_mb: float) -> li
     fit = int(max_mb // per_layer_mb) if per_layer_mb > 0 else n_layers
     if fit < 1:
         raise BadValue(f"max_mb={max_mb!r} is not allowed: one layer of this trace needs {per_layer_mb:.1f} MB "
-                         f"({steps} steps × {heads} heads × {seq} keys); raise max_mb")
+                       f"({steps} steps × {heads} heads × {seq} keys); raise max_mb")
     if fit >= n_layers:
         return list(range(n_layers))
     return sorted({int(round(x)) for x in np.linspace(0, n_layers - 1, fit)})

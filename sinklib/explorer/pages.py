@@ -32,7 +32,7 @@ def export_pages(models: Sequence[str], folder: str | Path, prompt: str, *, trac
     clash = sorted({name for name in names if names.count(name) > 1})
     if clash:  # two folders with one last name would write one page over the other
         raise BadValue(f"models={list(models)!r} is not allowed: their pages would share the name {clash[0]!r}; "
-                         "export them into separate folders")
+                       "export them into separate folders")
     traces = dict(traces or {})
     written = []
     for name in tqdm(models, desc="explorer pages", disable=not progress):

@@ -34,11 +34,11 @@ def _check_same_model(trace: Trace, loaded: LoadedModel) -> None:
     made_by = trace.meta.get("model")
     if made_by is not None and made_by != loaded.name:
         raise BadValue(f"loaded={loaded.name!r} is not allowed: this trace was made by {made_by!r}; pass that model "
-                         "(or no model, to explore the recorded scores without replayed maps)")
+                       "(or no model, to explore the recorded scores without replayed maps)")
     layers = trace.require_scores().shape[1]
     if len(attention_layers(loaded.model, loaded.layer_names)) != layers:
         raise BadValue(f"loaded={loaded.name!r} is not allowed: it has a different number of attention layers than "
-                         f"the trace ({layers})")
+                       f"the trace ({layers})")
 
 
 class Explorer(anywidget.AnyWidget):

@@ -314,4 +314,4 @@ def check_options(family, options: dict) -> None:
                             f"{did_you_mean(key, owners)}")
         if value is not None and family is not None and family.name not in owners[key]:
             raise BadValue(f"{key}={value!r} is not allowed for the {family.name} family: it applies to "
-                             f"{'/'.join(owners[key])} only")
+                           f"{'/'.join(owners[key])} only")

@@ -210,8 +210,8 @@ def training_exclusions(spec: AdaptSpec) -> tuple[frozenset[str], frozenset[str]
     shipped = read_jsonl(DATA_DIR / "arithmetic_unseen_work_test.jsonl")
     if split != shipped:  # work_split depends on every recipe in TWINS: a new or edited one would move it
         raise BadValue(f"recipe {spec.name!r} holds out data/arithmetic_unseen_work_test.jsonl, but work_split() no "
-                         "longer computes it (a twin recipe was added or edited): a resumed run would train on other "
-                         "problems; restore the recipes, or rewrite the split (python -m sinklib.zoo data) and retrain")
+                       "longer computes it (a twin recipe was added or edited): a resumed run would train on other "
+                       "problems; restore the recipes, or rewrite the split (python -m sinklib.zoo data) and retrain")
     return questions | {p.question for p in split}, frozenset(p.work for p in split)
 
 
@@ -348,10 +348,10 @@ def read_state(path: Path, name: str) -> dict:
         reason = "it is not a checkpoint sinklib wrote" if isinstance(error, pickle.UnpicklingError) else \
             " ".join(str(error).split())[:200]
         raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read ({reason}); remove "
-                         f"it and train again (python -m sinklib.zoo adapt {name})") from None
+                       f"it and train again (python -m sinklib.zoo adapt {name})") from None
     if not isinstance(state, dict) or not isinstance(state.get("spec"), dict) or "step" not in state:
         raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt is not a twin's training state "
-                         f"(a spec and a step); remove it and train again (python -m sinklib.zoo adapt {name})")
+                       f"(a spec and a step); remove it and train again (python -m sinklib.zoo adapt {name})")
     return state
 
 
@@ -363,7 +363,7 @@ def checked_state(folder: Path, name: str, step: int) -> dict:
     state = read_state(path, name)
     if state["spec"].get("name") != name or state["step"] != step:
         raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: it holds {state['spec'].get('name')!r} after "
-                         f"step {state['step']}, not {name!r} after step {step}")
+                       f"step {state['step']}, not {name!r} after step {step}")
     return state
 
 
@@ -387,8 +387,8 @@ def _resume(folder: Path, spec: AdaptSpec, model, optimizer) -> tuple[int, list[
     state = read_state(saved[max(saved)] / "state.pt", spec.name)
     if state["spec"] != asdict(spec) or state["threads"] != torch.get_num_threads():
         raise BadValue(f"checkpoints={str(folder)!r} is not allowed: {saved[max(saved)].name} was saved by "
-                         f"{state['spec']} on {state['threads']} threads, not {asdict(spec)} on "
-                         f"{torch.get_num_threads()}; give an empty folder or that recipe's")
+                       f"{state['spec']} on {state['threads']} threads, not {asdict(spec)} on "
+                       f"{torch.get_num_threads()}; give an empty folder or that recipe's")
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in state["weights"].items():
@@ -680,7 +680,7 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
     saved = _checkpoints(folder)
     if step not in saved and step != 0:
         raise BadValue(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)} "
-                         "(and step 0, the run's start)")
+                       "(and step 0, the run's start)")
     model, _ = build(TWINS[name])  # step 0 needs no checkpoint: this is it (a fresh adapter, or init_from's)
     if step != 0:
         params = dict(model.named_parameters())
@@ -767,7 +767,7 @@ def curve_rows(measured: list[tuple[dict, list[dict]]], items: list[Problem], ag
             mine = {str(r["id"]): bool(r["correct"]) for r in records}
             if sorted(mine) != sorted(final):
                 raise BadValue(f"measured[{index}] ({head}) holds other problems than the last entry: a paired "
-                                 "comparison needs the same problems")
+                               "comparison needs the same problems")
             ids = sorted(final)
             comparison = paired([mine[i] for i in ids], [final[i] for i in ids])
             row.update(lost=comparison.lost, gained=comparison.gained, shipped_gain=comparison.delta,

@@ -144,7 +144,7 @@ def held_out_by_work(seen_work: frozenset[str], n: int = 600, seed: int = 4321) 
                 return list(chosen.values())
         if since_new > 50_000:  # the generator has about 6,900 work strings: the unseen ones are used up
             raise BadValue(f"n={n} is not allowed: only {len(chosen)} unseen work strings exist (none new in "
-                             f"{since_new} draws)")
+                           f"{since_new} draws)")
     raise AssertionError("unreachable")
 
 

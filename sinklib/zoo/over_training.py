@@ -79,7 +79,7 @@ def retrain(name: RecipeName, folder: Path = CHECKPOINTS_DIR, count: Annotated[i
     if Path(folder).resolve().is_relative_to(ZOO_DIR.resolve()) or \
             any((run_folder / own).exists() for own in ("config.json", "model.safetensors", "card.json")):
         raise BadValue(f"folder={str(folder)!r} is not allowed: it is (or is inside) a shipped model's folder; give "
-                         "a folder for checkpoints (data/checkpoints/)")
+                       "a folder for checkpoints (data/checkpoints/)")
     for path in saved_checkpoints(run_folder).values():
         training_state(path, spec)  # refuses another recipe's checkpoints before any work
     present = [step for step in steps if checkpoint_folder(run_folder, step).exists()]
@@ -169,7 +169,7 @@ def _checkpoints(folder: Path, name: str, count: int) -> list[Path]:
     missing = [path.name for path in paths if not path.exists()]
     if missing:
         raise BadValue(f"names: {name!r} lacks checkpoints {missing} in {folder / name}: retrain it first "
-                         "(python -m sinklib.zoo over-training, or notebook 06 with retrain=True)")
+                       "(python -m sinklib.zoo over-training, or notebook 06 with retrain=True)")
     for path, step in zip(paths, steps):
         checked_checkpoint(path, name, step)
     return paths
@@ -201,7 +201,7 @@ def read_rows(results: Path = RESULTS_PATH) -> pd.DataFrame:
     rows = pd.read_parquet(results)
     if list(rows.columns) != COLUMNS:
         raise BadValue(f"results={str(results)!r} is not allowed: its columns {list(rows.columns)} are not "
-                         f"{COLUMNS}; give a sinks-over-training results file or a new path")
+                       f"{COLUMNS}; give a sinks-over-training results file or a new path")
     recorded, digests = read_metadata(results, ROW_DIGESTS), row_digests(rows)
     if recorded != digests:
         if recorded is None:
@@ -213,7 +213,7 @@ def read_rows(results: Path = RESULTS_PATH) -> pd.DataFrame:
                       in zip(rows["model"], rows["checkpoint"], digests, recorded) if digest != kept]
             which = f"the rows of {edited} are not what their measurements wrote (edited since)"
         raise BadValue(f"results={str(results)!r} is not allowed: {which}; nothing is resumed from it: measure "
-                         "into a new path, or restore the file (in a checkout: git checkout -- it)")
+                       "into a new path, or restore the file (in a checkout: git checkout -- it)")
     return rows
 
 
@@ -269,7 +269,7 @@ def select(rows: pd.DataFrame, how: Measurement, names: Sequence[str], count: in
     if missing:
         held = rows[["model", *KEY[3:]]].drop_duplicates().to_dict("records")
         raise BadValue(f"{missing} lack rows measured with {dataclasses.asdict(how)} at their {count} checkpoints "
-                         f"(the file holds {held}): measure them (retrain=True) or choose the settings it holds")
+                       f"(the file holds {held}): measure them (retrain=True) or choose the settings it holds")
     return _ordered(chosen, names)
 
 

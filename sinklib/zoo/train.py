@@ -219,12 +219,12 @@ def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
     `total`): the steps after which a run followed over training saves its weights."""
     if count < 2 or not 1 <= first < total or count > total - first + 2:  # before building any step list
         raise BadValue(f"count={count} is not allowed with total={total}, first={first}: need count >= 2, "
-                         "1 <= first < total and count <= total - first + 2 (one step per distinct checkpoint)")
+                       "1 <= first < total and count <= total - first + 2 (one step per distinct checkpoint)")
     ratio = (total / first) ** (1 / (count - 1))
     steps = sorted({0, *(round(first * ratio ** i) for i in range(count - 1)), total})
     if len(steps) != count + 1:
         raise BadValue(f"count={count} is not allowed with total={total}: log-spaced steps from {first} would "
-                         f"repeat; ask for fewer")
+                       f"repeat; ask for fewer")
     return steps
 
 
@@ -272,19 +272,19 @@ def checked_checkpoint(path: Path, name: str, step: int) -> dict:
     weights, state_file = path / "model.safetensors", path / "training_state.pt"
     if not weights.is_file() or not state_file.is_file():
         raise BadValue(f"checkpoint {str(path)!r} is not allowed: it lacks "
-                         f"{'model.safetensors' if not weights.is_file() else 'training_state.pt'}; {redo}")
+                       f"{'model.safetensors' if not weights.is_file() else 'training_state.pt'}; {redo}")
     saved = torch.load(state_file, weights_only=True)
     if saved["spec"].get("name") != name:
         raise BadValue(f"checkpoint {str(path)!r} is not allowed: recipe {saved['spec'].get('name')!r} saved it, "
-                         f"not {name!r}; give {name}'s checkpoints folder")
+                       f"not {name!r}; give {name}'s checkpoints folder")
     if saved["step"] != step:
         raise BadValue(f"checkpoint {str(path)!r} is not allowed: it holds the weights after step {saved['step']}, "
-                         f"not {step} (a folder copied or linked under another step's name); {redo}")
+                       f"not {step} (a folder copied or linked under another step's name); {redo}")
     recorded = saved.get("weights_sha256")
     whole = sha256_of(weights) == recorded if recorded else _safetensors_whole(weights)
     if not whole:
         raise BadValue(f"checkpoint {str(path)!r} is not allowed: its model.safetensors is not the file it was saved "
-                         f"with (cut or edited); {redo}")
+                       f"with (cut or edited); {redo}")
     return saved
 
 
@@ -314,10 +314,10 @@ def training_state(path: Path, spec: ZooSpec | None = None, threads: int | None 
     saved = torch.load(path / "training_state.pt", weights_only=True)
     if spec is not None and saved["spec"] != asdict(spec):
         raise BadValue(f"checkpoints={str(path.parent)!r} is not allowed: {path.name} was saved by another recipe "
-                         f"({saved['spec']}), not {asdict(spec)}; give an empty folder or that recipe's")
+                       f"({saved['spec']}), not {asdict(spec)}; give an empty folder or that recipe's")
     if threads is not None and saved.get("threads", threads) != threads:
         raise BadValue(f"threads={threads} is not allowed: {path} was trained with threads={saved['threads']}, and "
-                         "another thread count would not continue it with the same bits")
+                       "another thread count would not continue it with the same bits")
     return saved
 
 

@@ -98,7 +98,7 @@ def test_evaluate_runs_a_real_checkpoint_at_its_tasks_length(llada, monkeypatch)
     original = type(zoo).settings_for
     monkeypatch.setattr(type(zoo), "settings_for", lambda self, task=None, **kw: asked.append(task) or original(self, task, **kw))
     evaluate(zoo, get_task("arithmetic", limit=1), progress=False)
-    assert asked == [get_task("arithmetic")]
+    assert asked == [get_task("arithmetic", limit=1)]
 
 
 def test_layout_options_are_checked_where_settings_are_made_and_a_block_above_the_length_is_named(llada):
