@@ -3,8 +3,10 @@ against the rule worked by hand on made-up answers, whichever way a model comes 
 import pandas as pd
 import pytest
 
-from sinklib import analyses
-from sinklib.evaluation.table1 import ITEM_COLUMNS, MaskingTable, accuracy_rows
+pytest.importorskip("matplotlib")  # sinklib.analyses draws the notebooks' figures (the notebooks' extra)
+
+from sinklib import analyses  # noqa: E402
+from sinklib.evaluation.table1 import ITEM_COLUMNS, MaskingTable, accuracy_rows  # noqa: E402
 
 
 def _items(model: str, right: dict[tuple[str, int], int], n: int = 40) -> list[dict]:
