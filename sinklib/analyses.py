@@ -12,7 +12,7 @@ import pandas as pd
 
 from sinklib import carry, dynamics, lens, plots
 from sinklib.capturing.replay import full_pass_scores, replay_map
-from sinklib.evaluation.table1 import MaskingTable, _family_before_loading, column_name, column_words
+from sinklib.evaluation.table1 import MaskingTable, column_name, column_words, family_before_loading
 from sinklib.loading import LoadedModel
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
 from sinklib.stats import difference_of_changes
@@ -526,7 +526,8 @@ def sink_reliance(tables: Mapping[str, MaskingTable]) -> Summary:
                                       against.loc[(model, 1)] if (model, 1) in against.index else None))
     frame = pd.DataFrame(rows).set_index("model")
     findings = [f"{name}: {row['verdict']}." for name, row in frame.iterrows()]
-    return Summary.by_model(frame.drop(columns="verdict"), near_tie_models_of(tables), findings)
+    flagged = set().union(*(table.near_tie_models() for table in tables.values()))
+    return Summary.by_model(frame.drop(columns="verdict"), flagged, findings)
 
 
 def _reliance_row(model: str, task: str, accuracy: pd.Series, top1: pd.Series, against: pd.Series | None) -> dict:
@@ -544,7 +545,7 @@ def _reliance_row(model: str, task: str, accuracy: pd.Series, top1: pd.Series, a
         beyond = "more than" if against["delta_high"] < 0 else "less than" if against["delta_low"] > 0 else "no more than"
         said += (f", {beyond} one random key costs it (sinks − random {against['delta']:+.2f} "
                  f"[{against['delta_low']:+.2f}, {against['delta_high']:+.2f}])")
-    family = _family_before_loading(model)
+    family = family_before_loading(model)
     kind = family.kind if family is not None else None
     if kind in PAPER_TOP1:
         expected, paper = PAPER_TOP1[kind]
@@ -553,12 +554,6 @@ def _reliance_row(model: str, task: str, accuracy: pd.Series, top1: pd.Series, a
     return {"model": model, "task": task, "kind": kind or "not declared", "unmasked": unmasked, "top-1": masked,
             "delta": top1["delta"], "delta_low": top1["delta_low"], "delta_high": top1["delta_high"],
             "verdict": said}
-
-
-def near_tie_models_of(tables: Mapping[str, MaskingTable]) -> set[str]:
-    """The models any of whose Table 1 answers passed a near-tie (their rows are marked)."""
-    return {name for table in tables.values() if table.items is not None
-            for name, margins in table.items.groupby("model")["margin"] if any(is_near_tie(m) for m in margins)}
 
 
 # --- notebook 08 ---------------------------------------------------------------------------------------------

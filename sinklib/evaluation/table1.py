@@ -145,11 +145,15 @@ class MaskingTable:
         return Result(figures={name: self.figure()}, tables=tables, layouts={k: layouts[k] for k in tables},
                       texts={f"{name}.md": self.to_markdown() + "\n", f"{name}.tex": self.to_latex()}, shown=self.summary())
 
+    def near_tie_models(self) -> set[str]:
+        """The models any of whose answers passed a near-tie (a decision within float rounding: sinklib.ties)."""
+        return set() if self.items is None else {
+            name for name, margins in self.items.groupby("model")["margin"] if any(is_near_tie(m) for m in margins)}
+
     def summary(self):
         """The wide table as a notebook shows it, with a finding per model and the paper's values beside. A model
         any of whose samples was decided within float rounding is marked (sinklib.summary)."""
-        flagged = set() if self.items is None else {
-            name for name, margins in self.items.groupby("model")["margin"] if any(is_near_tie(m) for m in margins)}
+        flagged = self.near_tie_models()
         wide = self.wide()
         findings = [self._finding(name, row, label(name, flagged)) for name, row in wide.iterrows()]
         findings.append("Paper (Table 1, GSM8K): Llama-3.1-8B .85 unmasked, .02 with its top-1 sink masked; "
@@ -406,7 +410,7 @@ def masking_table(models: Sequence[LoadedModel | str], task: "str | Task" = "ari
     chosen = checked_conditions(conditions)
     _check_table_settings(settings, models)
     for model in models:  # every model whose family is known before loading: its conditions built before any run
-        family = _family_before_loading(model)
+        family = family_before_loading(model)
         if family is not None:
             table_conditions(family, ks, chosen, seed)
     rows, items = [], []
@@ -477,7 +481,7 @@ class _Audit:
         return checks
 
 
-def _family_before_loading(model: LoadedModel | str | os.PathLike) -> Family | None:
+def family_before_loading(model: LoadedModel | str | os.PathLike) -> Family | None:
     """The family `model` loads as where it is known without loading it: a loaded model's, a twin's, or the one its
     config.json declares (a zoo model's `sinklib_family`, a family's words in model_type / architectures); None where
     only loading tells (its conditions are then built when its turn comes)."""

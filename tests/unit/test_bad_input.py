@@ -808,15 +808,15 @@ def test_a_family_is_read_before_loading_only_from_what_declares_it(tmp_path, mo
     """Table 1's early condition build reads a family from a zoo model's, a twin's or a folder's own declaration; a
     named model converted on first use and a hub id are left to loading, whatever folder of that name the current
     directory holds (it is not the model)."""
-    from sinklib.evaluation.table1 import _family_before_loading
+    from sinklib.evaluation.table1 import family_before_loading
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "smollm2-135m-instruct").mkdir()
     (tmp_path / "smollm2-135m-instruct" / "config.json").write_text('{"sinklib_family": "llada"}')
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "config.json").write_text('{"sinklib_family": 5}')
-    assert _family_before_loading("smollm2-135m-instruct") is None
-    assert _family_before_loading("org/never-downloaded") is None
-    assert _family_before_loading(str(tmp_path / "odd")) is None
-    assert _family_before_loading("tiny-dream").name == "dream"
-    assert _family_before_loading("smollm2-135m-diffusion").name == "dream"
+    assert family_before_loading("smollm2-135m-instruct") is None
+    assert family_before_loading("org/never-downloaded") is None
+    assert family_before_loading(str(tmp_path / "odd")) is None
+    assert family_before_loading("tiny-dream").name == "dream"
+    assert family_before_loading("smollm2-135m-diffusion").name == "dream"
