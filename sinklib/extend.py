@@ -34,14 +34,34 @@ REGISTRIES = {
 
 
 def registry(kind: str) -> Registry:
-    """The registry of `kind` (one of REGISTRIES: "family", "task", "policy", "condition", "notebook")."""
+    """The registry of `kind` itself (names(), get(), unregister()).
+
+    Args:
+        kind: one of REGISTRIES: "family", "task", "policy", "condition", "notebook".
+
+    Returns:
+        The Registry.
+
+    Raises:
+        BadValue: an unknown kind (with "did you mean").
+    """
     module, attribute = REGISTRIES[check_choice(kind, "kind", list(REGISTRIES))].split(":")
     return getattr(importlib.import_module(module), attribute)
 
 
 def register(kind: str, name: str, target: Any, *, replace: bool = False) -> None:
-    """Add `target` under `name` to the registry of `kind`: an object, or a lazy "module:attribute" imported on first
-    use. A task is registered under its own name (`name` must be the Task's)."""
+    """Add `target` under `name` to the registry of `kind`.
+
+    Args:
+        kind: one of REGISTRIES: "family", "task", "policy", "condition", "notebook".
+        name: the name it is reached by; a task is registered under its own name (`name` must be the Task's).
+        target: the object (a Family, a Task, a policy class, a Condition, a run config), or a lazy
+            "module:attribute" imported on first use.
+        replace: replace what is registered under that name already (else that is refused).
+
+    Raises:
+        BadValue: an unknown kind, a name registered already, a task under another name than its own.
+    """
     if kind == "task" and getattr(target, "name", name) != name:
         raise BadValue(f"name={name!r} is not allowed: name must be the task's own ({target.name!r})")
     registry(kind).register(name, target, replace=replace)

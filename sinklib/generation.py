@@ -88,12 +88,22 @@ def generate(model, prompt, settings=None, *, seed: int = 0,
             LoadedModel.settings_for(). Build others with `model.settings_for(steps=..., gen_length=...)` (the
             layout kept valid) or dataclasses.replace; both are checked when made.
         seed: the sampler's random generator (temperature > 0, random remasking).
-        maps / intervention: as for sinklib.capture.
+        maps: (step, layer, head) triples whose full [queries, keys] attention map is kept (Trace.maps), as for
+            sinklib.capture.
+        intervention: a policy applied at every forward (sinklib.interventions, e.g. MaskSinks(top_k=1)); None:
+            nothing is changed.
         chat: the prompt through the chat template; None: the model's own prompt style (the zoo reads plain
             "Q: … A:" text, every other model its chat template).
+        progress: a progress bar over the sampler's steps.
         keep_scores: False gives Traces without scores (Trace.scores is None; tokens, text and maps as usual) and
             stores nothing per step — for evaluation runs. Without an intervention or maps the model then runs with
             no capture at all; the tokens are the same either way.
+
+    Returns:
+        One Trace for one prompt, a list of Traces (one per prompt, padding removed) for a list.
+
+    Raises:
+        BadValue: settings of another family, a prompt longer than the model's positions, maps outside the run.
     """
     loaded = model if isinstance(model, LoadedModel) else load(model)
     seed = check_int(seed, "seed", 0)  # numpy integers become Python ints (torch.Generator takes only those)
@@ -265,10 +275,22 @@ def _meta(loaded: LoadedModel, settings, seed: int, intervention, chat: bool) ->
 
 def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | None = None, seed: int = 0,
                    intervention=None, progress: bool = True, settings=None) -> list[Trace]:
-    """One trace per prompt (prompt i with seed + i; in the model's own prompt style) with `settings` (the family's
-    settings, default loaded.settings_for()), as for generate.
-    With `out`, each trace is saved as it finishes (out/trace-0007/) and a rerun loads the finished ones instead
-    of generating them again; a trace another configuration wrote there is refused."""
+    """One trace per prompt, as generate makes them: prompt i with seed + i, in the model's own prompt style.
+
+    Args:
+        loaded: the LoadedModel to generate with.
+        texts: the prompts, as text.
+        out: a folder: each trace is saved as it finishes (out/trace-0007/) and a rerun loads the finished ones
+            instead of generating them again; a trace another configuration wrote there is refused. None: kept in
+            memory only.
+        seed: the seed of the first prompt (prompt i gets seed + i).
+        intervention: a policy applied at every forward, as for generate.
+        progress: a progress bar over the prompts.
+        settings: the family's settings dataclass; None: loaded.settings_for().
+
+    Returns:
+        The traces, in the order of `texts`.
+    """
     recorded = identity(intervention) if intervention is not None else None  # refused before any work if unstable
     settings = loaded.settings_for() if settings is None else loaded.runnable(settings)
     traces = []

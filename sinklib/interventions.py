@@ -29,8 +29,11 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 class Intervention:
     """Base policy: masks nothing. Subclasses override keys_to_mask and, if they need history, observe.
-    Settings live in public attributes, state in attributes starting with "_" (see __repr__). The built-in
-    policies are frozen dataclasses: their settings are their fields, compared and hashed by value."""
+
+    Settings live in public attributes, state in attributes starting with "_" (see __repr__). The built-in policies
+    are frozen dataclasses: their settings are their fields, compared and hashed by value. A policy is given to
+    sinklib.capture, generate, evaluate or masking_table as `intervention`.
+    """
 
     def __repr__(self) -> str:
         """The class and its public settings in the order they were set: what saved runs record and compare,
@@ -98,17 +101,22 @@ def _settle(policy: Intervention, **checked) -> None:
 
 @dataclass(frozen=True)
 class MaskSinks(Intervention):
-    """Mask the top-K sinks of each (batch, layer, head).
+    """Mask the top-K sinks of each (batch, layer, head): the paper's Table 1 intervention.
 
-    source:
-      "previous_step" (the paper): sinks found with Eq. 3 on the attention step t−1 actually computed —
-          itself masked when masking is on — are masked at step t. Step 0 masks nothing; a head without
-          sinks masks nothing. Because a masked key receives ~0 at t, it is rarely re-selected for t+1.
-      "previous_step_clean": as above, but step t−1's sinks are read from that layer's attention without
-          the mask (same q and k, mask lifted), so masking does not hide the sinks it removed.
-      "same_step": a clean pass of this very call picks the keys, the masked pass uses them.
-    rows: "all" (column sums, the DLM setting) or "last" (the last query row, the ARM setting).
-    threshold: True applies Eq. 3 with eps; False takes the top-K keys regardless of eps.
+    Attributes:
+        top_k: how many sinks to mask per (batch, layer, head), at least 0; a head with fewer sinks masks fewer.
+        eps: Eq. 3's threshold, sum units.
+        source: where the sinks are read:
+            "previous_step" (the paper): found with Eq. 3 on the attention step t−1 actually computed — itself
+            masked when masking is on — and masked at step t. Step 0 masks nothing; a head without sinks masks
+            nothing. Because a masked key receives ~0 at t, it is rarely re-selected for t+1.
+            "previous_step_clean": as above, but step t−1's sinks are read from that layer's attention without the
+            mask (same q and k, mask lifted), so masking does not hide the sinks it removed.
+            "same_step": a clean pass of this very call picks the keys, the masked pass uses them.
+        rows: "all" (column sums, the diffusion setting) or "last" (the last query row, the autoregressive setting).
+        threshold: True applies Eq. 3 with eps; False takes the top-K keys regardless of eps.
+        layers: mask only in these layers (None: every layer); sinks are found in all.
+        steps: mask only at these steps (None: every step), e.g. range(0, 8): early steps only.
     """
 
     SOURCES = ("previous_step", "previous_step_clean", "same_step")  # class constants, not fields
@@ -195,8 +203,13 @@ class MaskSinks(Intervention):
 
 @dataclass(frozen=True)
 class MaskRandomKeys(Intervention):
-    """Control: mask k keys drawn uniformly among the valid keys of each (batch, layer, head), from step
-    `start_step` on (1 by default, like MaskSinks). Draws depend only on (seed, step, layer)."""
+    """Control: mask k keys drawn uniformly among the valid keys of each (batch, layer, head).
+
+    Attributes:
+        k: keys masked per (batch, layer, head), at least 0.
+        seed: the draws depend only on (seed, step, layer), so a run's keys are the same batched or not.
+        start_step: the first step that masks (1 by default, like MaskSinks, which has no previous step at 0).
+    """
 
     k: int
     seed: int = 0
@@ -245,8 +258,15 @@ def _index_set(values: Sequence[int] | None, param: str) -> tuple[int, ...] | No
 
 @dataclass(frozen=True)
 class MaskKeys(Intervention):
-    """Mask an explicit list of key positions for every query, optionally only in some layers, heads and
-    steps (None = all; given as any sequence, kept as tuples so the policy is hashable)."""
+    """Mask an explicit list of key positions for every query.
+
+    Attributes:
+        positions: the key positions to mask (canvas positions, 0-based).
+        layers: only in these layers (None: all).
+        heads: only in these heads (None: all).
+        steps: only at these steps (None: all). Each is given as any sequence and kept as a tuple, so the policy is
+            hashable.
+    """
 
     positions: tuple[int, ...]
     layers: tuple[int, ...] | None = None
@@ -289,8 +309,12 @@ class MaskKeys(Intervention):
 @dataclass(frozen=True)
 class EvictOldest(Intervention):
     """The oldest context evicted, as a deployment that runs out of memory drops it (the paper's §5.3; StreamingLLM's
-    window attention): the first `k` real keys of each row (left padding skipped, the first token included) are
-    masked for every query, in every layer and head, at every step — whether or not they are sinks."""
+    window attention): the first `k` real keys of each row are masked for every query, in every layer and head, at
+    every step — whether or not they are sinks.
+
+    Attributes:
+        k: the keys evicted, counted from the first real token (left padding skipped, the first token included).
+    """
 
     k: int
 
@@ -309,12 +333,19 @@ class EvictOldest(Intervention):
 
 @dataclass(frozen=True)
 class AblateValues(Intervention):
-    """Value-path ablation: the keys `select` would mask (any policy: MaskSinks for the sinks, MaskRandomKeys for the
-    equal-budget control) keep their attention, and their value vectors are zeroed (mode="zero") or replaced by the
-    mean value of the head's valid keys (mode="mean"). Sinks are chosen from the attention as it ran, which this
-    ablation leaves as it was at the ablated call (later layers and steps see its effect). "mean" averages over every
-    valid key of the call: in a causal call with several queries (a prefill) that includes keys later than some
-    queries; the paper's previous-step policies ablate from step 1 on, where a KV-cache step has one query."""
+    """Value-path ablation: the keys `select` would mask keep their attention, and their value vectors are ablated.
+
+    Sinks are chosen from the attention as it ran, which this ablation leaves as it was at the ablated call (later
+    layers and steps see its effect).
+
+    Attributes:
+        select: the policy choosing the keys (MaskSinks for the sinks, MaskRandomKeys for the equal-budget control);
+            not itself an AblateValues.
+        mode: "zero" (the values zeroed) or "mean" (replaced by the mean value of the head's valid keys). "mean"
+            averages over every valid key of the call: in a causal call with several queries (a prefill) that
+            includes keys later than some queries; the paper's previous-step policies ablate from step 1 on, where a
+            KV-cache step has one query.
+    """
 
     MODES = ("zero", "mean")
 

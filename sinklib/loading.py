@@ -37,7 +37,25 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 @dataclass
 class LoadedModel:
     """A model with what sampling and tracing need, each settled once when it loads: its family, special ids,
-    tokenizer, how it is called, where it came from and which weights it holds."""
+    tokenizer, how it is called, where it came from and which weights it holds. Made by `sinklib.load`.
+
+    Attributes:
+        model: the torch module (a transformers model, or the family's own modelling code).
+        family: its sampler family (sinklib.families.base.Family): the sampler, the settings type, the defaults.
+        tokenizer: its tokenizer (None for a model object loaded without one).
+        mask_id: the mask token's id (a diffusion model's); None for an autoregressive model.
+        eos_ids: the ids that end an answer.
+        pad_id: the id left padding uses.
+        name: the name it was loaded by (a zoo name, a named model, a folder or a hub id; a model object's class).
+        calling: "native" (transformers' own classes) or "remote" (the family's own modelling code).
+        max_length: the positions the model handles, in tokens (None: its config declares none).
+        layer_names: the attention modules' paths, one per layer (None: found by sinklib.layers).
+        source: where it came from (loading.model_source): "zoo", "named", "folder", "hub" or "module".
+        weights: the weights' fingerprint every run and trace is keyed by: a local checkpoint's weight files
+            (cache_manifest.weights_fingerprint), an adapted model's adapter, a hub checkpoint's commit.
+        bidirectional: a native model made to attend both ways (a diffusion model on a causal class).
+        compat_fixes: the transformers-version fixes applied to it (sinklib.compat).
+    """
 
     model: nn.Module
     family: Family
@@ -330,12 +348,30 @@ def load(
     mask_id: Index | None = None,
     eos_ids: tuple[Index, ...] | None = None,
 ) -> LoadedModel:
-    """Load a model by hub id, local folder or zoo name (e.g. "tiny-llada"), or wrap a model object.
+    """Load a model by zoo name, named real model, local folder or hub id, or wrap a model object.
 
-    family: "llada", "mmada", "dream", "arm" (inferred from the config when omitted). dtype: "bfloat16",
-    "float16", "float32", "auto" (the checkpoint's own) or a torch dtype; None loads float32 on every
-    transformers version. trust_remote_code: needed for LLaDA/Dream/MMaDA
-    checkpoints, never turned on silently. tokenizer / mask_id / eos_ids: for model objects without them.
+    Refuses a bad name (with "did you mean"), family, dtype or special id before any weights are read, and a shipped
+    model whose files differ from its manifest.
+
+    Args:
+        name_or_model: a zoo name ("tiny-llada"), a named real model ("smollm2-135m-diffusion"), a local folder
+            with a config.json, a hub id "org/name" (from the local cache when offline), or an nn.Module.
+        family: "llada", "mmada", "dream" or "arm" (any registered family); None: inferred from the config.
+        dtype: "bfloat16", "float16", "float32", "auto" (the checkpoint's own) or a torch dtype; None loads float32
+            on every transformers version.
+        device: where the model runs ("cpu", "cuda", a torch.device); None: where it loads (the CPU).
+        trust_remote_code: run a checkpoint's own modelling code (LLaDA, Dream, MMaDA need it); a real bool,
+            never turned on silently.
+        tokenizer: for a model object without one.
+        mask_id: the mask token's id, for a model object whose config does not declare it.
+        eos_ids: the ids that end an answer, for a model object whose config does not declare them.
+
+    Returns:
+        The LoadedModel, its family, special ids, prompt style and weights' fingerprint settled.
+
+    Raises:
+        BadValue: a name, family, dtype or id that is not allowed (the message names the parameter and the value).
+        OSError: a hub id that is neither cached nor reachable (offline).
     """
     if family is not None:
         check_choice(family, "family", family_names())

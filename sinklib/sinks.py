@@ -95,10 +95,20 @@ def find_sinks(
 ) -> torch.Tensor:
     """Eq. 3: key j is a sink when s_j > mean_{k≠j} s_k + eps.
 
-    scores: [..., keys], sum units (sum over queries). eps is compared in `units` ("sum", the default, or
-    "mean" = divided by the number of query rows). valid: optional bool [..., keys]; invalid keys (padding)
-    are never sinks and do not enter the mean; NaN scores (keys a step could not see) are invalid too.
-    Returns a bool tensor shaped like scores.
+    Args:
+        scores: [..., keys] attention received per key, sum units (Σ over queries).
+        eps: the threshold, in `units`.
+        units: "sum" (the default) or "mean" (divided by the number of query rows, the paper's (1/S)·Σ_i A_ij).
+        valid: optional bool [..., keys]; invalid keys (padding) are never sinks and do not enter the mean; NaN
+            scores (keys a step could not see) are invalid too.
+        n_queries: the query rows behind each row of scores, for units="mean" (an int or a tensor of scores' leading
+            shape); None: the number of valid keys (a square pass).
+
+    Returns:
+        A bool tensor shaped like scores: True where the key is a sink.
+
+    Raises:
+        BadValue: eps not a finite number >= 0, an unknown units.
     """
     eps = check_eps(eps)
     check_choice(units, "units", UNITS)
@@ -118,9 +128,17 @@ def top_sinks(
 ) -> torch.Tensor:
     """Positions of the k highest-scoring sinks along the last axis, best first, padded with −1.
 
-    With threshold=True (the paper) only keys passing Eq. 3 are eligible, so a row may hold fewer than k;
-    threshold=False takes the top-k valid keys regardless of eps. Ties go to the lower position.
-    Returns int64 [..., k].
+    Args:
+        scores: [..., keys] attention received per key, sum units.
+        k: how many sinks, 0 ≤ k ≤ keys.
+        eps: Eq. 3's threshold, in `units`.
+        units: "sum" or "mean", as for find_sinks.
+        valid: optional bool [..., keys]: the keys that may be chosen.
+        threshold: True (the paper): only keys passing Eq. 3 are eligible, so a row may hold fewer than k; False:
+            the top-k valid keys regardless of eps. Ties go to the lower position.
+
+    Returns:
+        int64 [..., k]: key positions, −1 where a row has fewer than k eligible keys.
     """
     eps = check_eps(eps)
     scores = as_scores(scores)
@@ -176,9 +194,14 @@ def selection_margin(
 
 @dataclass(frozen=True)
 class SinkRule:
-    """The sink rule (Eq. 3) as one value: key j is a sink when s_j > mean_{k≠j} s_k + eps, compared in `units`
-    ("sum": Σ over queries, mean 1 over keys for a square pass; "mean": divided by the query rows). Checked when
-    made, so a bad eps or units is refused before any model runs."""
+    """The sink rule (Eq. 3) as one value: key j is a sink when s_j > mean_{k≠j} s_k + eps.
+
+    Checked when made, so a bad eps or units is refused before any model runs.
+
+    Attributes:
+        eps: the threshold, in `units` (the paper's 3, in sum units).
+        units: "sum" (Σ over queries; mean 1 over keys for a square pass) or "mean" (divided by the query rows).
+    """
 
     eps: float = 3.0
     units: str = "sum"
@@ -222,8 +245,14 @@ def threshold_sweep(
 ) -> pd.DataFrame:
     """Share of (valid) tokens that Eq. 3 selects, for each eps (paper Fig. 10).
 
-    scores: one tensor [..., keys], or a list of them (sequences of different lengths), pooled.
-    Returns a tidy DataFrame with columns eps, units, selected, tokens, share (= selected / tokens).
+    Args:
+        scores: one tensor [..., keys], or a list of them (sequences of different lengths), pooled; sum units.
+        eps_values: the thresholds to try, in `units`.
+        units: "sum" or "mean", as for find_sinks.
+        valid: optional bool [..., keys] for a single tensor of scores.
+
+    Returns:
+        A tidy DataFrame with columns eps, units, selected, tokens, share (= selected / tokens), one row per eps.
     """
     check_choice(units, "units", UNITS)
     if len(eps_values) == 0:
@@ -264,6 +293,13 @@ def uniform_scores(allowed: torch.Tensor) -> torch.Tensor:
 
 
 def causal_uniform_scores(n: int) -> torch.Tensor:
-    """uniform_scores of an n×n causal mask: s_j = Σ_{i≥j} 1/(i+1)."""
+    """The scores a uniform causal attention gives (the baseline of Fig. 10): s_j = Σ_{i≥j} 1/(i+1).
+
+    Args:
+        n: sequence length, at least 1.
+
+    Returns:
+        float32 [n]: the score of each key, sum units.
+    """
     check_int(n, "n", 1)
     return uniform_scores(torch.ones(n, n, dtype=torch.bool).tril())

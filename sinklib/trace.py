@@ -37,10 +37,28 @@ from sinklib.validation import BadValue
 
 @dataclass
 class Trace:
-    """One generation: its scores at every step, its canvases, masked keys, kept maps and decision margins (shapes
-    in the module docstring). prompt_len: prompt tokens at the start of the canvas; layer_names: the attention
-    modules' paths; text: the generated text; token_strings: token id → text; meta: how it was made (model,
-    family, kind, sampler settings, seed, intervention, prompt, versions)."""
+    """One generation: its scores at every step, its canvases, masked keys, kept maps and decision margins.
+
+    Shapes are for one prompt, padding removed (the module docstring lists them with their units). Made by
+    sinklib.generate; saved and read back with save / load (each file's SHA-256 checked).
+
+    Attributes:
+        scores: [steps, layers, heads, seq] float32 in sum units (Σ over queries); NaN where a key did not exist yet;
+            None when generated with keep_scores=False.
+        tokens: [steps + 1, seq] int64: the canvas before each step, and at the end.
+        is_masked: [steps, seq] bool: still masked (diffusion) / not yet written (autoregressive) at that step.
+        prompt_len: prompt tokens at the start of the canvas.
+        layer_names: the attention modules' paths, one per layer.
+        text: the generated text.
+        masked_keys: [steps, layers, heads, seq] bool, the keys the intervention masked; None without one.
+        maps: {(step, layer, head): [queries, keys] float32} the full attention maps asked for.
+        token_strings: token id → its text.
+        meta: how it was made (model, family, kind, sampler settings, seed, intervention, prompt, versions).
+        margins: [steps] float64: each step's decision margin (the relative gap by which the sampler's choice beat the
+            best alternative; NaN for sampled decisions); None when not recorded.
+        recomputed: [steps, seq] bool: the positions each step's forward computed (a cached sampler's window; a
+            cached step's scores sum over those query rows only); None: all of them.
+    """
 
     scores: torch.Tensor | None
     tokens: torch.Tensor

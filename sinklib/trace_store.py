@@ -3,9 +3,9 @@
 Notebooks 01, 02, 03 and 07 analyse the same generations (each model on the first prompts of its task, its own
 settings, seed + i for prompt i). Each trace is kept in `store/<model>/<key>/` (Trace.save's files), where the key
 is the SHA-256 of every input that shaped it: the weights' fingerprint (LoadedModel.weights), the
-family and every field of its settings, the prompt, the seed, the chat template flag, the intervention, the source
-of every sinklib module generation runs (generation_code), and the sinklib and transformers versions. A trace
-is read only under its own key, so nothing made from other inputs is ever reused; a folder whose files were
+family and every field of its settings, the prompt, the seed, the chat template flag, the intervention, the code
+of every sinklib module generation runs (generation_code: docstrings and comments left out), and the sinklib and
+transformers versions. A trace is read only under its own key, so nothing made from other inputs is ever reused; a folder whose files were
 changed is refused by Trace.load (each file's SHA-256 is in its meta.json), one whose recorded key differs from its
 name is refused here.
 
@@ -18,9 +18,11 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import io
 import json
 import os
 import re
+import tokenize
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -44,8 +46,9 @@ PACKAGE = Path(__file__).resolve().parent
 
 @functools.cache
 def generation_code() -> str:
-    """A fingerprint of the code that makes a trace: the source of every module of generation_modules(). A change to
-    any of them makes every stored trace another key's, so no trace made by other code is read."""
+    """A fingerprint of the code that makes a trace: the code (code_only: no docstrings, comments or blank lines) of
+    every module of generation_modules(). A code change in any of them makes every stored trace another key's, so
+    no trace made by other code is read; a docstring or comment edit keys nothing anew."""
     return _module_code("sinklib.generation")
 
 
@@ -164,5 +167,45 @@ def stored_measurement(store: str | Path | None, trace: Trace, what: str, params
 def _module_code(module: str) -> str:
     digest = hashlib.sha256()
     for name, path in sorted(generation_modules(module).items()):
-        digest.update(f"{name}\n".encode() + path.read_bytes())
+        digest.update(f"{name}\n{code_only(path.read_text(encoding='utf-8'))}".encode())
     return digest.hexdigest()[:16]
+
+
+def code_only(source: str) -> str:
+    """`source` without what cannot change what it computes: docstrings (of the module, its classes and functions),
+    comments, trailing spaces and blank lines. So a docstring or comment edit leaves every key as it was, and any
+    other edit (a constant, an operator, a name, a string that is not a docstring) changes it.
+
+    Cut by the positions ast and tokenize give, not by re-joining tokens: the text of what is kept is the source's
+    own, the same whichever Python tokenises it (3.12 splits f-strings into several tokens, 3.11 keeps one)."""
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def at(row: int, column: int) -> int:  # tokenize's position (1-based line, 0-based column in characters)
+        return starts[row - 1] + column
+
+    def at_byte(row: int, column: int) -> int:  # ast's position: its column counts UTF-8 bytes
+        return at(row, len(lines[row - 1].encode("utf-8")[:column].decode("utf-8")))
+
+    cuts = [(at(*token.start), at(*token.end))
+            for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT]
+    cuts += [(at_byte(node.lineno, node.col_offset), at_byte(node.end_lineno, node.end_col_offset))
+             for node in _docstrings(ast.parse(source))]
+    kept, position = [], 0
+    for start, end in sorted(cuts):
+        kept.append(source[position:max(start, position)])
+        position = max(position, end)
+    kept.append(source[position:])
+    return "\n".join(line.rstrip() for line in "".join(kept).splitlines() if line.strip())
+
+
+def _docstrings(tree: ast.Module) -> list[ast.expr]:
+    """The docstring expressions of a module and of every class and function in it (a first statement that is a
+    string constant)."""
+    owners = [tree, *(node for node in ast.walk(tree)
+                      if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))]
+    return [owner.body[0].value for owner in owners
+            if owner.body and isinstance(owner.body[0], ast.Expr) and isinstance(owner.body[0].value, ast.Constant)
+            and isinstance(owner.body[0].value.value, str)]

@@ -40,14 +40,30 @@ def capture(
     store_device: str | torch.device | None = "cpu",
     keep_steps: bool = True,
 ) -> Iterator[Recorder]:
-    """Record attention scores of every forward of `model` while the block runs.
+    """Record the attention scores of every forward of `model` while the block runs.
 
-    maps: (step, layer, head) triples whose full [batch, queries, keys] map is kept (layer: index or
-    module path). intervention: an object with keys_to_mask(call) / observe(call, stats), e.g. MaskSinks;
-    it may change the model's output, nothing else does. layer_names: explicit attention module paths,
-    one per layer. store_device: where finished steps are kept (None: where they were computed).
-    keep_steps: False keeps no per-step scores (steps are still counted, maps and the intervention still
-    work): for long evaluation runs that only need the tokens.
+        with sinklib.capture(model) as recorder:
+            model(ids)
+        recorder.scores()  # [steps, layers, heads, keys], sum units
+
+    Args:
+        model: the torch module (a LoadedModel's .model, or any transformers model the capture supports).
+        maps: (step, layer, head) triples whose full [batch, queries, keys] map is kept (layer: an index or a module
+            path); None: none.
+        intervention: an object with keys_to_mask(call) / observe(call, stats), e.g. MaskSinks; it may change the
+            model's output, nothing else the capture does can.
+        layer_names: explicit attention module paths, one per layer; None: found by sinklib.layers.
+        chunk_size: query rows per chunk when the probabilities are recomputed chunk by chunk (bounds memory on
+            long canvases; at least 1); None: sized by the attention maths to the keys.
+        store_device: where finished steps are kept (None: where they were computed).
+        keep_steps: False keeps no per-step scores (steps are still counted, maps and the intervention still
+            work): for long evaluation runs that only need the tokens.
+
+    Yields:
+        The Recorder, filled as the model runs.
+
+    Raises:
+        CaptureError: the capture cannot see or cannot safely record this model's attention.
     """
     model, layer_names = _as_module(model, layer_names)
     options = CaptureOptions(maps or (), intervention, layer_names, chunk_size, store_device, keep_steps)

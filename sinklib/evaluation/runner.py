@@ -420,10 +420,17 @@ def evaluate(model: LoadedModel | str, task: "str | Task", settings: Any = None,
             resumes from it. Batches are fixed slices of the task with a seed of their own, so an interrupted and
             resumed run writes the same records as an uninterrupted one, sampled decoding and MaskRandomKeys included.
         seed: the run's seed (each batch's own seed derives from it).
-        allow_code_execution: HumanEval runs the model's code: only with True, each sample in its own sandboxed
-            process (sinklib.evaluation.sandbox, loaded only then).
+        progress: a progress bar over the samples.
+        allow_code_execution: HumanEval runs the model's code: only with True (a real bool), each sample in its own
+            sandboxed process (sinklib.evaluation.sandbox, loaded only then).
 
-    Returns mean ± standard error over the samples."""
+    Returns:
+        The EvalSummary: accuracy (and flexible accuracy) as mean ± standard error over the n samples, and every
+        sample's record.
+
+    Raises:
+        BadValue: an unknown task, settings of another family, a code task without allow_code_execution=True.
+    """
     model, spec, samples = _checked(model, task, intervention, allow_code_execution, out)
     settings = model.settings_for(spec) if settings is None else model.runnable(settings)
     config = run_config(model, spec, intervention, seed, batch_size, settings)

@@ -401,9 +401,20 @@ def masking_table(models: Sequence[LoadedModel | str], task: "str | Task" = "ari
         ks: keys masked per column; 0 is the unmasked column.
         settings: None: each model's LoadedModel.settings_for(task); one family's settings dataclass (a table of one
             model); or {model name: settings} (a run config's settings_for gives them).
-        batch_size, seed, allow_code_execution, progress: as for sinklib.evaluate, for every run.
         out_dir: each run is written to out_dir/<model>-<task>-<column>-<config hash>.jsonl and resumes; a changed
-            configuration (limit, seed, settings, retrained weights) writes a new file beside the old one."""
+            configuration (limit, seed, settings, retrained weights) writes a new file beside the old one. None:
+            nothing is written.
+        batch_size: prompts per generation, as for sinklib.evaluate, for every run.
+        seed: the runs' seed, as for sinklib.evaluate.
+        allow_code_execution: a code task's programs run, sandboxed, only with True (a real bool).
+        progress: progress bars over the runs and their samples.
+
+    Returns:
+        The MaskingTable: one row per model and column (accuracy, its interval, n, the checks), and every run.
+
+    Raises:
+        BadValue: an unknown condition or task, a k below 0, settings that are not for the models given.
+    """
     spec = get_task(task)
     require_code_execution_opt_in(spec, allow_code_execution, "masking_table")
     models = _checked_models(models)

@@ -31,9 +31,22 @@ class Sample:
 @validated
 @dataclass(frozen=True)
 class Task:
-    """An evaluation task: load(path) → its samples (path None: the default source), whether prompts go through
-    the chat template, scorer(output, sample[, sandbox]) → the per-sample fields, and what it asks of generation
-    (as lm-eval's tasks do): how many tokens an answer gets and where an answer ends."""
+    """An evaluation task, declared as lm-eval's tasks are: where its samples come from, how an answer is scored, and
+    what it asks of generation (how many tokens an answer gets and where an answer ends).
+
+    Attributes:
+        name: the name it is registered and asked for by.
+        load: load(path) → its samples (path None: the default source).
+        chat: whether prompts go through the model's chat template (a real bool: "no" is not false).
+        scorer: scorer(output, sample[, sandbox]) → the per-sample fields (correct, extracted answers, …).
+        executes_code: scoring runs model-written code (needs allow_code_execution=True).
+        gen_length: tokens generated per answer on a real checkpoint (LoadedModel.settings_for fits the family's
+            layout to it); None: the model's own length. A zoo model always keeps its 16-token answer slot.
+        stops: the output is scored up to the first of these strings.
+        path: a local file of samples for load (e.g. GSM8K on an offline node); None: the default source.
+        limit: its first `limit` samples; None: all.
+        sandbox: a task that runs code: the SandboxLimits its programs run under; None: the defaults.
+    """
 
     name: str
     load: Callable[..., list[Sample]]
@@ -244,8 +257,18 @@ def require_code_execution_opt_in(task: Task, allow_code_execution: bool, call: 
 
 
 def register_task(task: Task, *, replace: bool = False) -> None:
-    """Add a task, reachable by name everywhere a task is named. No family needs to know it: a model samples with
-    its own settings, resized to the task's gen_length where it declares one (LoadedModel.settings_for)."""
+    """Add a task, reachable by name everywhere a task is named.
+
+    No family needs to know it: a model samples with its own settings, resized to the task's gen_length where it
+    declares one (LoadedModel.settings_for).
+
+    Args:
+        task: the Task, registered under its own name.
+        replace: replace a task registered under that name already (else that is refused).
+
+    Raises:
+        BadValue: the name is registered already and replace is False.
+    """
     TASKS.register(task.name, task, replace=replace)
 
 
@@ -255,9 +278,21 @@ def task_names() -> list[str]:
 
 
 def get_task(name: "str | Task", *, path: str | None = None, limit: int | None = None, sandbox: Any = None) -> Task:
-    """The registered task of that name (a Task passes through); an unknown name is refused with the registered ones.
-    What is given is laid over it — path: its samples from this local file (e.g. GSM8K on an offline node); limit: its
-    first `limit` samples; sandbox: a task that runs code, the SandboxLimits its programs run under."""
+    """The registered task of that name, with what is given laid over it.
+
+    Args:
+        name: a registered task's name (an unknown one is refused naming the registered ones), or a Task, which
+            passes through.
+        path: its samples from this local file (e.g. GSM8K on an offline node).
+        limit: its first `limit` samples.
+        sandbox: for a task that runs code, the SandboxLimits its programs run under.
+
+    Returns:
+        The Task (a copy where anything was laid over it).
+
+    Raises:
+        BadValue: an unknown name, or sandbox limits for a task that runs no code.
+    """
     task = name if isinstance(name, Task) else TASKS.get(name)
     changes = {key: value for key, value in (("path", path), ("limit", limit), ("sandbox", sandbox)) if value is not None}
     if "sandbox" in changes and not task.executes_code:

@@ -17,7 +17,17 @@ from sinklib.ties import argmax_margin, note_decisions
 @validated
 @dataclass(frozen=True)
 class ARMSettings:
-    """Greedy (or sampled) next-token decoding of up to `gen_length` tokens with a KV cache."""
+    """Greedy (or sampled) next-token decoding of up to `gen_length` tokens with a KV cache.
+
+    Checked when made (check(), dataclasses.replace included).
+
+    Attributes:
+        gen_length: the most new tokens; decoding stops early at an end-of-answer id.
+        temperature: sampling temperature; 0 is greedy.
+        eos_ids: the ids that end an answer (a model's own are filled in by LoadedModel).
+        pad_id: the id left padding uses.
+        steps: unused (one step per token); accepted so callers can pass the same options to every family.
+    """
     gen_length: Count
     temperature: Temperature = 0.0
     eos_ids: tuple[Index, ...] = ()

@@ -259,7 +259,16 @@ def record(settings: Any) -> dict[str, Any]:
 
 
 def register_family(name: str, target: "str | Family", *, replace: bool = False) -> None:
-    """Register a family: a Family or its import path "module:ATTRIBUTE" (imported on first use)."""
+    """Register a family, reachable by name wherever a family is named (load's family=, a config that declares it).
+
+    Args:
+        name: the family's name, e.g. "llada".
+        target: a Family, or its import path "module:ATTRIBUTE" (imported on first use, so registering costs nothing).
+        replace: replace a family registered under that name already (else that is refused).
+
+    Raises:
+        BadValue: the name is registered already and replace is False.
+    """
     FAMILIES.register(name, target, replace=replace)
 
 

@@ -38,7 +38,29 @@ CONFIDENCE_KIND = {"maskgit_plus": "probability", "topk_margin": "probability_ga
 @validated
 @dataclass(frozen=True)
 class DreamSettings:
-    """Dream's sampler: `steps` forwards for `gen_length` new tokens, confidence by `alg`."""
+    """Dream's sampler: `steps` forwards for `gen_length` new tokens, confidence by `alg`.
+
+    Checked when made (check(), dataclasses.replace included). Build one with LoadedModel.settings_for(**overrides).
+
+    Attributes:
+        steps: forwards in all (with blocks: a multiple of the number of blocks, at least 2 a block without a
+            threshold).
+        gen_length: new tokens.
+        temperature: sampling temperature of the logits, 0–100; 0 is greedy.
+        alg: how confidence is measured: "origin", "maskgit_plus", "topk_margin" or "entropy".
+        alg_temp: with alg_temp > 0, the positions to write are sampled by confidence; None or 0: the most confident.
+        top_p: nucleus sampling's mass in (0, 1]; None: off.
+        top_k: sample among the k likeliest tokens (k ≥ 1); None: off.
+        final_time: where the schedule ends (upstream's `eps`): it runs from t = 1 down to this, in (0, 1).
+        mask_id: the mask token's id (Dream's 151666; a model's own is filled in by LoadedModel).
+        block_length: None: the whole answer at once (Dream's own sampler); else Fast-dLLM's blocks of this many
+            tokens (gen_length a multiple of it).
+        threshold: parallel decoding (with blocks and alg="maskgit_plus"): write every masked position of the block
+            at least this confident; None: a fixed number per step.
+        cache: "prefix" or "dual": reuse each block's first forward's keys (with blocks); None: none.
+        refresh: with a cache, recompute it when a layer's greatest sink moves or its share changes by this much
+            (a share in [0, 1]); None: never.
+    """
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("block_length", "threshold", "cache", "refresh")  # families.base.record
     steps: Count
     gen_length: Count

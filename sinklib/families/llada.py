@@ -30,7 +30,27 @@ REMASKING = ("low_confidence", "random")
 @validated
 @dataclass(frozen=True)
 class LLaDASettings:
-    """LLaDA's / MMaDA's sampler: `steps` forwards for `gen_length` new tokens in blocks of `block_length`."""
+    """LLaDA's / MMaDA's sampler: `steps` forwards for `gen_length` new tokens in blocks of `block_length`.
+
+    Checked when made (check(), dataclasses.replace included). Build one with LoadedModel.settings_for(**overrides),
+    which keeps the layout valid.
+
+    Attributes:
+        steps: forwards in all, a multiple of the number of blocks (gen_length / block_length).
+        gen_length: new tokens, a multiple of block_length.
+        block_length: tokens per block, decoded left to right; None: one block of gen_length.
+        temperature: Gumbel noise on the logits, 0–100; 0 is greedy.
+        remasking: "low_confidence" (write the most confident positions) or "random".
+        cfg_scale: classifier-free guidance scale, 0–1e4; 0: none.
+        mask_id: the mask token's id (LLaDA's 126336; a model's own is filled in by LoadedModel).
+        confidence_dtype: the dtype confidences are compared in ("float16", "bfloat16", "float32", "float64");
+            None: the logits' (MMaDA's defaults use float64).
+        threshold: parallel decoding (Fast-dLLM): write every masked position of the block at least this confident
+            (a probability in (0, 1]); None: a fixed number per step.
+        cache: "prefix" or "dual": reuse the block-start forward's keys and values (Fast-dLLM); None: none.
+        refresh: with a cache, recompute it when a layer's greatest sink moves or its share changes by this much (a
+            share in [0, 1]); None: never.
+    """
     KEYED_WHEN_SET: ClassVar[tuple[str, ...]] = ("threshold", "cache", "refresh")  # families.base.record
     steps: Count
     gen_length: Count

@@ -230,3 +230,57 @@ def test_the_user_verbs_take_at_most_ten_parameters():
     for function in (sinklib.generate, sinklib.evaluate, sinklib.masking_table, SinklibLM.__init__):
         parameters = [name for name in inspect.signature(function).parameters if name != "self"]
         assert len(parameters) <= 10, (function.__qualname__, parameters)
+
+
+def _documented(obj) -> dict[str, list[str]]:
+    """The sections of `obj`'s docstring as griffe's Google parser (mkdocstrings', which renders the API page) reads
+    them: section kind → the names it lists."""
+    import inspect
+    import logging
+
+    from griffe import Docstring, Parser
+
+    logging.getLogger("griffe").setLevel(logging.ERROR)  # "no type for parameter": the signature carries the types
+    sections = Docstring(inspect.getdoc(obj) or "", parser=Parser.google).parse()
+    return {section.kind.value: [getattr(item, "name", "") for item in section.value]
+            if isinstance(section.value, list) else [] for section in sections}
+
+
+def _parameters(obj) -> tuple[str, list[str]]:
+    """(the docstring section that must list them, the names a user passes): a dataclass's init fields as
+    Attributes, a function's parameters (not *args / **kwargs) as Args."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(obj):
+        return "attributes", [field.name for field in dataclasses.fields(obj) if field.init]
+    signature = inspect.signature(obj.__init__ if inspect.isclass(obj) else obj)
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return "parameters", [name for name, parameter in signature.parameters.items()
+                          if name != "self" and parameter.kind not in variadic]
+
+
+def test_the_public_tier_documents_every_parameter():
+    """Every callable of sinklib.__all__ and sinklib.extend.__all__ lists each of its parameters (a dataclass: each
+    field) in a Google-style Args: (Attributes:) section, and nothing it does not take; a function that returns
+    something says what in Returns: (Yields: for a context manager). What the API page renders is what is checked."""
+    import inspect
+
+    pytest.importorskip("griffe")
+    from sinklib import extend
+
+    missing = []
+    for module in (sinklib, extend):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not callable(obj):
+                continue
+            section, wanted = _parameters(obj)
+            documented = _documented(obj)
+            listed = documented.get(section, [])
+            if wanted and sorted(listed) != sorted(wanted):
+                missing.append(f"{module.__name__}.{name}: {section} lists {listed}, takes {wanted}")
+            returns = None if inspect.isclass(obj) else inspect.signature(obj).return_annotation
+            if returns not in (None, "None", inspect.Signature.empty) and not {"returns", "yields"} & set(documented):
+                missing.append(f"{module.__name__}.{name}: returns {returns} but has no Returns: section")
+    assert missing == []

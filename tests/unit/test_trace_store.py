@@ -143,3 +143,28 @@ def test_every_committed_evaluation_is_keyed_as_this_checkout_keys_its_settings(
             if record(settings) != config["settings"]:
                 mismatched.append(f"{path.name} {digest}")
     assert mismatched == [], f"keyed otherwise by this checkout: {mismatched[:5]} ({len(mismatched)} in all)"
+
+
+def test_a_docstring_or_comment_leaves_the_code_key_a_code_edit_changes_it():
+    """The key holds code, not prose: editing what cannot change a computation (a docstring, a comment, a blank line,
+    trailing spaces) keeps every committed trace's key; editing anything else makes a new one."""
+    source = (trace_store.PACKAGE / "sinks.py").read_text(encoding="utf-8")
+    kept = trace_store.code_only(source)
+    assert '"""' not in kept and "\n\n" not in kept and "# " not in kept
+    function = "def causal_uniform_scores("
+    docstring_start = source.index('"""', source.index(function)) + 3
+    prose_edits = [
+        source[:docstring_start] + "Reworded, é and all. " + source[docstring_start:],  # a function's docstring
+        source.replace('"""', '"""Module prose.\n\n', 1),  # the module's docstring
+        source.replace("\n\n\n", "\n\n\n# a new comment  \n\n   \n", 1),  # a comment, blank lines, trailing spaces
+    ]
+    for edited in prose_edits:
+        assert edited != source and trace_store.code_only(edited) == kept
+    code_edits = [
+        source.replace(function, "def causal_uniform_score("),  # a name
+        source.replace('check_int(n, "n", 1)', 'check_int(n, "n", 2)'),  # a constant
+        source.replace("margin = scores - mean_others", "margin = scores + mean_others"),  # an operator
+        source.replace(f'{function}', f'_UNUSED = "{{not a docstring}}"\n\n\n{function}', 1),  # a string at module level
+    ]
+    for edited in code_edits:
+        assert edited != source and trace_store.code_only(edited) != kept
