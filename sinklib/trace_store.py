@@ -1,18 +1,17 @@
 """A folder of traces keyed by everything that made them, so notebooks read a generation instead of making it again.
 
 Notebooks 01, 02, 03 and 07 analyse the same generations (each model on the first prompts of its task, its own
-settings, seed + i for prompt i). Each trace is kept in `store/<model>/<key>/` (Trace.save's files), where the key
-is the SHA-256 of every input that shaped it: the weights' fingerprint (LoadedModel.weights), the
-family and every field of its settings, the prompt, the seed, the chat template flag, the intervention, the code
-of every sinklib module generation runs (generation_code: docstrings and comments left out), and the sinklib and
-transformers versions. A trace is read only under its own key, so nothing made from other inputs is ever reused; a folder whose files were
+settings, seed + i for prompt i). Each trace is kept in `store/<model>/<key>/` (Trace.save's files), where the key is
+the SHA-256 of every input that shaped it: the weights' fingerprint (LoadedModel.weights), the family and every field
+of its settings, the prompt, the seed, the chat template flag, the intervention, the code of every sinklib module
+generation runs (generation_code: docstrings and comments left out), and the sinklib and transformers versions. A
+trace is read only under its own key, so nothing made from other inputs is ever reused; a folder whose files were
 changed is refused by Trace.load (each file's SHA-256 is in its meta.json), one whose recorded key differs from its
 name is refused here.
 
-The committed store (data/results/traces/) is what lets a reader who opens a notebook get its figures in seconds,
-and nbval check every notebook's analysis against its committed outputs without generating; `make figures`
-regenerates it (sinklib.reproduce).
-"""
+The committed store (data/results/traces/) is what lets a reader who opens a notebook get its figures in seconds, and
+nbval check every notebook's analysis against its committed outputs without generating; `make figures` regenerates it
+(sinklib.reproduce)."""
 from __future__ import annotations
 
 import ast
