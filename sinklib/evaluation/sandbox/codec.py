@@ -41,14 +41,31 @@ _MAX_MESSAGE = 8 * 2**20  # the largest argument or result a call may carry, in 
 
 # --- the pipe protocol: 4-byte big-endian length, then the bytes ------------------------------------------
 def send(fd: int, data: bytes) -> None:
-    """Write one message to `fd`: its length (4 bytes, big-endian), then the bytes."""
+    """Write one message to `fd`: its length (4 bytes, big-endian), then the bytes.
+
+    Args:
+        fd: the pipe's writing end.
+        data: the message.
+
+    Raises:
+        OSError: the reader is gone (BrokenPipeError) or the write failed.
+    """
     data = len(data).to_bytes(4, "big") + data
     while data:
         data = data[os.write(fd, data):]
 
 
 def receive(fd: int, deadline: float | None = None, limit: int = _MAX_MESSAGE) -> bytes | None:
-    """One message, or None when the writer is gone, the deadline passed or the message is over `limit`."""
+    """Read one message from `fd`.
+
+    Args:
+        fd: the pipe's reading end.
+        deadline: a time.monotonic() after which to give up (None: wait as long as the writer lives).
+        limit: the largest message accepted, in bytes.
+
+    Returns:
+        The message, or None when the writer is gone, the deadline passed or the message is over `limit`.
+    """
     head = _read_exactly(fd, 4, deadline)
     if head is None:
         return None
@@ -285,11 +302,17 @@ _TAGS = {kind.__name__: build for kind, (_, build) in _TYPES.items()}
 
 
 def serve(function, request_fd: int, reply_fd: int, report=lambda: None) -> None:
-    """The program's side of the calls (in its process, once its source ran): each request is "C" + the encoded
-    (args, kwargs) of a call of `function` (None: the program defined no such function), or "F" + n to call the
-    n-th default factory a result carried; each answer is "R" + the encoded result, "E" + the exception raised
-    (and report() called: traceback.print_exc there, which the supervisor need not import), or "U" + why the
-    result cannot cross."""
+    """The program's side of the calls (in its process, once its source ran), until the request pipe closes: each
+    request is "C" + the encoded (args, kwargs) of a call of `function`, or "F" + n to call the n-th default
+    factory a result carried; each answer is "R" + the encoded result, "E" + the exception raised (and report()
+    called), or "U" + why the result cannot cross.
+
+    Args:
+        function: the entry point the program defined (None: it defined no such function; each call raises).
+        request_fd: the pipe the calls arrive on.
+        reply_fd: the pipe the answers go to.
+        report: called when a call raises (traceback.print_exc there, which the supervisor need not import).
+    """
     factories: list = []
     while True:
         message = receive(request_fd)

@@ -41,9 +41,13 @@ from pathlib import Path
 from .limits import SandboxLimits
 
 def protections() -> dict[str, bool | str]:
-    """Which layers this machine gives (the portable ones are always on); disk_limit says how the total a
-    program writes is bounded: "tmpfs" (root: the kernel refuses writes past max_disk_mb) or "polled" (the
-    directory is measured every 20 ms and the program killed past max_disk_mb)."""
+    """Which layers this machine gives (the portable ones are always on).
+
+    Returns:
+        Each layer's name → whether it is on; disk_limit says how the total a program writes is bounded: "tmpfs"
+        (root: the kernel refuses writes past max_disk_mb) or "polled" (the directory is measured every 20 ms and
+        the program killed past max_disk_mb).
+    """
     abi = _landlock_abi()
     root = os.geteuid() == 0
     return {"separate_process": True, "scrubbed_environment": True, "temporary_directory": True,
@@ -212,7 +216,15 @@ def _read_roots() -> list[str]:
 
 def confine_self(confinement: dict) -> None:
     """Landlock for the calling process (the program's, after its trusted start-up): read only the given roots,
-    read and write only its directory, no TCP, no signals or ptrace outside."""
+    read and write only its directory, no TCP, no signals or ptrace outside (each as far as the kernel's ABI
+    goes; nothing where it has no Landlock).
+
+    Args:
+        confinement: {"workdir": the program's directory, "read_roots": what it may read (_read_roots)}.
+
+    Raises:
+        OSError: the kernel refused the ruleset (the program must not run unconfined: its process ends).
+    """
     abi = _landlock_abi()
     if abi >= 1:
         _landlock_restrict(_libc(), abi, Path(confinement["workdir"]), confinement["read_roots"])

