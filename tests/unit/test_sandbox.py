@@ -216,8 +216,8 @@ def _nobody_python() -> str | None:
 
 def _run_as(user: str, program: str | dict, limits: SandboxLimits = FAST):
     """run_python (a program) or run_tests (a dict of its arguments) as `user`: directly when this process
-    already is that user, else in a child that drops to uid/gid 65534 with setpriv and loads the sandbox module
-    by path (it needs only the standard library)."""
+    already is that user, else in a child that drops to uid/gid 65534 with setpriv and loads the sandbox package
+    by path (it needs only the standard library: its folder is the package's __path__, for its relative imports)."""
     import dataclasses
     import json
     import subprocess
@@ -233,8 +233,9 @@ def _run_as(user: str, program: str | dict, limits: SandboxLimits = FAST):
     python = _nobody_python()
     if python is None:
         pytest.skip("no Python the unprivileged user can run (or no setpriv) on this machine")
-    code = ("import dataclasses, importlib.util, json, sys\n"
-            "spec = importlib.util.spec_from_file_location('sandbox_as_nobody', sys.argv[1])\n"
+    code = ("import dataclasses, importlib.util, json, os, sys\n"
+            "spec = importlib.util.spec_from_file_location('sandbox_as_nobody', sys.argv[1], "
+            "submodule_search_locations=[os.path.dirname(sys.argv[1])])\n"
             "sandbox = importlib.util.module_from_spec(spec); sys.modules[spec.name] = sandbox; "
             "spec.loader.exec_module(sandbox)\n"
             "request = json.loads(sys.stdin.read())\n"
@@ -465,6 +466,29 @@ def test_a_setsid_daemon_does_not_outlive_its_sample(user):
 
 def test_protections_name_the_new_layers():
     assert {"no_sockets", "process_tree"} <= set(LAYERS)
+
+
+# what each process holds of sinklib and of this package (its modules' names, and whether __init__ ran: run_tests)
+LOADED = ("import sys\npackage = sys.modules.get('_sinklib_sandbox')\n"
+          "loaded = sorted(m for m in sys.modules if 'sandbox' in m or m.split('.')[0] == 'sinklib'), "
+          "hasattr(package, 'run_tests')\n")
+
+
+def test_the_supervisor_and_the_program_load_only_the_sandbox_modules_they_use():
+    """Both load the package's modules by path, without sinklib and without its __init__: the supervisor codec,
+    confine, judge and limits; the program only codec, confine and limits (before Landlock shuts it out of their
+    folder)."""
+    program = run_python(LOADED + "print(loaded)", FAST)
+    assert program.passed, program.stderr[-300:]
+    assert program.stdout.strip() == str((["_sinklib_sandbox", "_sinklib_sandbox.codec", "_sinklib_sandbox.confine",
+                                           "_sinklib_sandbox.limits"], False))
+    supervisor = ["_sinklib_sandbox", "_sinklib_sandbox.codec", "_sinklib_sandbox.confine", "_sinklib_sandbox.judge",
+                  "_sinklib_sandbox.limits"]
+    tests = LOADED + f"\n\ndef check(candidate):\n    assert candidate() == 1 and loaded == ({supervisor!r}, False), loaded\n"
+    judged = run_tests("def f():\n    return 1\n", tests, "f", FAST)
+    assert judged.passed, judged.error
+    wrong = run_tests("def f():\n    return 1\n", tests.replace("'_sinklib_sandbox.judge', ", ""), "f", FAST)
+    assert wrong.status == "failed" and "_sinklib_sandbox.judge" in wrong.error, "the check can fail"
 
 
 # -- values by value: the typed encoding the candidate's results (and the tests' arguments) cross in ----------
