@@ -241,8 +241,8 @@ def is_validated(cls: type) -> bool:
 class BadValue(ValueError):
     """The one error sinklib raises for a value it does not allow (a ValueError: `except ValueError` keeps working).
     Its message names the parameter, the value and what is allowed: "{param}={value!r} is not allowed: …". A value of
-    the wrong type altogether is a TypeError. (The HumanEval sandbox, a standard-library package its processes load by path, raises
-    plain ValueErrors with the same message.)"""
+    the wrong type altogether is a TypeError. (The HumanEval sandbox, a standard-library package its processes load by
+    path, raises plain ValueErrors with the same message.)"""
 
 
 def bad_value(param: str, value: Any, allowed: str) -> BadValue:
