@@ -31,11 +31,10 @@ batch of step k, its masks and its annealed attention are functions of the seed 
 """
 from __future__ import annotations
 
+import functools
 import json
-import math
 import pickle
 import platform
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,7 +55,8 @@ from sinklib.evaluation.tasks import plain
 from sinklib.zoo import over_training
 from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl
 from sinklib.zoo.evaluate import accuracy, by_template
-from sinklib.zoo.train import restores_torch_threads
+from sinklib.zoo.loop import (RunState, card_record, checkpoint_folder, restores_torch_threads, run, saved_checkpoints,
+                              state_header, write_whole)
 
 BASE = ADAPTED_MODELS["smollm2-135m-diffusion"].base
 MASK_ID = ADAPTED_MODELS["smollm2-135m-diffusion"].mask_id  # 16, `<empty_output>`: unused by SmolLM2's chat template
@@ -66,6 +66,7 @@ MASK_EPS = 1e-3
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CHECKPOINT_ROOT = DATA_DIR / "checkpoints"  # not committed: a run's resumable state
 HELD_OUT_RESULTS = DATA_DIR / "results" / "held-out"  # committed: the cards' and learning curves' per-problem records
+STATE_FILE = "state.pt"  # a twin checkpoint's whole content: adapter weights, optimiser moments, recipe, curve
 
 
 @validated
@@ -280,14 +281,6 @@ def next_token_loss(model, batch: Batch) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float(), batch.ids[row, col])
 
 
-def learning_rate(spec: AdaptSpec, step: int) -> float:
-    """Linear warmup over spec.warmup steps, then a cosine from spec.lr to 0.1 × spec.lr at spec.steps."""
-    if step < spec.warmup:
-        return spec.lr * (step + 1) / spec.warmup
-    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
-    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def lora_config(spec: AdaptSpec):
     """The adapter: LoRA of spec.lora_rank on every linear layer of every block, no dropout (so a run is a function
     of its seed)."""
@@ -335,8 +328,12 @@ def _load_shipped_adapter(model, name: str) -> None:
         raise BadValue(f"init_from={name!r}: its adapter has keys this recipe's has not: {result.unexpected_keys[:3]}")
 
 
-def _checkpoints(folder: Path) -> dict[int, Path]:
-    return {int(p.name[5:]): p for p in folder.glob("step-[0-9]*") if p.name[5:].isdigit() and (p / "state.pt").is_file()}
+def _load_weights(model, weights: dict[str, torch.Tensor]) -> None:
+    """Copy a checkpoint's adapter weights into `model`'s parameters of the same names."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
 
 
 def read_state(path: Path, name: str) -> dict:
@@ -359,7 +356,7 @@ def checked_state(folder: Path, name: str, step: int) -> dict:
     """The saved state of twin `name`'s checkpoint after `step` optimiser steps in `folder`, refused (ValueError naming
     it) unless it is whole and says it is that recipe's at that step (a folder copied or linked under another step's
     name, or another twin's, is caught)."""
-    path = folder / f"step-{step:05d}" / "state.pt"
+    path = checkpoint_folder(folder, step) / STATE_FILE
     state = read_state(path, name)
     if state["spec"].get("name") != name or state["step"] != step:
         raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: it holds {state['spec'].get('name')!r} after "
@@ -367,34 +364,32 @@ def checked_state(folder: Path, name: str, step: int) -> dict:
     return state
 
 
-def _save_checkpoint(folder: Path, spec: AdaptSpec, model, optimizer, step: int, curve: list[dict]) -> None:
-    """Adapter weights, optimiser moments, recipe, thread count and curve, written then renamed (whole or absent)."""
-    final = folder / f"step-{step:05d}"
-    if final.exists():
-        return
-    scratch = final.with_name(final.name + ".partial")
-    scratch.mkdir(parents=True, exist_ok=True)
-    trainable = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
-    torch.save({"spec": asdict(spec), "threads": torch.get_num_threads(), "step": step, "curve": curve,
-                "weights": trainable, "optimizer": optimizer.state_dict()}, scratch / "state.pt")
-    scratch.rename(final)
+def _save_checkpoint(folder: Path, spec: AdaptSpec, model, optimizer, state: RunState) -> bool:
+    """Adapter weights, optimiser moments, recipe, thread count and curve as folder/step-NNNNN/state.pt, whole or
+    absent (loop.write_whole; one that exists is kept). Returns whether it was written. No generator state: a twin's
+    step k draws from its own seed."""
+    def write(scratch: Path) -> None:
+        trainable = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+        torch.save({**state_header(spec, state), "weights": trainable, "optimizer": optimizer.state_dict()},
+                   scratch / STATE_FILE)
+
+    return write_whole(checkpoint_folder(folder, state.step), write)
 
 
-def _resume(folder: Path, spec: AdaptSpec, model, optimizer) -> tuple[int, list[dict]]:
-    saved = _checkpoints(folder)
+def _resume(folder: Path, spec: AdaptSpec, model, optimizer) -> RunState:
+    """Load the latest checkpoint's adapter weights and optimiser moments into the run (a fresh run: step 0), refusing
+    one another recipe or thread count saved."""
+    saved = saved_checkpoints(folder, STATE_FILE)
     if not saved:
-        return 0, []
-    state = read_state(saved[max(saved)] / "state.pt", spec.name)
+        return RunState(step=0, curve=[])
+    state = read_state(saved[max(saved)] / STATE_FILE, spec.name)
     if state["spec"] != asdict(spec) or state["threads"] != torch.get_num_threads():
         raise BadValue(f"checkpoints={str(folder)!r} is not allowed: {saved[max(saved)].name} was saved by "
                        f"{state['spec']} on {state['threads']} threads, not {asdict(spec)} on "
                        f"{torch.get_num_threads()}; give an empty folder or that recipe's")
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in state["weights"].items():
-            params[name].copy_(value)
+    _load_weights(model, state["weights"])
     optimizer.load_state_dict(state["optimizer"])
-    return state["step"], state["curve"]
+    return RunState(step=state["step"], curve=state["curve"])
 
 
 def _checked_run(name: str, spec: AdaptSpec | None, steps: int | None, threads: int) -> tuple[AdaptSpec, int]:
@@ -417,35 +412,36 @@ def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: i
     folder.mkdir(parents=True, exist_ok=True)
     model, tokenizer = build(spec)
     model.train()
+    # the twins' optimiser (the zoo's differs): only the adapter trains, on a pretrained base, without weight decay
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.lr, weight_decay=0.0)
-    start, curve = _resume(folder, spec, model, optimizer)
-    exclude, exclude_work = training_exclusions(spec)
-    clock = time.perf_counter() - (curve[-1]["seconds"] if curve else 0.0)
-    tokens = curve[-1]["tokens"] if curve else 0
-    if start == 0:
-        _save_checkpoint(folder, spec, model, optimizer, 0, curve)  # the base, bidirectional but untrained
-    for step in tqdm(range(start, total), desc=f"adapt {name}", initial=start, total=total, disable=not progress):
-        batch = make_batch(batch_problems(spec, step, exclude, exclude_work), tokenizer, spec.slot)
-        generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.precision == "bfloat16"):
-            loss = (diffusion_loss(model, batch, generator, attention_ratio(spec, step), spec.weighting,
-                                   spec.complementary)
-                    if spec.objective == "dream"
-                    else next_token_loss(model, batch))
-        lr = learning_rate(spec, step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-        optimizer.step()
-        tokens += int(batch.attention_mask.sum())
-        curve.append({"step": step, "loss": float(loss.detach()), "lr": lr, "tokens": tokens,
-                      "seconds": round(time.perf_counter() - clock, 3)})
-        if (step + 1) % spec.checkpoint_every == 0 or step + 1 == total:
-            _save_checkpoint(folder, spec, model, optimizer, step + 1, curve)
-            (folder / "curve.json").write_text(json.dumps(curve))
-    return model, curve
+    state = _resume(folder, spec, model, optimizer)
+    step_loss = functools.partial(_step_loss, spec, model, tokenizer, training_exclusions(spec), state.curve)
+
+    def checkpoint(done: int) -> None:
+        # step 0 (the base, bidirectional but untrained), every checkpoint_every steps and the last; the curve's file
+        # with each one this run adds
+        if done % spec.checkpoint_every == 0 or done == total:
+            _save_checkpoint(folder, spec, model, optimizer, RunState(done, state.curve))
+            if done > state.step:
+                (folder / "curve.json").write_text(json.dumps(state.curve))
+
+    return model, run(spec, optimizer, state, total, step_loss, checkpoint, f"adapt {name}", progress)
+
+
+def _step_loss(spec: AdaptSpec, model, tokenizer, exclusions: tuple[frozenset[str], frozenset[str]],
+               curve: list[dict], step: int) -> tuple[torch.Tensor, dict]:
+    """Optimiser step `step`'s loss and the curve's `tokens` column (tokens seen so far). Unlike the zoo's one
+    persistent generator, the batch, its masks and its annealed attention are drawn from a generator seeded
+    seed × 1,000,003 + step: a function of the seed and the step alone, so a checkpoint needs no generator state. The
+    forward runs under bf16 autocast when the recipe says so (the zoo's trains in float32)."""
+    batch = make_batch(batch_problems(spec, step, *exclusions), tokenizer, spec.slot)
+    generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.precision == "bfloat16"):
+        loss = (diffusion_loss(model, batch, generator, attention_ratio(spec, step), spec.weighting,
+                               spec.complementary)
+                if spec.objective == "dream"
+                else next_token_loss(model, batch))
+    return loss, {"tokens": (curve[-1]["tokens"] if curve else 0) + int(batch.attention_mask.sum())}
 
 
 def export_adapter(name: str, step: int | None = None, checkpoints: Path | None = None,
@@ -454,18 +450,15 @@ def export_adapter(name: str, step: int | None = None, checkpoints: Path | None 
     adapter_model.safetensors — to `out` (default data/models/NAME); returns that folder."""
     spec = TWINS[check_choice(name, "name", TWINS)]
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
-    saved = _checkpoints(folder)
+    saved = saved_checkpoints(folder, STATE_FILE)
     if not saved:
         raise FileNotFoundError(f"checkpoints={str(folder)!r} holds no checkpoint of {name}: train it first "
                                 f"(python -m sinklib.zoo adapt {name})")
     if step is not None and step not in saved:
         raise BadValue(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
-    state = read_state(saved[max(saved) if step is None else step] / "state.pt", name)
+    state = read_state(saved[max(saved) if step is None else step] / STATE_FILE, name)
     model, _ = build(spec)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for key, value in state["weights"].items():
-            params[key].copy_(value)
+    _load_weights(model, state["weights"])
     target = ZOO_DIR / name if out is None else out
     model.peft_config["default"].base_model_name_or_path = BASE  # a name, not this machine's cache path
     model.save_pretrained(str(target))
@@ -501,13 +494,12 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
     results = HELD_OUT_RESULTS / name / weights_fingerprint(ZOO_DIR / name) if results is None else results
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
     curve = json.loads((folder / "curve.json").read_text())
-    saved = _checkpoints(folder)
-    threads = read_state(saved[max(saved)] / "state.pt", name)["threads"]
+    saved = saved_checkpoints(folder, STATE_FILE)
+    threads = read_state(saved[max(saved)] / STATE_FILE, name)["threads"]
     splits = measure_held_out(load(name), eval_n, progress, results)
     overall = splits["text"]["rows"][0]
-    card = {"name": name, "base": BASE, "spec": asdict(spec), "train_steps": len(curve), "tokens_seen": curve[-1]["tokens"],
-            "problems_seen": _problems_seen(spec, len(curve)),
-            "final_loss": curve[-1]["loss"], "wall_seconds": curve[-1]["seconds"], "machine": machine(threads),
+    card = {**card_record(name, spec, curve), "base": BASE, "tokens_seen": curve[-1]["tokens"],
+            "problems_seen": _problems_seen(spec, len(curve)), "machine": machine(threads),
             "accuracy": overall["accuracy"], "accuracy_n": overall["n"], "held_out": splits,
             "adapter_parameters": _adapter_parameters(ZOO_DIR / name)}
     if curve_steps:
@@ -677,16 +669,13 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
 
 
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
-    saved = _checkpoints(folder)
+    saved = saved_checkpoints(folder, STATE_FILE)
     if step not in saved and step != 0:
         raise BadValue(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)} "
                        "(and step 0, the run's start)")
     model, _ = build(TWINS[name])  # step 0 needs no checkpoint: this is it (a fresh adapter, or init_from's)
     if step != 0:
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for key, value in checked_state(folder, name, step)["weights"].items():
-                params[key].copy_(value)
+        _load_weights(model, checked_state(folder, name, step)["weights"])
     merged = model.merge_and_unload().eval()
     # the name stays the twin's: its sampler settings are looked up by it (named.sampling); the weights are this
     # checkpoint's, as every run and trace of it is keyed
@@ -706,7 +695,7 @@ def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, h
     for name in names:
         folder = (CHECKPOINT_ROOT if checkpoint_root is None else Path(checkpoint_root)) / check_choice(name, "names", TWINS)
         for step in tqdm(steps or measured_steps(name), desc=f"measure {name}", disable=not progress):
-            state = folder / f"step-{step:05d}" / "state.pt"
+            state = checkpoint_folder(folder, step) / STATE_FILE
             key = {"model": name, "checkpoint": state.parent.name, "weights": fingerprint(state),
                    "n_problems": how.n_problems, "n_traces": how.n_traces, "eps": how.eps, "seed": how.seed}
             rows = over_training.read_rows(results)

@@ -37,8 +37,8 @@ from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.provenance import describe, locked, read_metadata, record_artifacts, write_parquet
 from sinklib.summary import Result, Summary
 from sinklib.validation import BadValue, Count, Index, NonNegative, checked, validated
-from sinklib.zoo.train import (ZOO, checked_checkpoint, checkpoint_folder, checkpoint_steps, recipe, saved_checkpoints,
-                               train, training_state)
+from sinklib.zoo.loop import checkpoint_folder, saved_checkpoints
+from sinklib.zoo.train import TRAINING_STATE, ZOO, checked_checkpoint, checkpoint_steps, recipe, train, training_state
 
 CHECKPOINTS_DIR = DATA_DIR / "checkpoints"
 RESULTS_PATH = DATA_DIR / "over_training" / "training_dynamics.parquet"  # not data/results/: no notebook writes it
@@ -80,7 +80,7 @@ def retrain(name: RecipeName, folder: Path = CHECKPOINTS_DIR, count: Annotated[i
             any((run_folder / own).exists() for own in ("config.json", "model.safetensors", "card.json")):
         raise BadValue(f"folder={str(folder)!r} is not allowed: it is (or is inside) a shipped model's folder; give "
                        "a folder for checkpoints (data/checkpoints/)")
-    for path in saved_checkpoints(run_folder).values():
+    for path in saved_checkpoints(run_folder, TRAINING_STATE).values():
         training_state(path, spec)  # refuses another recipe's checkpoints before any work
     present = [step for step in steps if checkpoint_folder(run_folder, step).exists()]
     for step in present:  # a present checkpoint must be whole, this recipe's and of its step, or nothing is "done"

@@ -11,27 +11,24 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
 import json
-import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
 
 import torch
 import transformers
-from tqdm.auto import tqdm
 
 from sinklib import compat
 from sinklib.cache_manifest import check_shipped, sha256_of, write_shipped_manifest
 from sinklib.validation import BadValue, Count, checked
 from sinklib.zoo.data import Problem, held_out, problems
+from sinklib.zoo.loop import (RunState, card_record, checkpoint_folder, restores_torch_threads, run, saved_checkpoints,
+                              state_header, write_whole)
 from sinklib.zoo.tokenizer import build_tokenizer, save_tokenizer
 
-T = TypeVar("T")
 GEN_LENGTH = 16  # response slot: worked answer + "#### N" + [EOS] padding
 MASK_EPS = 1e-3
+TRAINING_STATE = "training_state.pt"  # a zoo checkpoint's run state, beside its model.safetensors
 
 
 @dataclass(frozen=True)
@@ -170,15 +167,6 @@ def next_token_loss(model, batch: Batch) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), targets, ignore_index=-100)
 
 
-def learning_rate(spec: ZooSpec, step: int) -> float:
-    """The learning rate at `step`: linear warmup over spec.warmup steps, then a cosine from spec.lr down to
-    0.1 × spec.lr at spec.steps."""
-    if step < spec.warmup:
-        return spec.lr * (step + 1) / spec.warmup
-    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
-    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaForCausalLM:
     """A new model initialised from spec.seed, or with the weights of the zoo model saved as spec.init_from in
     zoo_dir; bidirectional attention on every transformers version when the spec is not causal."""
@@ -205,15 +193,6 @@ def objective_loss(spec: ZooSpec, model, batch, mask_id: int, generator: torch.G
                                  stratified=spec.stratified_t, mask_prompt=spec.mask_prompt)
 
 
-def _update(model, optimizer: torch.optim.Optimizer, loss: torch.Tensor, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-
-
 def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
     """Step 0 (the initialisation) and `count` distinct steps log-spaced from `first` to `total` (the last is
     `total`): the steps after which a run followed over training saves its weights."""
@@ -228,38 +207,18 @@ def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
     return steps
 
 
-def checkpoint_folder(folder: Path, step: int) -> Path:
-    """Where a run saves its weights after `step` optimiser updates: folder/step-NNNNN."""
-    return folder / f"step-{step:05d}"
-
-
-@dataclass
-class _RunState:
-    """What a run needs to go on from a checkpoint with the same bits as without stopping there."""
-
-    step: int  # optimiser updates done
-    curve: list[dict]
-
-
 def _save_checkpoint(folder: Path, spec: ZooSpec, model, optimizer, generator: torch.Generator,
-                     state: _RunState) -> None:
+                     state: RunState) -> None:
     """The model (safetensors, loadable by sinklib.load), its tokenizer and the run's state (recipe, thread count,
-    loss curve so far, optimiser moments, masking generator), written to folder/step-NNNNN.partial (this
-    function's own scratch name: one a killed run left is written over) and renamed, so a checkpoint folder that
-    exists is whole; one that exists is kept as it is (a resumed run reaches the step it resumed from again)."""
-    final = checkpoint_folder(folder, state.step)
-    if final.exists():
-        return
-    scratch = final.with_name(final.name + ".partial")
-    scratch.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(scratch)
-    save_tokenizer(scratch)
-    torch.save({"spec": asdict(spec), "threads": torch.get_num_threads(), "step": state.step, "curve": state.curve,
-                "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                "weights_sha256": sha256_of(scratch / "model.safetensors")}, scratch / "training_state.pt")
-    scratch.rename(final)
+    loss curve so far, optimiser moments, masking generator) as folder/step-NNNNN, whole or absent (loop.write_whole;
+    one that exists is kept)."""
+    def write(scratch: Path) -> None:
+        model.save_pretrained(scratch)
+        save_tokenizer(scratch)
+        torch.save({**state_header(spec, state), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                    "weights_sha256": sha256_of(scratch / "model.safetensors")}, scratch / TRAINING_STATE)
 
-
+    write_whole(checkpoint_folder(folder, state.step), write)
 
 
 def checked_checkpoint(path: Path, name: str, step: int) -> dict:
@@ -269,10 +228,10 @@ def checked_checkpoint(path: Path, name: str, step: int) -> dict:
     (a cut or edited weights file is caught; a checkpoint saved before the hash was kept has its safetensors header
     checked against the file's length)."""
     redo = f"remove {path} and retrain it (python -m sinklib.zoo over-training {name})"
-    weights, state_file = path / "model.safetensors", path / "training_state.pt"
+    weights, state_file = path / "model.safetensors", path / TRAINING_STATE
     if not weights.is_file() or not state_file.is_file():
         raise BadValue(f"checkpoint {str(path)!r} is not allowed: it lacks "
-                       f"{'model.safetensors' if not weights.is_file() else 'training_state.pt'}; {redo}")
+                       f"{'model.safetensors' if not weights.is_file() else TRAINING_STATE}; {redo}")
     saved = torch.load(state_file, weights_only=True)
     if saved["spec"].get("name") != name:
         raise BadValue(f"checkpoint {str(path)!r} is not allowed: recipe {saved['spec'].get('name')!r} saved it, "
@@ -300,18 +259,10 @@ def _safetensors_whole(path: Path) -> bool:
     return path.stat().st_size == 8 + size + max(ends, default=0)
 
 
-def saved_checkpoints(folder: Path | None) -> dict[int, Path]:
-    """The whole checkpoints in folder by step (a scratch folder a killed run left is not one)."""
-    if folder is None or not folder.is_dir():
-        return {}
-    return {int(path.name.removeprefix("step-")): path for path in folder.glob("step-[0-9]*")
-            if path.is_dir() and path.name[5:].isdigit() and (path / "training_state.pt").exists()}
-
-
 def training_state(path: Path, spec: ZooSpec | None = None, threads: int | None = None) -> dict:
     """A checkpoint's saved run state; with `spec` / `threads`, refused unless it was saved by that recipe and
     thread count (another thread count sums floats in another order: the run would not have the same bits)."""
-    saved = torch.load(path / "training_state.pt", weights_only=True)
+    saved = torch.load(path / TRAINING_STATE, weights_only=True)
     if spec is not None and saved["spec"] != asdict(spec):
         raise BadValue(f"checkpoints={str(path.parent)!r} is not allowed: {path.name} was saved by another recipe "
                        f"({saved['spec']}), not {asdict(spec)}; give an empty folder or that recipe's")
@@ -321,39 +272,23 @@ def training_state(path: Path, spec: ZooSpec | None = None, threads: int | None 
     return saved
 
 
-def _resume(path: Path, spec: ZooSpec, threads: int, model, optimizer, generator: torch.Generator) -> _RunState:
+def _resume(path: Path, spec: ZooSpec, threads: int, model, optimizer, generator: torch.Generator) -> RunState:
     """Load a checkpoint's weights, optimiser moments and masking generator into the run."""
     saved = training_state(path, spec, threads)
     model.load_state_dict(transformers.LlamaForCausalLM.from_pretrained(path).state_dict())
     optimizer.load_state_dict(saved["optimizer"])
     generator.set_state(saved["generator"])
-    return _RunState(step=saved["step"], curve=saved["curve"])
+    return RunState(step=saved["step"], curve=saved["curve"])
 
 
 def _resume_point(checkpoints: Path | None, checkpoint_at: tuple[int, ...], total: int) -> Path | None:
     """The checkpoint to go on from: the latest one not past the first asked-for checkpoint that is missing (or
     past the end, when none is missing), so that every asked-for checkpoint gets made."""
-    saved = saved_checkpoints(checkpoints)
+    saved = saved_checkpoints(checkpoints, TRAINING_STATE)
     missing = [step for step in checkpoint_at if step <= total and step not in saved]
     limit = min(missing, default=total)
     usable = [step for step in saved if step <= limit]
     return saved[max(usable)] if usable else None
-
-
-def restores_torch_threads(function: Callable[..., T]) -> Callable[..., T]:
-    """Give the process back its torch thread count when `function` returns or raises: training pins its own count
-    (a loss curve's last bits depend on it), and whatever the caller runs next must not run on that count unasked
-    (a test worker of one thread that trained a model computed on two, and its results no longer matched a fresh
-    process's)."""
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        before = torch.get_num_threads()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
-
-    return wrapper
 
 
 @checked
@@ -373,27 +308,27 @@ def train(name: str, zoo_dir: Path, steps: Count | None = None, progress: bool =
     torch.set_num_threads(threads)
     tokenizer = build_tokenizer()
     model = build_model(spec, tokenizer, zoo_dir).train()
+    # the zoo's optimiser (the twins' differ): every weight trains from scratch, so weight decay and β2 0.98
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    # one masking generator and one data stream for the whole run (a twin's step k draws from its own seed instead):
+    # a checkpoint carries the generator's state, and a resumed run skips the batches already drawn
     generator = torch.Generator().manual_seed(spec.seed)
     latest = _resume_point(checkpoints, checkpoint_at, total)
-    state = _resume(latest, spec, threads, model, optimizer, generator) if latest else _RunState(step=0, curve=[])
+    state = _resume(latest, spec, threads, model, optimizer, generator) if latest else RunState(step=0, curve=[])
     stream = problems(spec.seed, {p.question for p in held_out()})
     for _ in range(state.step * spec.batch_size):  # the batches the checkpoint has already seen
         next(stream)
+
+    def step_loss(step: int) -> tuple[torch.Tensor, dict]:
+        batch = make_batch([next(stream) for _ in range(spec.batch_size)], tokenizer)
+        return objective_loss(spec, model, batch, tokenizer.mask_token_id, generator), {}
+
+    def checkpoint(done: int) -> None:
+        if checkpoints is not None and done in checkpoint_at:
+            _save_checkpoint(checkpoints, spec, model, optimizer, generator, RunState(done, state.curve))
+
     with _CurveWriter(curve_path, state.curve) as writer:
-        start = time.perf_counter() - (state.curve[-1]["seconds"] if state.curve else 0.0)
-        for step in tqdm(range(state.step, total), desc=f"train {name}", disable=not progress, initial=state.step,
-                         total=total):
-            if checkpoints is not None and step in checkpoint_at:
-                _save_checkpoint(checkpoints, spec, model, optimizer, generator, _RunState(step, state.curve))
-            batch = make_batch([next(stream) for _ in range(spec.batch_size)], tokenizer)
-            loss = objective_loss(spec, model, batch, tokenizer.mask_token_id, generator)
-            lr = learning_rate(spec, step)
-            _update(model, optimizer, loss, lr)
-            writer.add({"step": step, "loss": float(loss.detach()), "lr": lr,
-                        "seconds": round(time.perf_counter() - start, 3)})
-    if checkpoints is not None and total in checkpoint_at:
-        _save_checkpoint(checkpoints, spec, model, optimizer, generator, _RunState(total, state.curve))
+        run(spec, optimizer, state, total, step_loss, checkpoint, f"train {name}", progress, writer.add)
     return model.eval(), state.curve
 
 
@@ -437,8 +372,6 @@ def save(name: str, model, zoo_dir: Path, curve: list[dict], extra: dict) -> Pat
     model.save_pretrained(folder)
     save_tokenizer(folder)
     write_shipped_manifest(folder, name)  # what every load checks the folder against (not the card, written next)
-    spec = ZOO[name]
-    card = {"name": name, "spec": asdict(spec), "train_steps": len(curve), "final_loss": curve[-1]["loss"],
-            "wall_seconds": curve[-1]["seconds"], "parameters": sum(p.numel() for p in model.parameters()), **extra}
+    card = {**card_record(name, ZOO[name], curve), "parameters": sum(p.numel() for p in model.parameters()), **extra}
     (folder / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True))
     return folder

@@ -256,3 +256,29 @@ def test_the_work_split_is_held_out_by_arithmetic_from_every_twin():
     spec = adapt.TWINS[DIFFUSION]
     batch = adapt.batch_problems(spec, 3, *adapt.training_exclusions(spec))
     assert spec.complementary and len(batch) == spec.batch_size and batch[0::2] == batch[1::2]
+
+
+def _trained_adapter(model) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in model.named_parameters() if value.requires_grad}
+
+
+def test_a_resumed_adaptation_has_the_bits_of_an_uninterrupted_one(tmp_path):
+    """Two steps of a diffusion recipe with annealed attention (its masks and attention drawn from the generator of
+    each step, seeded seed × 1,000,003 + step) on the real base, batches of two: stopped after the first step and
+    resumed from its checkpoint, it ends with the adapter, optimiser moments and loss curve of a run that never
+    stopped. Resuming without the optimiser's moments, or with one generator for the run instead of one per step,
+    breaks this (checked by mutation)."""
+    spec = adapt.AdaptSpec(DIFFUSION, "dream", steps=2, batch_size=2, warmup=1, checkpoint_every=1, anneal_steps=4,
+                           weighting="elbo-forced")
+    whole, whole_curve = adapt.train(DIFFUSION, checkpoints=tmp_path / "whole", progress=False, spec=spec)
+    adapt.train(DIFFUSION, checkpoints=tmp_path / "cut", steps=1, progress=False, spec=spec)  # stops, as a killed run
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["curve.json", "step-00000", "step-00001"]
+    resumed, resumed_curve = adapt.train(DIFFUSION, checkpoints=tmp_path / "cut", progress=False, spec=spec)
+    expected, got = _trained_adapter(whole), _trained_adapter(resumed)
+    assert sorted(got) == sorted(expected) and all(torch.equal(expected[name], got[name]) for name in expected)
+    assert [(r["step"], r["loss"], r["lr"], r["tokens"]) for r in resumed_curve] == \
+        [(r["step"], r["loss"], r["lr"], r["tokens"]) for r in whole_curve]
+    ends = [adapt.checked_state(tmp_path / run, DIFFUSION, 2) for run in ("whole", "cut")]
+    moments = [[value for entry in end["optimizer"]["state"].values() for value in entry.values()] for end in ends]
+    assert len(moments[0]) == 3 * len(expected)  # step, exp_avg, exp_avg_sq of every adapter weight
+    assert all(torch.equal(a, b) for a, b in zip(*moments, strict=True))
