@@ -554,32 +554,6 @@ def step_stability(traces: Traces, k: int, eps: float) -> Result:
                   shown=Summary.by_model(summary, flagged, findings))
 
 
-def stability_by_key_type(traces: Traces, k: int, eps: float) -> Result:
-    """"Do sinks move?" both ways (dynamics.stability_by_key_type): the paper's measure, how often the greatest sink
-    changes position between consecutive steps, and the set measure, the top-k Jaccard overlap, each over all keys
-    and over the prompt, decoded and still-masked keys alone; one finding per model says which measure calls its
-    attention moving."""
-    frame = dynamics.stability_by_key_type([t for ts in traces.values() for t in ts], k, eps)
-    flagged = near_tie_models(traces)
-    findings = []
-    for name, rows in frame.groupby("model", sort=False):
-        rows = rows.set_index("key_type")
-        parts = [f"{kind} keys: moves {significant(rows.loc[kind, 'move_rate'])} "
-                 f"[{significant(rows.loc[kind, 'move_rate_ci_low'])}, {significant(rows.loc[kind, 'move_rate_ci_high'])}] "
-                 f"of {int(rows.loc[kind, 'pairs_with_sinks'])} pairs, top-{k} Jaccard "
-                 f"{significant(rows.loc[kind, 'jaccard_mean'])}"
-                 for kind in rows.index if rows.loc[kind, "pairs_with_sinks"] or rows.loc[kind, "jaccard_pairs"]]
-        findings.append(f"{label(name, flagged)}: " + "; ".join(parts) + ".")
-    findings.append("Paper: the greatest sink moves in diffusion models and stays in an autoregressive one; papers that "
-                    "track the top-k set (Sparse-dLLM, SparseD, MaskKV, MAGE) find attention stable across steps. "
-                    "Intervals treat step pairs as independent (they are not): read them as a lower bound on the spread.")
-    return Result(figures={"fig_stability_by_key_type": plots.key_type_stability_plot(frame)},
-                  tables={"stability_by_key_type": frame}, layouts={"stability_by_key_type": Layout(("model", "key_type"))},
-                  shown=Summary(frame.assign(model=[label(m, flagged) for m in frame["model"]]).set_index(
-                      ["model", "key_type"])[["move_rate", "move_rate_ci_low", "move_rate_ci_high", "pairs_with_sinks",
-                                              "jaccard_mean"]], findings))
-
-
 def _lens_groups(trace, frame: pd.DataFrame, eps: float) -> pd.DataFrame:
     """One trace's lens frame with each (step, position) read's group: "masked sink", "other masked", "sink, not
     masked" or "other" ("masked" as lens.masked_position_table has it: the read and the predicted position both still

@@ -210,3 +210,19 @@ def test_does_evicting_the_oldest_cost_reads_each_paired_change():
     verdicts = analyses.does_evicting_the_oldest_cost(frame).table
     assert verdicts["claim"].str.startswith("with its oldest").all() and len(verdicts) == 3  # not the unmasked row
     assert verdicts["verdict"].tolist() == ["contradicts", "supports", "cannot decide"]
+
+
+def test_table_1s_result_saves_the_figure_the_notebook_drew():
+    import matplotlib.pyplot as plt
+
+    from sinklib.evaluation.table1 import ITEM_COLUMNS, MaskingTable, accuracy_rows
+
+    items = pd.DataFrame([{"model": "toy", "condition": "sinks", "k": k, "id": str(i), "correct": i < right,
+                           "output": "", "margin": 1.0} for k, right in ((0, 8), (1, 6)) for i in range(10)],
+                         columns=ITEM_COLUMNS)
+    table = MaskingTable(accuracy_rows(items), "arithmetic", items)
+    drawn = plt.figure()
+    assert table.result("table1_masking_arithmetic", drawn).figures == {"table1_masking_arithmetic": drawn}
+    own = table.result("table1_masking_arithmetic").figures["table1_masking_arithmetic"]
+    assert own is not drawn and own.axes[0].get_xlabel() == "keys masked per layer and head (k)"
+    plt.close("all")
