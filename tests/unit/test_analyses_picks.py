@@ -51,7 +51,8 @@ def test_pick_strongest_heads_takes_the_head_with_the_strongest_sink_over_the_st
     traces = {"a": [build_trace([[None, None, None], [4, 4, None]])],  # head 1: (6 + 6 + 1) / 3 against head 0's 1
               "b": [build_trace([[0, None, None], [None, None, None]])]}  # head 0: 8 / 3
     heads = analyses.pick_strongest_heads(traces)
-    assert heads.values.tolist() == [["a", 0, 1], ["b", 0, 0]]
+    assert heads["model"].tolist() == ["a", "b"] and heads["layer"].tolist() == [0, 0]
+    assert heads["head"].tolist() == [1, 0]
 
 
 def test_pick_layer_heads_averages_the_main_sink_over_steps_then_generations():
@@ -139,7 +140,8 @@ def test_pick_uniform_sweep_is_uniform_causal_attention_at_each_autoregressive_l
 
 
 @pytest.mark.parametrize("low, high, verdict", [(0.06, 0.2, "supports"), (0.001, 0.049, "contradicts"),
-                                                (0.03, 0.09, "cannot decide"), (float("nan"), float("nan"), "cannot decide")])
+                                                (0.03, 0.09, "cannot decide"), (0.01, 0.05, "cannot decide"),
+                                                (0.05, 0.09, "supports"), (float("nan"), float("nan"), "cannot decide")])
 def test_judged_compares_an_interval_with_its_threshold(low, high, verdict):
     assert analyses.judged(low, high, analyses.MOVES_OFTEN) == verdict
 
