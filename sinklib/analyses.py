@@ -501,16 +501,19 @@ def report_threshold_sweep(sweep: pd.DataFrame, uniform: pd.DataFrame, figure: F
 
 
 # --- notebook 07 ---------------------------------------------------------------------------------------------
-def what_sinks_carry(models: Models, traces: Traces, eps: float,
-                     store: str | Path | None = None) -> tuple[Result, pd.DataFrame]:
-    """What each model's sinks carry (sinklib.carry): per model, over the (step, layer, head)s whose greatest key is a
-    sink, the value norm against the median key's, the sink's share of the attention and of the output. Returns the
-    Result and the per-model summary (for findings that set it beside the masking results). `store`: the trace store
-    the traces came from, where each trace's measurement (one forward per step) is kept once made
-    (trace_store.stored_measurement)."""
-    frame = pd.concat([stored_measurement(store, trace, "sink_carry", {"eps": eps}, "sinklib.carry",
-                                          functools.partial(carry.sink_carry, models[name], trace, eps))
-                       for name, model_traces in traces.items() for trace in model_traces], ignore_index=True)
+def pick_carry(models: Models, traces: Traces, eps: float, store: str | Path | None = None) -> pd.DataFrame:
+    """What each model's sinks carry (sinklib.carry.sink_carry): one row per trace, step, layer and head — the
+    greatest key's value norm against the median key's, its share of the attention and of the output, whether it is a
+    sink. `store`: the trace store the traces came from, where each trace's measurement (one forward per step) is kept
+    once made (trace_store.stored_measurement)."""
+    return pd.concat([stored_measurement(store, trace, "sink_carry", {"eps": eps}, "sinklib.carry",
+                                         functools.partial(carry.sink_carry, models[name], trace, eps))
+                      for name, model_traces in traces.items() for trace in model_traces], ignore_index=True)
+
+
+def report_carry(frame: pd.DataFrame, figure: Figure, traces: Traces) -> Result:
+    """What the sinks carry as saved: the figure (plots.carry_plot), the per-layer table, and per model, over the
+    (step, layer, head)s whose greatest key is a sink (carry.carry_summary), what kind of sink it is."""
     summary = carry.carry_summary([frame]).reindex(list(traces))
     by_layer = frame[frame["is_sink"]].groupby(["model", "layer"], sort=False).agg(
         sink_heads=("value_ratio", "size"), value_ratio_median=("value_ratio", "median"),
@@ -529,16 +532,19 @@ def what_sinks_carry(models: Models, traces: Traces, eps: float,
                         f"{row['output share']:.0%} of its output (norm-based).")
     findings.append("Literature (SPEC §8): real models' sinks are no-ops (MiniLM's [CLS] 0.13–0.37 against a median of "
                     "2.7–4.5; SmolLM2's first token 0.9–4.4 against 6–11).")
-    result = Result(figures={"fig_sink_carry": plots.carry_plot(frame)}, tables={"sink_carry_by_layer": by_layer},
-                    layouts={"sink_carry_by_layer": Layout(("model", "layer"))},
-                    shown=Summary.by_model(summary, flagged, findings))
-    return result, summary
+    return Result(figures={"fig_sink_carry": figure}, tables={"sink_carry_by_layer": by_layer},
+                  layouts={"sink_carry_by_layer": Layout(("model", "layer"))},
+                  shown=Summary.by_model(summary, flagged, findings))
 
 
-def step_stability(traces: Traces, k: int, eps: float) -> Result:
+def pick_step_stability(traces: Traces, k: int, eps: float) -> pd.DataFrame:
     """How much each head's top keys change from one step to the next (top-k Jaccard overlap) and how often the
-    greatest sink moves, per layer (dynamics.stability_by_layer), with a per-model summary."""
-    frame = dynamics.stability_by_layer([t for ts in traces.values() for t in ts], k, eps)
+    greatest sink moves, per model and layer (dynamics.stability_by_layer)."""
+    return dynamics.stability_by_layer([t for ts in traces.values() for t in ts], k, eps)
+
+
+def report_step_stability(frame: pd.DataFrame, figure: Figure, traces: Traces, k: int) -> Result:
+    """The stability as saved: the figure (plots.stability_plot), the table, and per model its means over layers."""
     summary = frame.groupby("model", sort=False).agg(
         jaccard=("jaccard_mean", "mean"), jaccard_lowest_layer=("jaccard_mean", "min"),
         move_rate=("move_rate", "mean"), move_rate_highest_layer=("move_rate", "max")).reindex(list(traces))
@@ -549,7 +555,7 @@ def step_stability(traces: Traces, k: int, eps: float) -> Result:
                 f"{significant(row['move_rate_highest_layer'])})." for name, row in summary.iterrows()]
     findings.append("Paper: diffusion models' sinks move across steps, an autoregressive model's stay; MAGE, LoSA and "
                     "SparseD (2026) report attention that is stable across denoising steps.")
-    return Result(figures={"fig_step_stability": plots.stability_plot(frame)}, tables={"step_stability": frame},
+    return Result(figures={"fig_step_stability": figure}, tables={"step_stability": frame},
                   layouts={"step_stability": Layout(("model", "layer"))},
                   shown=Summary.by_model(summary, flagged, findings))
 
@@ -615,10 +621,54 @@ def what_sinks_store(models: Models, traces: Traces, eps: float, names: Sequence
                   shown=Summary(table.set_index(["model", "group"]), findings))
 
 
-def carry_against_masking(carried: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> list[str]:
-    """Does masking hurt in proportion to what the sink carries? Per model: what its sinks carry (value / median
-    key) beside the top-1 sink's masking cost over one random key's and the cost of ablating the top-1 sink's value;
-    then, across the models, the rank correlation of what sinks carry with what masking them costs."""
+def pick_lens_cases(models: Models, traces: Traces, eps: float, names: Sequence[str], n_traces: int = 2,
+                    store: str | Path | None = None) -> pd.DataFrame:
+    """The logit lens's cases, one row each: for each model of `names` and its first n_traces generations, every
+    (step, position) whose read and predicted positions are both still masked (lens.masked_position_table): whether
+    it is a sink, the first layer from which its lens names its final token, … with model and trace columns. The
+    lens is read from `store` where it was kept (trace_store.stored_measurement), as what_sinks_store reads it."""
+    tables = []
+    for name in names:
+        for index, trace in enumerate(list(traces[name])[:n_traces]):
+            frame = stored_measurement(store, trace, "logit_lens", {"top": 1}, "sinklib.lens",
+                                       functools.partial(lens.logit_lens, models[name], trace))
+            tables.append(lens.masked_position_table(trace, frame, eps).assign(model=name, trace=index))
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model", "is_sink",
+                                                                                     "first_correct_layer"])
+
+
+# A masked sink "stores its token" when its lens names the final token at least this many layers before the other
+# masked positions' does (the mean first correct layer; a layer is the lens's unit of depth)
+EARLIER_BY = 1.0
+
+
+def does_a_sink_store_its_token(cases: pd.DataFrame) -> Verdicts:
+    """Notebook 07's "what this run shows": per model of `cases` (pick_lens_cases), how many layers earlier its masked
+    sinks name their final token than its other masked positions do — the difference of the mean first correct layer
+    (over the cases that ever name it), with a normal 95 % interval (Welch's standard error, cases treated as
+    independent) — judged against EARLIER_BY. n: the masked sink cases that name it."""
+    rows = []
+    for name, part in cases.groupby("model", sort=False):
+        sink = part.loc[part["is_sink"].astype(bool), "first_correct_layer"].dropna()
+        other = part.loc[~part["is_sink"].astype(bool), "first_correct_layer"].dropna()
+        difference = float(other.mean() - sink.mean()) if len(sink) and len(other) else float("nan")
+        spread = np.sqrt(sum(group.var() / len(group) for group in (sink, other) if len(group) > 1))
+        low, high = ((difference - Z95 * spread, difference + Z95 * spread) if len(sink) > 1 and len(other) > 1
+                     else (float("nan"), float("nan")))
+        rows.append(_verdict(name, f"masked sinks name their final token earlier (layers; {len(other)} other masked)",
+                             len(sink), difference, (low, high), EARLIER_BY))
+    notes = [f"Rule: supports when the interval of (other masked − masked sinks) lies at or above {EARLIER_BY:g} layer "
+             "(analyses.EARLIER_BY), contradicts when it lies below. Cases of one generation over consecutive steps "
+             "are not independent: read the interval as too narrow."]
+    return Verdicts(pd.DataFrame(rows, columns=VERDICT_COLUMNS), notes=notes)
+
+
+def carry_against_masking(carry_frame: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> list[str]:
+    """Does masking hurt in proportion to what the sink carries? Per model of `carry_frame` (pick_carry): what its
+    sinks carry (value / median key) beside the top-1 sink's masking cost over one random key's and the cost of
+    ablating the top-1 sink's value (`frames`: the dose-response tables' frames); then, across the models, the rank
+    correlation of what sinks carry with what masking them costs."""
+    carried = carry.carry_summary([carry_frame]).reindex(pd.unique(carry_frame["model"]))
     table = pd.concat(frames, ignore_index=True)
     accuracy = table.pivot_table(index="model", columns=["condition", "k"], values="accuracy")
     lines, pairs = [], []

@@ -228,3 +228,18 @@ def test_table_1s_result_saves_the_figure_the_notebook_drew():
     own = table.result("table1_masking_arithmetic").figures["table1_masking_arithmetic"]
     assert own is not drawn and own.axes[0].get_xlabel() == "keys masked per layer and head (k)"
     plt.close("all")
+
+
+def test_does_a_sink_store_its_token_compares_first_correct_layers_both_ways():
+    def cases(model, sink_layers, other_layers):
+        return pd.DataFrame({"model": model, "is_sink": [True] * len(sink_layers) + [False] * len(other_layers),
+                             "first_correct_layer": sink_layers + other_layers})
+
+    frame = pd.concat([cases("early", [20.0, 21, 22, np.nan], [28.0, 29, 30, 28, 29, 30]),  # 8 layers earlier
+                       cases("same", [28.0, 29, 30] * 3, [28.0, 29, 30] * 3),  # 0 [−0.8, 0.8]: below 1
+                       cases("unsure", [27.0, 28, 30], [28.0, 29, 30, 29, 30, 31])], ignore_index=True)  # 1.5, wide
+    verdicts = analyses.does_a_sink_store_its_token(frame).table.set_index("model")
+    assert verdicts["verdict"].to_dict() == {"early": "supports", "same": "contradicts", "unsure": "cannot decide"}
+    spread = np.sqrt(np.var([20, 21, 22], ddof=1) / 3 + np.var([28, 29, 30, 28, 29, 30], ddof=1) / 6)
+    assert verdicts.loc["early", "n"] == 3 and verdicts.loc["early", "estimate"] == pytest.approx(8.0)
+    assert verdicts.loc["early", "low"] == pytest.approx(8.0 - 1.959963984540054 * spread)
