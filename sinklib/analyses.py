@@ -1,6 +1,15 @@
-"""The notebooks' analyses: each function takes models and traces, picks what to show (the strongest head, the
-top moving-sink event, ...) and returns a summary.Result — figures, tables and the summary a notebook displays.
-The picking rules live here and in sinklib.dynamics, where they are unit-tested, not in the notebooks."""
+"""The notebooks' analyses. A notebook section makes three calls, each visible in its cell:
+
+- `pick_…` takes models and traces (or a run's tables) and returns the data the section shows, a DataFrame: the
+  strongest head, every moving-sink event, the share Eq. 3 selects at each eps, ...;
+- a plot of that frame (sinklib.plots), or `draw_…` where a step must be replayed through the model for its full
+  attention map;
+- `report_…` takes the frame and the figure and returns the summary.Result that `run.save` writes: figures, tables
+  with their layouts, and the summary the notebook displays, its findings written from the frame's numbers.
+
+Claims a notebook's prose would otherwise type (`do_sinks_move`, `sink_reliance`) are judged here from the run's
+frames: a verdict per model, with its n and a 95 % interval. The picking rules live here and in sinklib.dynamics,
+where they are unit-tested (tests/unit/test_analyses_picks.py), not in the notebooks."""
 from __future__ import annotations
 
 import functools
@@ -9,14 +18,17 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from sinklib import carry, dynamics, lens, plots
 from sinklib.capturing.replay import full_pass_scores, replay_map
 from sinklib.evaluation.table1 import MaskingTable, column_name, column_words, family_before_loading
 from sinklib.loading import LoadedModel
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
-from sinklib.stats import difference_of_changes
-from sinklib.summary import Layout, Result, Summary, is_near_tie, label, near_tie_models, significant
+from sinklib.speed import AUTOREGRESSIVE_POLICY
+from sinklib.stats import Z95, difference_of_changes, wilson_interval
+from sinklib.summary import (VERDICT_COLUMNS, Layout, Result, Summary, Verdicts, is_near_tie, label, near_tie_models,
+                             significant)
 from sinklib.trace import Trace
 from sinklib.trace_store import stored_measurement
 
@@ -29,42 +41,57 @@ def _stem(name: str) -> str:
 
 
 # --- notebook 01 ---------------------------------------------------------------------------------------------
-def score_distribution(traces: Traces) -> Result:
-    """Fig. 3 / 9: every score of every model, as histograms; the table summarises each model's scores."""
-    distribution = dynamics.score_distribution([t for ts in traces.values() for t in ts])
-    summary = distribution.groupby("model")["score"].describe()
+def pick_scores(traces: Traces) -> pd.DataFrame:
+    """Fig. 3 / 9's data: every score of every model's traces, one row each (dynamics.score_distribution: model,
+    score, …)."""
+    return dynamics.score_distribution([t for ts in traces.values() for t in ts])
+
+
+def report_scores(scores: pd.DataFrame, figure: Figure, traces: Traces) -> Result:
+    """Fig. 3 / 9 as saved: the histograms, each model's quantiles (the table) and a finding per model. `traces`:
+    only to mark the models that decided a step at a near-tie."""
+    summary = scores.groupby("model")["score"].describe()
     flagged = near_tie_models(traces)
     findings = [f"{label(name, flagged)}: half of its scores are below {significant(row['50%'])} "
                 "(the mean is 1 by construction); "
                 f"the largest is {significant(row['max'])} times the mean." for name, row in summary.iterrows()]
     findings.append("Paper (Fig. 3, LLaDA-8B; Fig. 9, Dream and MMaDA): most scores sit near 0 and a few are very large.")
-    return Result(figures={"fig03_score_histograms": plots.score_histograms(distribution)},
+    return Result(figures={"fig03_score_histograms": figure},
                   tables={"fig03_score_summary": summary},
                   layouts={"fig03_score_summary": Layout(("model",), "model", index=True)},
                   shown=Summary.by_model(summary.astype({"count": int}), flagged, findings))
 
 
-def token_step(traces: Traces) -> Result:
-    """Fig. 1: per model, the strongest head's score of every token at every step (first prompt)."""
-    result, rows = Result(), []
-    for name, model_traces in traces.items():
-        trace = model_traces[0]
-        layer, head = dynamics.strongest_head(trace)
-        result.figures[f"fig01_token_step_{_stem(name)}"] = plots.token_step_heatmap(trace, layer, head)
-        rows.append(trace.to_frame(layers=[layer], heads=[head]).assign(model=name))
+def pick_strongest_heads(traces: Traces) -> pd.DataFrame:
+    """Fig. 1's heads: per model, the head of its first generation whose main sink is strongest averaged over the
+    steps (dynamics.strongest_head). Columns model, layer, head; one row per model, in `traces`' order."""
+    rows = [(name, *dynamics.strongest_head(model_traces[0])) for name, model_traces in traces.items()]
+    return pd.DataFrame(rows, columns=["model", "layer", "head"])
+
+
+def report_token_step(heads: pd.DataFrame, figures: Mapping[str, Figure], traces: Traces) -> Result:
+    """Fig. 1 as saved: each model's figure (`figures`, by model) and, in one table, the scores its figure draws —
+    its first generation's, in the head `heads` picked, every step and position."""
+    result = Result(figures={f"fig01_token_step_{_stem(name)}": figure for name, figure in figures.items()})
+    rows = [traces[row.model][0].to_frame(layers=[row.layer], heads=[row.head]).assign(model=row.model)
+            for row in heads.itertuples()]
     result.add_table("fig01_token_step", pd.concat(rows), Layout(("model", "step", "layer", "head", "position"), "first"))
     return result
 
 
-def layer_head_maps(traces: Traces) -> Result:
-    """Fig. 5: the main sink's score per layer and head, averaged over steps and prompts."""
-    result, frames = Result(), []
-    for name, model_traces in traces.items():
-        frame = pd.concat([dynamics.main_sink_by_layer_head(t) for t in model_traces]).groupby(
-            ["layer", "head"], as_index=False).mean()
-        result.figures[f"fig05_layer_head_{_stem(name)}"] = plots.layer_head_map(frame, name)
-        frames.append(frame.assign(model=name))
-    table = result.add_table("fig05_layer_head", pd.concat(frames, ignore_index=True), Layout(("model", "layer", "head")))
+def pick_layer_heads(traces: Traces) -> pd.DataFrame:
+    """Fig. 5's data: per model, layer and head, the main sink's score averaged over steps and generations
+    (dynamics.main_sink_by_layer_head). Columns layer, head, score, …, model."""
+    frames = [pd.concat([dynamics.main_sink_by_layer_head(t) for t in model_traces]).groupby(
+        ["layer", "head"], as_index=False).mean().assign(model=name) for name, model_traces in traces.items()]
+    return pd.concat(frames, ignore_index=True)
+
+
+def report_layer_heads(table: pd.DataFrame, figures: Mapping[str, Figure], traces: Traces) -> Result:
+    """Fig. 5 as saved: each model's map (`figures`, by model), the table, and per model the layers where its main
+    sink is strongest and weakest."""
+    result = Result(figures={f"fig05_layer_head_{_stem(name)}": figure for name, figure in figures.items()})
+    result.add_table("fig05_layer_head", table, Layout(("model", "layer", "head")))
     by_layer = table.groupby(["model", "layer"])["score"].mean()
     flagged = near_tie_models(traces)
     layers = table.groupby("model")["layer"].max()
@@ -79,7 +106,7 @@ def layer_head_maps(traces: Traces) -> Result:
     return result
 
 
-def generations(traces: Traces) -> Result:
+def pick_generations(traces: Traces) -> pd.DataFrame:
     """Every generation step by step: the canvas after each step's decision and that decision's margin (the
     relative gap by which it beat the best alternative). A rerun on another CPU is compared against these: a
     canvas that differs from a step whose margin is within float rounding is a near-tie, not a bug."""
@@ -89,7 +116,11 @@ def generations(traces: Traces) -> Result:
             margins = trace.margins.tolist() if trace.margins is not None else [float("nan")] * trace.n_steps
             rows += [{"model": name, "trace": index, "step": step, "margin": margins[step],
                       "canvas": trace.tokens[step + 1].tolist()} for step in range(trace.n_steps)]
-    table = pd.DataFrame(rows, columns=["model", "trace", "step", "margin", "canvas"])
+    return pd.DataFrame(rows, columns=["model", "trace", "step", "margin", "canvas"])
+
+
+def report_generations(table: pd.DataFrame, traces: Traces) -> Result:
+    """The generations as saved, and per model how many of its decisions were within float rounding."""
     flagged = near_tie_models(traces)
     shown = table.groupby("model", sort=False)["margin"].agg(
         decisions="size", within_float_rounding=lambda m: int(sum(is_near_tie(x) for x in m)))
@@ -100,10 +131,16 @@ def generations(traces: Traces) -> Result:
 
 
 # --- notebook 02 ---------------------------------------------------------------------------------------------
-def sink_tokens(traces: Traces, eps: float) -> Result:
-    """Table 2: which tokens become sinks, per model."""
-    table = pd.concat([dynamics.sink_token_frequency(ts, eps).assign(model=name) for name, ts in traces.items()],
-                      ignore_index=True)[["model", "token", "count", "share"]]
+def pick_sink_tokens(traces: Traces, eps: float) -> pd.DataFrame:
+    """Table 2's data: per model, its five most frequent sink tokens over every step, layer and head
+    (dynamics.sink_token_frequency). Columns model, token, count, share."""
+    return pd.concat([dynamics.sink_token_frequency(ts, eps).assign(model=name) for name, ts in traces.items()],
+                     ignore_index=True)[["model", "token", "count", "share"]]
+
+
+def report_sink_tokens(table: pd.DataFrame, figure: Figure, traces: Traces) -> Result:
+    """Table 2 as saved: the bars, the table (parquet and Markdown), and each model's two most frequent sink tokens
+    beside the paper's."""
     flagged = near_tie_models(traces)
     findings = [f"{label(name, flagged)}: its most frequent sink token is {group.iloc[0]['token']!r} "
                 f"({group.iloc[0]['share']:.0%} of its sink detections over steps, layers and heads), "
@@ -112,15 +149,20 @@ def sink_tokens(traces: Traces, eps: float) -> Result:
     findings.append("Paper (Table 2): LLaDA-8B 'Ċ' (newline) .368, '<|mdm_mask|>' .366; Dream-7B '<|mask|>' .321, "
                     "'Ċ' .090; MMaDA-8B 'Ċ' .180, '<|mdm_mask|>' .166 — whitespace and the mask token host most sinks.")
     shown = Summary.by_model(table.set_index("model")[["token", "count", "share"]], flagged, findings)
-    return Result(figures={"table2_sink_tokens": plots.sink_token_bars(table, models=list(traces), eps=eps)},
+    return Result(figures={"table2_sink_tokens": figure},
                   tables={"table2_sink_tokens": table}, layouts={"table2_sink_tokens": Layout(("model", "token"))},
                   texts={"table2_sink_tokens.md": table.to_markdown(index=False, floatfmt=".3f")}, shown=shown)
 
 
-def sink_dynamics(traces: Traces, eps: float) -> Result:
-    """Lifetime, move rate and distance to the unmasking frontier of each head's sinks."""
-    summary = pd.concat([dynamics.dynamics_summary(ts, eps).assign(model=name) for name, ts in traces.items()],
-                        ignore_index=True)
+def pick_sink_dynamics(traces: Traces, eps: float) -> pd.DataFrame:
+    """Per model and generation, the lifetime, move rate and distance to the unmasking frontier of each head's
+    greatest sink (dynamics.dynamics_summary), with a model column."""
+    return pd.concat([dynamics.dynamics_summary(ts, eps).assign(model=name) for name, ts in traces.items()],
+                     ignore_index=True)
+
+
+def report_sink_dynamics(summary: pd.DataFrame, traces: Traces) -> Result:
+    """The dynamics as saved, and per model its mean move rate, lifetime and share of heads × steps with a sink."""
     shown = summary.groupby("model", sort=False)[["mean_lifetime", "move_rate", "mean_distance_to_frontier",
                                                   "share_heads_with_sink"]].mean()
     flagged = near_tie_models(traces)
@@ -140,92 +182,163 @@ def _diffusion(models: Models, name: str) -> bool:
     return models[name].family.canvas_moves
 
 
-def moving_sinks(models: Models, traces: Traces, eps: float) -> Result:
-    """Fig. 4 / 8: every moving-sink event; per diffusion model the top one drawn at the step before and the
-    step of the move, from maps the model replays."""
-    result, events = Result(), []
-    for name, model_traces in traces.items():
-        if not _diffusion(models, name):
+def pick_moving_events(models: Models, traces: Traces, eps: float) -> pd.DataFrame:
+    """Fig. 4 / 8's data: every moving-sink event of every diffusion model (dynamics.moving_events: trace, step,
+    layer, head, position_before, position, …, model)."""
+    events = [dynamics.moving_events(model_traces, eps).assign(model=name)
+              for name, model_traces in traces.items() if _diffusion(models, name)]
+    return pd.concat(events, ignore_index=True) if events else dynamics.empty_events()
+
+
+def draw_moving_sinks(models: Models, traces: Traces, events: pd.DataFrame) -> dict[str, Figure]:
+    """Per diffusion model with an event, its top one (dynamics.top_moving_event) drawn at the step before and the
+    step of the move, from full attention maps the model replays (replay_map); by model."""
+    figures = {}
+    for name, found in events.groupby("model", sort=False):
+        top = dynamics.top_moving_event(found.drop(columns="model"))
+        if top is None:
             continue
-        found = dynamics.moving_events(model_traces, eps)
-        events.append(found.assign(model=name))
-        top = dynamics.top_moving_event(found)
-        if top is not None:
-            trace = model_traces[int(top["trace"])]
-            step, layer, head = int(top["step"]), int(top["layer"]), int(top["head"])
-            maps = [replay_map(models[name], trace, s, layer, head).numpy() for s in (step - 1, step)]
-            result.figures[f"fig04_moving_sink_{_stem(name)}"] = plots.attention_pair(
-                maps, [step - 1, step], trace, layer, head, marked=[int(top["position_before"]), int(top["position"])])
-    table = result.add_table("moving_sink_events",
-                             pd.concat(events, ignore_index=True) if events else dynamics.empty_events(),
-                             Layout(("model", "trace", "step", "layer", "head"), "trace"))
+        trace = traces[name][int(top["trace"])]
+        step, layer, head = int(top["step"]), int(top["layer"]), int(top["head"])
+        maps = [replay_map(models[name], trace, s, layer, head).numpy() for s in (step - 1, step)]
+        figures[name] = plots.attention_pair(maps, [step - 1, step], trace, layer, head,
+                                             marked=[int(top["position_before"]), int(top["position"])])
+    return figures
+
+
+def report_moving_sinks(events: pd.DataFrame, figures: Mapping[str, Figure], models: Models, traces: Traces) -> Result:
+    """Fig. 4 / 8 as saved: the figures (by model), every event, and how many each diffusion model has."""
+    result = Result(figures={f"fig04_moving_sink_{_stem(name)}": figure for name, figure in figures.items()})
+    table = result.add_table("moving_sink_events", events, Layout(("model", "trace", "step", "layer", "head"), "trace"))
     counts = table.groupby("model").size().reindex([n for n in traces if _diffusion(models, n)], fill_value=0)
     result.shown = Summary.by_model(counts.rename("moving-sink events").to_frame(), near_tie_models(traces))
     return result
 
 
-def query_splits(models: Models, traces: Traces, eps: float) -> Result:
-    """Fig. 6a: a step where masked and unmasked queries can favour different sinks (first prompt)."""
-    result, missing = Result(), []
+def pick_query_splits(models: Models, traces: Traces, eps: float) -> pd.DataFrame:
+    """Fig. 6a's steps: per diffusion model, the first candidate of its first generation where masked and unmasked
+    queries can favour different sinks (dynamics.split_candidates). Columns model, step, layer, head; a model with
+    no candidate has no row."""
+    rows = []
     for name, model_traces in traces.items():
-        if not _diffusion(models, name):
-            continue
-        trace = model_traces[0]
-        candidates = dynamics.split_candidates(trace, eps)
-        if not len(candidates):
-            missing.append(f"{name}: no step with masked and unmasked queries and two sinks in one head")
-            continue
-        step, layer, head = (int(candidates.iloc[0][c]) for c in ("step", "layer", "head"))
-        attention = replay_map(models[name], trace, step, layer, head).numpy()
-        result.figures[f"fig06a_query_split_{_stem(name)}"] = plots.query_split(
-            attention, trace.is_masked[step].numpy(), trace, step, layer, head)
-    result.shown = "\n".join(missing) or None
-    return result
+        candidates = dynamics.split_candidates(model_traces[0], eps) if _diffusion(models, name) else []
+        if len(candidates):
+            rows.append((name, *(int(candidates.iloc[0][c]) for c in ("step", "layer", "head"))))
+    return pd.DataFrame(rows, columns=["model", "step", "layer", "head"])
 
 
-def transient(models: Models, traces: Traces, eps: float) -> Result:
-    """Fig. 6b: sinks that live for a single step; per diffusion model the strongest one drawn."""
-    result, frames = Result(), []
-    for name, model_traces in traces.items():
-        found = dynamics.transient_events(model_traces, eps)
-        frames.append(found.assign(model=name))
-        if len(found) and _diffusion(models, name):
+def draw_query_splits(models: Models, traces: Traces, splits: pd.DataFrame) -> dict[str, Figure]:
+    """Each picked step's map, replayed by the model (replay_map), its rows split into masked and unmasked queries;
+    by model."""
+    figures = {}
+    for row in splits.itertuples():
+        trace = traces[row.model][0]
+        attention = replay_map(models[row.model], trace, row.step, row.layer, row.head).numpy()
+        figures[row.model] = plots.query_split(attention, trace.is_masked[row.step].numpy(), trace, row.step,
+                                               row.layer, row.head)
+    return figures
+
+
+def report_query_splits(splits: pd.DataFrame, figures: Mapping[str, Figure], models: Models, traces: Traces) -> Result:
+    """Fig. 6a as saved (by model); `shown` names each diffusion model without such a step (None when every one has)."""
+    missing = [f"{name}: no step with masked and unmasked queries and two sinks in one head"
+               for name in traces if _diffusion(models, name) and name not in set(splits["model"])]
+    return Result(figures={f"fig06a_query_split_{_stem(name)}": figure for name, figure in figures.items()},
+                  shown="\n".join(missing) or None)
+
+
+def pick_transient(traces: Traces, eps: float) -> pd.DataFrame:
+    """Fig. 6b's data: every sink that lives for a single step, of every model (dynamics.transient_events, with a
+    model column)."""
+    return pd.concat([dynamics.transient_events(ts, eps).assign(model=name) for name, ts in traces.items()],
+                     ignore_index=True)
+
+
+def draw_transient(models: Models, traces: Traces, events: pd.DataFrame) -> dict[str, Figure]:
+    """Per diffusion model with one, its strongest one-step sink (the highest score) drawn at the steps around it
+    (plots.transient_sink); by model."""
+    figures = {}
+    for name, found in events.groupby("model", sort=False):
+        if _diffusion(models, name):
             top = found.sort_values("score", ascending=False).iloc[0]
-            result.figures[f"fig06b_transient_{_stem(name)}"] = plots.transient_sink(
-                model_traces[int(top["trace"])], int(top["step"]), int(top["layer"]), int(top["head"]),
-                int(top["position"]))
-    table = result.add_table("transient_sinks", pd.concat(frames, ignore_index=True),
-                             Layout(("model", "trace", "step", "layer", "head", "position"), "trace",
-                                    threshold="threshold_gap"))
+            figures[name] = plots.transient_sink(traces[name][int(top["trace"])], int(top["step"]), int(top["layer"]),
+                                                 int(top["head"]), int(top["position"]))
+    return figures
+
+
+def report_transient(events: pd.DataFrame, figures: Mapping[str, Figure], traces: Traces) -> Result:
+    """Fig. 6b as saved (by model), every event, and how many each model has."""
+    result = Result(figures={f"fig06b_transient_{_stem(name)}": figure for name, figure in figures.items()})
+    table = result.add_table("transient_sinks", events, Layout(("model", "trace", "step", "layer", "head", "position"),
+                                                               "trace", threshold="threshold_gap"))
     counts = table.groupby("model").size().reindex(list(traces), fill_value=0)
     result.shown = Summary.by_model(counts.rename("one-step sinks").to_frame(), near_tie_models(traces))
     return result
 
 
-def greatest_sink_positions(traces: Traces, eps: float) -> Result:
-    """Fig. 7: where the greatest sink sits at each step, for the head with the most steps that have a sink."""
-    panels, frames = {}, []
+def pick_greatest_sinks(traces: Traces, eps: float) -> pd.DataFrame:
+    """Fig. 7's data: per model, in its first generation, the greatest key of the head with the most steps that have
+    a sink (dynamics.busiest_head) at every step (dynamics.greatest_sinks' columns: step, layer, head, position,
+    is_sink, frontier, …), with a model column."""
+    frames = []
     for name, model_traces in traces.items():
         top = dynamics.greatest_sinks(model_traces[0], eps)
         layer, head = dynamics.busiest_head(top)
-        frame = top[(top["layer"] == layer) & (top["head"] == head)]
-        panels[f"{name} — layer {layer}, head {head}"] = frame
-        frames.append(frame.assign(model=name))
-    return Result(figures={"fig07_greatest_sink_positions": plots.greatest_sink_positions(panels)},
-                  tables={"fig07_greatest_sink": pd.concat(frames, ignore_index=True)},
+        frames.append(top[(top["layer"] == layer) & (top["head"] == head)].assign(model=name))
+    return pd.concat(frames, ignore_index=True)
+
+
+def head_panels(frame: pd.DataFrame, by: str = "model", joiner: str = " — ") -> dict[str, pd.DataFrame]:
+    """plots.greatest_sink_positions' panels: `frame`'s rows split by `by` (in order), each titled "<value><joiner>
+    layer L, head H" after the one head its rows follow."""
+    return {f"{value}{joiner}layer {rows['layer'].iloc[0]}, head {rows['head'].iloc[0]}": rows.drop(columns=by)
+            for value, rows in frame.groupby(by, sort=False)}
+
+
+def report_greatest_sinks(frame: pd.DataFrame, figure: Figure) -> Result:
+    """Fig. 7 as saved: the figure and its rows."""
+    return Result(figures={"fig07_greatest_sink_positions": figure}, tables={"fig07_greatest_sink": frame},
                   layouts={"fig07_greatest_sink": Layout(("model", "step"), "first")})
 
 
-def paper_layout(traces: Mapping[str, Sequence[Trace]], eps: float, k: int = 5) -> Result:
+def pick_stability_by_key_type(traces: Traces, k: int, eps: float) -> pd.DataFrame:
+    """"Do sinks move?" both ways, per model and key type (dynamics.stability_by_key_type): the paper's measure,
+    how often the greatest sink changes position between consecutive steps (with its Wilson interval), and the set
+    measure, the top-k Jaccard overlap."""
+    return dynamics.stability_by_key_type([t for ts in traces.values() for t in ts], k, eps)
+
+
+def report_stability_by_key_type(frame: pd.DataFrame, figure: Figure, traces: Traces) -> Result:
+    """The figure, the table, and per model both measures over each key type that has pairs."""
+    flagged = near_tie_models(traces)
+    k = int(frame["k"].iloc[0]) if len(frame) else 0
+    findings = []
+    for name, rows in frame.groupby("model", sort=False):
+        rows = rows.set_index("key_type")
+        parts = [f"{kind} keys: moves {significant(rows.loc[kind, 'move_rate'])} "
+                 f"[{significant(rows.loc[kind, 'move_rate_ci_low'])}, {significant(rows.loc[kind, 'move_rate_ci_high'])}] "
+                 f"of {int(rows.loc[kind, 'pairs_with_sinks'])} pairs, top-{k} Jaccard "
+                 f"{significant(rows.loc[kind, 'jaccard_mean'])}"
+                 for kind in rows.index if rows.loc[kind, "pairs_with_sinks"] or rows.loc[kind, "jaccard_pairs"]]
+        findings.append(f"{label(name, flagged)}: " + "; ".join(parts) + ".")
+    findings.append("Paper: the greatest sink moves in diffusion models and stays in an autoregressive one; papers that "
+                    "track the top-k set (Sparse-dLLM, SparseD, MaskKV, MAGE) find attention stable across steps. "
+                    "Intervals treat step pairs as independent (they are not): read them as a lower bound on the spread.")
+    return Result(figures={"fig_stability_by_key_type": figure},
+                  tables={"stability_by_key_type": frame}, layouts={"stability_by_key_type": Layout(("model", "key_type"))},
+                  shown=Summary(frame.assign(model=[label(m, flagged) for m in frame["model"]]).set_index(
+                      ["model", "key_type"])[["move_rate", "move_rate_ci_low", "move_rate_ci_high", "pairs_with_sinks",
+                                              "jaccard_mean"]], findings))
+
+
+def pick_paper_layout(traces: Traces, eps: float, k: int = 5) -> pd.DataFrame:
     """Sinks under the paper's layout (long canvases: 128 tokens, one per step; LLaDA in blocks of 32): `traces` by
-    layout label ("tiny-llada, 128 tokens, blocks of 32"). Per label, where the greatest sinks sit — on the rightmost
-    still-masked token (the paper's Dream: "originate at the rightmost masked token and shift leftward"), on any
-    masked token, on prompt or decoded keys — how the greatest sink's position follows the frontier and the rightmost
-    masked position across steps (Spearman), and both stability measures (dynamics.stability_by_key_type); Fig. 7
-    for each label's busiest head, with the first and the rightmost still-masked positions."""
-    if not traces:
-        return Result(shown="paper_layouts is empty: no long canvas was generated.")
-    rows, panels, frames = [], {}, []
+    layout label ("tiny-llada, 128 tokens, blocks of 32"). One row per label: where the greatest sinks sit — on the
+    rightmost still-masked token (the paper's Dream: "originate at the rightmost masked token and shift leftward"), on
+    any masked token, on prompt or decoded keys, over `sink_rows` sink-bearing (trace, step, layer, head)s — how the
+    greatest sink's position follows the frontier and the rightmost masked position across steps (Spearman), and both
+    stability measures over all keys and over masked keys (dynamics.stability_by_key_type)."""
+    rows = []
     for name, layout_traces in traces.items():
         where = dynamics.frontier_summary(list(layout_traces), eps).iloc[0].drop("model")
         moving = dynamics.stability_by_key_type(list(layout_traces), k, eps).set_index("key_type")
@@ -233,14 +346,26 @@ def paper_layout(traces: Mapping[str, Sequence[Trace]], eps: float, k: int = 5) 
                      "steps": layout_traces[0].n_steps, **where.to_dict(),
                      **{f"{column}_{kind}": moving.loc[kind, column] for kind in ("all", "masked")
                         for column in ("move_rate", "pairs_with_sinks", "jaccard_mean")}})
+    return pd.DataFrame(rows)
+
+
+def pick_paper_layout_heads(traces: Traces, eps: float) -> pd.DataFrame:
+    """Fig. 7 under the paper's layout: per label of `traces`, its first generation's busiest head (dynamics.busiest_head)
+    at every step — dynamics.greatest_sinks' columns, the rightmost still-masked position where the head has a sink
+    (dynamics.frontier_tracking) and a layout column."""
+    frames = []
+    for name, layout_traces in traces.items():
         top = dynamics.frontier_tracking(layout_traces[0], eps)
         every = dynamics.greatest_sinks(layout_traces[0], eps)
         layer, head = dynamics.busiest_head(every)
-        frame = every[(every["layer"] == layer) & (every["head"] == head)].merge(
-            top[["step", "layer", "head", "rightmost_masked"]], on=["step", "layer", "head"], how="left")
-        panels[f"{name}\nlayer {layer}, head {head}"] = frame
-        frames.append(frame.assign(layout=name))
-    table = pd.DataFrame(rows)
+        frames.append(every[(every["layer"] == layer) & (every["head"] == head)].merge(
+            top[["step", "layer", "head", "rightmost_masked"]], on=["step", "layer", "head"], how="left").assign(
+            layout=name))
+    return pd.concat(frames, ignore_index=True)
+
+
+def report_paper_layout(table: pd.DataFrame, heads: pd.DataFrame, figure: Figure, k: int = 5) -> Result:
+    """Fig. 7 under the paper's layout as saved: the figure, both tables, and a finding per layout."""
     findings = [f"{row.layout} ({row.n_traces} generations, {row.steps} steps): the greatest sink sits on the rightmost "
                 f"masked token in {significant(row.share_on_rightmost_masked)} of sink-bearing heads × steps, on any masked "
                 f"token in {significant(row.share_on_masked)}, on the prompt in {significant(row.share_on_prompt)}; "
@@ -250,8 +375,8 @@ def paper_layout(traces: Mapping[str, Sequence[Trace]], eps: float, k: int = 5) 
                 for row in table.itertuples()]
     findings.append("Paper (Fig. 7): Dream's sinks originate at the rightmost masked token and shift leftward as tokens "
                     "are unmasked; LLaDA's move right as blocks complete; MMaDA's mostly stay.")
-    return Result(figures={"fig07_paper_layout": plots.greatest_sink_positions(panels)},
-                  tables={"paper_layout": table, "paper_layout_greatest_sink": pd.concat(frames, ignore_index=True)},
+    return Result(figures={"fig07_paper_layout": figure},
+                  tables={"paper_layout": table, "paper_layout_greatest_sink": heads},
                   layouts={"paper_layout": Layout(("layout",), "none"),
                            "paper_layout_greatest_sink": Layout(("layout", "step"), "none")},
                   shown=Summary(table.set_index("layout")[["share_on_rightmost_masked", "share_on_masked",
@@ -259,51 +384,136 @@ def paper_layout(traces: Mapping[str, Sequence[Trace]], eps: float, k: int = 5) 
                                                           "move_rate_all", "jaccard_mean_all"]], findings))
 
 
+# "Do sinks move?" judged from the run (do_sinks_move). Each rule compares a 95 % interval with one number, so a
+# verdict changes only when the data move it across that number:
+MOVES_OFTEN = 0.05  # the paper's measure calls a model's sinks moving when its greatest sink moves in 1 step pair in 20
+STABLE_SET = 0.8  # the set measure calls attention stable when a head keeps 0.8 of its top-k keys (Jaccard) step to step
+# Dream's picture under the paper's layout: the greatest sink sits on the rightmost still-masked token (the edge of the
+# masked canvas the paper says Dream's sinks ride) in at least half of the sink-bearing heads × steps
+ON_THE_FRONTIER = 0.5
+
+
+def judged(low: float, high: float, threshold: float) -> str:
+    """"supports" when a 95 % interval [low, high] lies at or above `threshold`, "contradicts" when it lies below,
+    "cannot decide" when it holds the threshold or is undefined (no data)."""
+    if np.isnan(low) or np.isnan(high):
+        return "cannot decide"
+    return "supports" if low >= threshold else "contradicts" if high < threshold else "cannot decide"
+
+
+def _verdict(model: str, claim: str, n: int, estimate: float, interval: tuple[float, float], threshold: float) -> dict:
+    return {"model": model, "claim": claim, "n": int(n), "estimate": estimate, "low": interval[0], "high": interval[1],
+            "threshold": threshold, "verdict": judged(*interval, threshold)}
+
+
+def _mean_interval(values: pd.Series) -> tuple[float, float]:
+    """The normal 95 % interval of a mean (values treated as independent); (nan, nan) with fewer than two."""
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    half = Z95 * float(values.std()) / np.sqrt(len(values))
+    return float(values.mean()) - half, float(values.mean()) + half
+
+
+def _moving_verdicts(name: str, stability: pd.DataFrame, traces: Sequence[Trace]) -> list[dict]:
+    """One diffusion model's verdicts on "sinks move" (the paper's measure, all keys and masked keys) and on
+    "attention is stable" (the top-k Jaccard, all keys; its interval from every step pair's overlap)."""
+    rows = stability[stability["model"] == name].set_index("key_type")
+    verdicts = [_verdict(name, f"sinks move (paper's measure, {kind} keys)", rows.loc[kind, "pairs_with_sinks"],
+                         rows.loc[kind, "move_rate"], (rows.loc[kind, "move_rate_ci_low"],
+                                                       rows.loc[kind, "move_rate_ci_high"]), MOVES_OFTEN)
+                for kind in ("all", "masked") if kind in rows.index]
+    k = int(rows["k"].iloc[0])
+    overlaps = pd.concat([dynamics.topk_overlap(trace, k) for trace in traces], ignore_index=True)["jaccard"]
+    verdicts.append(_verdict(name, f"attention is stable (top-{k} Jaccard, all keys)", len(overlaps),
+                             float(overlaps.mean()), _mean_interval(overlaps), STABLE_SET))
+    return verdicts
+
+
+def do_sinks_move(models: Models, traces: Traces, stability: pd.DataFrame, layouts: pd.DataFrame) -> Verdicts:
+    """Notebook 02's "what this run shows", written from its own frames: per diffusion model, whether its sinks move
+    under the paper's measure over all keys and over still-masked keys (`stability`: pick_stability_by_key_type; the
+    Wilson interval judged against MOVES_OFTEN), whether its attention is stable under the set measure (the top-k
+    Jaccard of every step pair of `traces`, judged against STABLE_SET) and, per paper layout (`layouts`:
+    pick_paper_layout), whether its greatest sink rides the rightmost masked token as the paper's Dream's do (its
+    share of the sink-bearing heads × steps, Wilson interval, against ON_THE_FRONTIER). Autoregressive models are left
+    out: a decoding row's greatest key is not the column sum a diffusion step's is (notebook 02)."""
+    rows = [verdict for name in traces if _diffusion(models, name)
+            for verdict in _moving_verdicts(name, stability, traces[name])]
+    for row in layouts.itertuples():
+        on_edge = int(round(row.share_on_rightmost_masked * row.sink_rows))
+        rows.append(_verdict(row.layout, "the greatest sink rides the rightmost masked token (paper's layout)",
+                             row.sink_rows, row.share_on_rightmost_masked, wilson_interval(on_edge, int(row.sink_rows)),
+                             ON_THE_FRONTIER))
+    notes = [f"Rules: sinks move when the paper's measure's interval lies above {MOVES_OFTEN:g} (1 step pair in "
+             f"{1 / MOVES_OFTEN:.0f}); attention is stable when the Jaccard's lies above {STABLE_SET:g}; the paper's "
+             f"Dream picture holds when over {ON_THE_FRONTIER:g} of sink-bearing heads × steps sit on the rightmost "
+             "masked token. An interval holding the number cannot decide. Intervals treat step pairs (heads × steps) "
+             "as independent, which they are not: read them as too narrow."]
+    return Verdicts(pd.DataFrame(rows, columns=VERDICT_COLUMNS), near_tie_models(traces), notes)
+
+
 # --- notebook 03 ---------------------------------------------------------------------------------------------
-def threshold_sweeps(models: Models, traces: Traces, eps_values: Sequence[float]) -> Result:
-    """Fig. 10: the share of tokens Eq. 3 selects at each eps. Diffusion models over every step's scores; an
-    autoregressive model over one full causal pass of its final sequence, beside uniform causal attention over
-    the same lengths."""
-    sweeps, baselines = [], []
+def pick_threshold_sweep(models: Models, traces: Traces, eps_values: Sequence[float]) -> pd.DataFrame:
+    """Fig. 10's data: per model, the share of (step, layer, head, key) entries Eq. 3 selects at each eps
+    (sinks.threshold_sweep: eps, units, selected, tokens, share, with a model column). Diffusion models over every
+    step's scores; an autoregressive model over one full causal pass of each final sequence (full_pass_scores)."""
+    sweeps = []
     for name, model_traces in traces.items():
-        model = models[name]
-        if model.family.scores_cover_the_canvas:
+        if models[name].family.scores_cover_the_canvas:
             scores = [t.scores for t in model_traces]
         else:
-            scores = [full_pass_scores(model, t.tokens[-1]) for t in model_traces]
-            uniform = [causal_uniform_scores(t.tokens.shape[1]) for t in model_traces]
-            baselines.append(threshold_sweep(uniform, eps_values).assign(
-                model=f"uniform causal attention ({name}'s lengths)"))
+            scores = [full_pass_scores(models[name], t.tokens[-1]) for t in model_traces]
         sweeps.append(threshold_sweep(scores, eps_values).assign(model=name))
-    sweep = pd.concat(sweeps, ignore_index=True)
-    baseline = pd.concat(baselines, ignore_index=True) if baselines else None
+    return pd.concat(sweeps, ignore_index=True)
+
+
+def _uniform_name(model: str) -> str:
+    return f"uniform causal attention ({model}'s lengths)"
+
+
+def pick_uniform_sweep(models: Models, traces: Traces, eps_values: Sequence[float]) -> pd.DataFrame:
+    """Fig. 10's baseline: for each autoregressive model, the same sweep over uniform causal attention at the lengths
+    of its generations (causal_uniform_scores), its model column "uniform causal attention (<model>'s lengths)"; no
+    row when no model is autoregressive."""
+    baselines = [threshold_sweep([causal_uniform_scores(t.tokens.shape[1]) for t in model_traces], eps_values).assign(
+        model=_uniform_name(name)) for name, model_traces in traces.items()
+        if not models[name].family.scores_cover_the_canvas]
+    return pd.concat(baselines, ignore_index=True) if baselines else pd.DataFrame(columns=["eps", "share", "model"])
+
+
+def report_threshold_sweep(sweep: pd.DataFrame, uniform: pd.DataFrame, figure: Figure, traces: Traces) -> Result:
+    """Fig. 10 as saved: the figure, both sweeps in one table, each model's share per eps, and its share at the eps
+    closest to 3 beside the paper's."""
     shares = sweep.pivot(index="model", columns="eps", values="share").loc[list(traces)]
     shares.columns = [f"eps={eps:g}" for eps in shares.columns]
     flagged = near_tie_models(traces)
-    near_three = min(eps_values, key=lambda eps: abs(eps - 3.0))
-    full_pass = {name for name in traces if not models[name].family.scores_cover_the_canvas}
+    near_three = min(sweep["eps"].unique(), key=lambda eps: abs(eps - 3.0))
+    full_pass = {name for name in traces if _uniform_name(name) in set(uniform["model"])}
     findings = [f"{label(name, flagged)}: at eps = {near_three:g}, Eq. 3 selects {share:.1%} of its (step, layer, head, key) "
                 f"entries{' (one full causal pass of each final sequence)' if name in full_pass else ''}."
                 for name, share in sweep[sweep["eps"] == near_three].set_index("model")["share"].items()]
     findings.append("Paper (Appendix B): for a 64-token sequence, eps = 3 keeps at most about 4% of tokens in most "
                     "diffusion models.")
-    return Result(figures={"fig10_threshold_sweep": plots.threshold_sweep_plot(sweep, baseline)},
-                  tables={"fig10_threshold_sweep": pd.concat([sweep, baseline])},
+    return Result(figures={"fig10_threshold_sweep": figure},
+                  tables={"fig10_threshold_sweep": pd.concat([sweep, uniform]) if len(uniform) else sweep},
                   layouts={"fig10_threshold_sweep": Layout(("model", "eps", "units"))},
                   shown=Summary.by_model(shares, flagged, findings))
 
 
 # --- notebook 07 ---------------------------------------------------------------------------------------------
-def what_sinks_carry(models: Models, traces: Traces, eps: float,
-                     store: str | Path | None = None) -> tuple[Result, pd.DataFrame]:
-    """What each model's sinks carry (sinklib.carry): per model, over the (step, layer, head)s whose greatest key is a
-    sink, the value norm against the median key's, the sink's share of the attention and of the output. Returns the
-    Result and the per-model summary (for findings that set it beside the masking results). `store`: the trace store
-    the traces came from, where each trace's measurement (one forward per step) is kept once made
-    (trace_store.stored_measurement)."""
-    frame = pd.concat([stored_measurement(store, trace, "sink_carry", {"eps": eps}, "sinklib.carry",
-                                          functools.partial(carry.sink_carry, models[name], trace, eps))
-                       for name, model_traces in traces.items() for trace in model_traces], ignore_index=True)
+def pick_carry(models: Models, traces: Traces, eps: float, store: str | Path | None = None) -> pd.DataFrame:
+    """What each model's sinks carry (sinklib.carry.sink_carry): one row per trace, step, layer and head — the
+    greatest key's value norm against the median key's, its share of the attention and of the output, whether it is a
+    sink. `store`: the trace store the traces came from, where each trace's measurement (one forward per step) is kept
+    once made (trace_store.stored_measurement)."""
+    return pd.concat([stored_measurement(store, trace, "sink_carry", {"eps": eps}, "sinklib.carry",
+                                         functools.partial(carry.sink_carry, models[name], trace, eps))
+                      for name, model_traces in traces.items() for trace in model_traces], ignore_index=True)
+
+
+def report_carry(frame: pd.DataFrame, figure: Figure, traces: Traces) -> Result:
+    """What the sinks carry as saved: the figure (plots.carry_plot), the per-layer table, and per model, over the
+    (step, layer, head)s whose greatest key is a sink (carry.carry_summary), what kind of sink it is."""
     summary = carry.carry_summary([frame]).reindex(list(traces))
     by_layer = frame[frame["is_sink"]].groupby(["model", "layer"], sort=False).agg(
         sink_heads=("value_ratio", "size"), value_ratio_median=("value_ratio", "median"),
@@ -322,16 +532,19 @@ def what_sinks_carry(models: Models, traces: Traces, eps: float,
                         f"{row['output share']:.0%} of its output (norm-based).")
     findings.append("Literature (SPEC §8): real models' sinks are no-ops (MiniLM's [CLS] 0.13–0.37 against a median of "
                     "2.7–4.5; SmolLM2's first token 0.9–4.4 against 6–11).")
-    result = Result(figures={"fig_sink_carry": plots.carry_plot(frame)}, tables={"sink_carry_by_layer": by_layer},
-                    layouts={"sink_carry_by_layer": Layout(("model", "layer"))},
-                    shown=Summary.by_model(summary, flagged, findings))
-    return result, summary
+    return Result(figures={"fig_sink_carry": figure}, tables={"sink_carry_by_layer": by_layer},
+                  layouts={"sink_carry_by_layer": Layout(("model", "layer"))},
+                  shown=Summary.by_model(summary, flagged, findings))
 
 
-def step_stability(traces: Traces, k: int, eps: float) -> Result:
+def pick_step_stability(traces: Traces, k: int, eps: float) -> pd.DataFrame:
     """How much each head's top keys change from one step to the next (top-k Jaccard overlap) and how often the
-    greatest sink moves, per layer (dynamics.stability_by_layer), with a per-model summary."""
-    frame = dynamics.stability_by_layer([t for ts in traces.values() for t in ts], k, eps)
+    greatest sink moves, per model and layer (dynamics.stability_by_layer)."""
+    return dynamics.stability_by_layer([t for ts in traces.values() for t in ts], k, eps)
+
+
+def report_step_stability(frame: pd.DataFrame, figure: Figure, traces: Traces, k: int) -> Result:
+    """The stability as saved: the figure (plots.stability_plot), the table, and per model its means over layers."""
     summary = frame.groupby("model", sort=False).agg(
         jaccard=("jaccard_mean", "mean"), jaccard_lowest_layer=("jaccard_mean", "min"),
         move_rate=("move_rate", "mean"), move_rate_highest_layer=("move_rate", "max")).reindex(list(traces))
@@ -342,35 +555,9 @@ def step_stability(traces: Traces, k: int, eps: float) -> Result:
                 f"{significant(row['move_rate_highest_layer'])})." for name, row in summary.iterrows()]
     findings.append("Paper: diffusion models' sinks move across steps, an autoregressive model's stay; MAGE, LoSA and "
                     "SparseD (2026) report attention that is stable across denoising steps.")
-    return Result(figures={"fig_step_stability": plots.stability_plot(frame)}, tables={"step_stability": frame},
+    return Result(figures={"fig_step_stability": figure}, tables={"step_stability": frame},
                   layouts={"step_stability": Layout(("model", "layer"))},
                   shown=Summary.by_model(summary, flagged, findings))
-
-
-def stability_by_key_type(traces: Traces, k: int, eps: float) -> Result:
-    """"Do sinks move?" both ways (dynamics.stability_by_key_type): the paper's measure, how often the greatest sink
-    changes position between consecutive steps, and the set measure, the top-k Jaccard overlap, each over all keys
-    and over the prompt, decoded and still-masked keys alone; one finding per model says which measure calls its
-    attention moving."""
-    frame = dynamics.stability_by_key_type([t for ts in traces.values() for t in ts], k, eps)
-    flagged = near_tie_models(traces)
-    findings = []
-    for name, rows in frame.groupby("model", sort=False):
-        rows = rows.set_index("key_type")
-        parts = [f"{kind} keys: moves {significant(rows.loc[kind, 'move_rate'])} "
-                 f"[{significant(rows.loc[kind, 'move_rate_ci_low'])}, {significant(rows.loc[kind, 'move_rate_ci_high'])}] "
-                 f"of {int(rows.loc[kind, 'pairs_with_sinks'])} pairs, top-{k} Jaccard "
-                 f"{significant(rows.loc[kind, 'jaccard_mean'])}"
-                 for kind in rows.index if rows.loc[kind, "pairs_with_sinks"] or rows.loc[kind, "jaccard_pairs"]]
-        findings.append(f"{label(name, flagged)}: " + "; ".join(parts) + ".")
-    findings.append("Paper: the greatest sink moves in diffusion models and stays in an autoregressive one; papers that "
-                    "track the top-k set (Sparse-dLLM, SparseD, MaskKV, MAGE) find attention stable across steps. "
-                    "Intervals treat step pairs as independent (they are not): read them as a lower bound on the spread.")
-    return Result(figures={"fig_stability_by_key_type": plots.key_type_stability_plot(frame)},
-                  tables={"stability_by_key_type": frame}, layouts={"stability_by_key_type": Layout(("model", "key_type"))},
-                  shown=Summary(frame.assign(model=[label(m, flagged) for m in frame["model"]]).set_index(
-                      ["model", "key_type"])[["move_rate", "move_rate_ci_low", "move_rate_ci_high", "pairs_with_sinks",
-                                              "jaccard_mean"]], findings))
 
 
 def _lens_groups(trace, frame: pd.DataFrame, eps: float) -> pd.DataFrame:
@@ -434,10 +621,54 @@ def what_sinks_store(models: Models, traces: Traces, eps: float, names: Sequence
                   shown=Summary(table.set_index(["model", "group"]), findings))
 
 
-def carry_against_masking(carried: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> list[str]:
-    """Does masking hurt in proportion to what the sink carries? Per model: what its sinks carry (value / median
-    key) beside the top-1 sink's masking cost over one random key's and the cost of ablating the top-1 sink's value;
-    then, across the models, the rank correlation of what sinks carry with what masking them costs."""
+def pick_lens_cases(models: Models, traces: Traces, eps: float, names: Sequence[str], n_traces: int = 2,
+                    store: str | Path | None = None) -> pd.DataFrame:
+    """The logit lens's cases, one row each: for each model of `names` and its first n_traces generations, every
+    (step, position) whose read and predicted positions are both still masked (lens.masked_position_table): whether
+    it is a sink, the first layer from which its lens names its final token, … with model and trace columns. The
+    lens is read from `store` where it was kept (trace_store.stored_measurement), as what_sinks_store reads it."""
+    tables = []
+    for name in names:
+        for index, trace in enumerate(list(traces[name])[:n_traces]):
+            frame = stored_measurement(store, trace, "logit_lens", {"top": 1}, "sinklib.lens",
+                                       functools.partial(lens.logit_lens, models[name], trace))
+            tables.append(lens.masked_position_table(trace, frame, eps).assign(model=name, trace=index))
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model", "is_sink",
+                                                                                     "first_correct_layer"])
+
+
+# A masked sink "stores its token" when its lens names the final token at least this many layers before the other
+# masked positions' does (the mean first correct layer; a layer is the lens's unit of depth)
+EARLIER_BY = 1.0
+
+
+def does_a_sink_store_its_token(cases: pd.DataFrame) -> Verdicts:
+    """Notebook 07's "what this run shows": per model of `cases` (pick_lens_cases), how many layers earlier its masked
+    sinks name their final token than its other masked positions do — the difference of the mean first correct layer
+    (over the cases that ever name it), with a normal 95 % interval (Welch's standard error, cases treated as
+    independent) — judged against EARLIER_BY. n: the masked sink cases that name it."""
+    rows = []
+    for name, part in cases.groupby("model", sort=False):
+        sink = part.loc[part["is_sink"].astype(bool), "first_correct_layer"].dropna()
+        other = part.loc[~part["is_sink"].astype(bool), "first_correct_layer"].dropna()
+        difference = float(other.mean() - sink.mean()) if len(sink) and len(other) else float("nan")
+        spread = np.sqrt(sum(group.var() / len(group) for group in (sink, other) if len(group) > 1))
+        low, high = ((difference - Z95 * spread, difference + Z95 * spread) if len(sink) > 1 and len(other) > 1
+                     else (float("nan"), float("nan")))
+        rows.append(_verdict(name, f"masked sinks name their final token earlier (layers; {len(other)} other masked)",
+                             len(sink), difference, (low, high), EARLIER_BY))
+    notes = [f"Rule: supports when the interval of (other masked − masked sinks) lies at or above {EARLIER_BY:g} layer "
+             "(analyses.EARLIER_BY), contradicts when it lies below. Cases of one generation over consecutive steps "
+             "are not independent: read the interval as too narrow."]
+    return Verdicts(pd.DataFrame(rows, columns=VERDICT_COLUMNS), notes=notes)
+
+
+def carry_against_masking(carry_frame: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> list[str]:
+    """Does masking hurt in proportion to what the sink carries? Per model of `carry_frame` (pick_carry): what its
+    sinks carry (value / median key) beside the top-1 sink's masking cost over one random key's and the cost of
+    ablating the top-1 sink's value (`frames`: the dose-response tables' frames); then, across the models, the rank
+    correlation of what sinks carry with what masking them costs."""
+    carried = carry.carry_summary([carry_frame]).reindex(pd.unique(carry_frame["model"]))
     table = pd.concat(frames, ignore_index=True)
     accuracy = table.pivot_table(index="model", columns=["condition", "k"], values="accuracy")
     lines, pairs = [], []
@@ -557,11 +788,12 @@ def _reliance_row(model: str, task: str, accuracy: pd.Series, top1: pd.Series, a
 
 
 # --- notebook 08 ---------------------------------------------------------------------------------------------
-def speed_frontier(table: pd.DataFrame) -> Result:
-    """Can sinks make a diffusion LM fast? Each policy's accuracy (n, Wilson 95 % interval, McNemar against the
-    model's plain sampler on the same problems) against its seconds per answer (sinklib.speed.frontier), and for each
-    diffusion model the fastest policy whose accuracy stays inside the plain sampler's interval, beside the
-    autoregressive twin's KV cache."""
+def report_speed_frontier(table: pd.DataFrame, figure: Figure) -> Result:
+    """Can sinks make a diffusion LM fast? `table` (SpeedRun.collect's pick, sinklib.speed.frontier): each policy's
+    accuracy (n, Wilson 95 % interval, McNemar against the model's plain sampler on the same problems) against its
+    seconds per answer; `figure` (plots.frontier_plot) draws it. The findings name, for each diffusion model, the
+    fastest policy whose accuracy stays inside the plain sampler's interval, beside the autoregressive twin's KV
+    cache."""
     findings = []
     autoregressive = table[table["policy"] == "KV cache"].set_index("model")
     for model, rows in table[table["policy"] != "KV cache"].groupby("model", sort=False):
@@ -592,18 +824,17 @@ def speed_frontier(table: pd.DataFrame) -> Result:
     shown = table.set_index(["model", "policy"])[["n", "accuracy", "ci_low", "ci_high", "mcnemar_p",
                                                  "forwards_per_answer", "seconds_per_answer", "tokens_per_second",
                                                  "speedup"]]
-    return Result(figures={"fig_speed_frontier": plots.frontier_plot(table)}, tables={"speed_frontier": table},
+    return Result(figures={"fig_speed_frontier": figure}, tables={"speed_frontier": table},
                   layouts={"speed_frontier": EVALUATION_POLICY}, shown=Summary(shown, findings))
 
 
 EVALUATION_POLICY = Layout(("model", "policy"), "none")
 
 
-def sinks_under_cache(traces: Mapping[str, Trace], k: int = 5, eps: float = 3.0) -> Result:
+def pick_sinks_under_cache(traces: Mapping[str, Trace], k: int = 5, eps: float = 3.0) -> pd.DataFrame:
     """What caching does to attention and sinks on one prompt: per trace (label → Trace, the plain sampler's and a
-    cached policy's), its forwards, how many were full, the top-k overlap of consecutive steps and how often the
-    greatest sink moved — over every step pair and over the pairs of full forwards only — and where the greatest sink
-    sits."""
+    cached policy's), its forwards, how many were full, the top-k overlap of consecutive steps, how often the greatest
+    sink moved, and where the greatest sink most often sits (position and token; -1 and "" when it never is a sink)."""
     rows = []
     for name, trace in traces.items():
         overlap = dynamics.topk_overlap(trace, k)
@@ -621,13 +852,17 @@ def sinks_under_cache(traces: Mapping[str, Trace], k: int = 5, eps: float = 3.0)
                      "main_sink_position": int(place.iloc[0]) if len(place) else -1,
                      "main_sink_token": trace.token_text(int(trace.tokens[-1, int(place.iloc[0])])) if len(place) else "",
                      "prompt_len": trace.prompt_len, "text": trace.text})
-    frame = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def report_sinks_under_cache(frame: pd.DataFrame, figure: Figure, k: int = 5) -> Result:
+    """The attention under a cache as saved: the figure (plots.cached_attention_plot), the table, a finding per trace."""
     findings = [f"{row['trace']}: {row['forwards']} forwards ({row['full_forwards']} full); consecutive steps share "
                 f"{significant(row['jaccard'])} of each head's top-{k} keys and the greatest sink moves in "
                 f"{significant(row['move_rate'])} of step pairs; the most frequent greatest sink is position "
                 f"{row['main_sink_position']} ({row['main_sink_token']!r}, prompt of {row['prompt_len']} tokens)."
                 for _, row in frame.iterrows()]
-    return Result(figures={"fig_sinks_under_cache": plots.cached_attention_plot(traces)},
+    return Result(figures={"fig_sinks_under_cache": figure},
                   tables={"sinks_under_cache": frame}, layouts={"sinks_under_cache": Layout(("model", "trace"), "first")},
                   shown=Summary(frame.set_index("trace"), findings))
 
@@ -635,9 +870,10 @@ def sinks_under_cache(traces: Mapping[str, Trace], k: int = 5, eps: float = 3.0)
 # Table 1's columns on the twins beside each sampler they ran (SpeedRun.collect_masking): (model, sampler) → table
 SamplerTables = Mapping[tuple[str, str], MaskingTable]
 MASKED_BY_SAMPLER = Layout(("model", "sampler", "condition", "k"), "none")
+SINK_COLUMNS = ("top-1", "random-1")  # Table 1's top-1 sink and its one-random-key control
 
 
-def _columns_by_sampler(tables: SamplerTables, columns: Sequence[str]) -> pd.DataFrame:
+def pick_columns_by_sampler(tables: SamplerTables, columns: Sequence[str] = SINK_COLUMNS) -> pd.DataFrame:
     """One row per (model, sampler, column of `columns`, unmasked first): accuracy with its Wilson 95 % interval and
     n, and a masked column's paired change from the same sampler unmasked (Newcombe interval, McNemar p)."""
     rows = []
@@ -657,8 +893,13 @@ def _columns_by_sampler(tables: SamplerTables, columns: Sequence[str]) -> pd.Dat
     return pd.DataFrame(rows)
 
 
+def eviction_columns(ks: Sequence[int]) -> list[str]:
+    """Table 1's column names for the oldest k keys evicted, each k of `ks` ("oldest-1", "oldest-3")."""
+    return [column_name("oldest keys", k) for k in ks]
+
+
 def _by_sampler_shown(frame: pd.DataFrame) -> pd.DataFrame:
-    """_columns_by_sampler's rows as a notebook shows them: indexed by model, sampler and column."""
+    """pick_columns_by_sampler's rows as a notebook shows them: indexed by model, sampler and column."""
     return frame.set_index(["model", "sampler", "column"])[
         ["n", "accuracy", "ci_low", "ci_high", "change", "change_low", "change_high", "p_mcnemar"]]
 
@@ -686,66 +927,104 @@ def _change_text(row) -> str:
             f"[{row['change_low']:+.3f}, {row['change_high']:+.3f}] from unmasked (McNemar p = {significant(row['p_mcnemar'])})")
 
 
-def sink_reliance_by_sampler(tables: SamplerTables, columns: Sequence[str] = ("top-1", "random-1")) -> Result:
-    """Does a cached, parallel sampler lean on its sinks more? For each diffusion model that ran under more than one
-    sampler: Table 1's `columns` (its top-1 sink masked, one random key masked) under each, each with its paired
-    change from the same sampler unmasked, and the difference of those changes between the plain sampler and each
-    other one on the same problems (a paired bootstrap interval and a sign-flip test)."""
-    frame = _columns_by_sampler(tables, columns)
-    samplers: dict[str, list[str]] = {}
+def pick_sampler_differences(tables: SamplerTables, columns: Sequence[str] = SINK_COLUMNS) -> pd.DataFrame:
+    """Does a cached, parallel sampler lean on its sinks more? For each diffusion model that ran under its plain
+    sampler and another: each column's change from unmasked under the other sampler minus its change under plain, on
+    the same problems (a paired bootstrap interval and a sign-flip test: stats.difference_of_changes). Columns model,
+    sampler, column, n, difference, low, high, p."""
+    tests = []
     for model, sampler in tables:
-        samplers.setdefault(model, []).append(sampler)
-    findings, tests = [], []
-    for model, names in samplers.items():
-        if len(names) < 2 or "plain" not in names:
+        if sampler == "plain" or (model, "plain") not in tables:
             continue
-        for sampler in (name for name in names if name != "plain"):
-            for column in columns:
-                test = _change_difference(tables[model, "plain"], model, tables[model, sampler], model, column)
-                tests.append({"model": model, "sampler": sampler, **test})
-                rows = frame[(frame["model"] == model) & (frame["column"] == column)].set_index("sampler")
-                findings.append(
-                    f"{model}, {column_words(column)}: plain {_change_text(rows.loc['plain'])}; {sampler} "
-                    f"{_change_text(rows.loc[sampler])}. The change under {sampler} minus the change under plain: "
-                    f"{test['difference']:+.3f} [{test['low']:+.3f}, {test['high']:+.3f}] (n = {test['n']}, sign-flip "
-                    f"p = {significant(test['p'])}).")
-    differences = pd.DataFrame(tests, columns=["model", "sampler", "column", "n", "difference", "low", "high", "p"])
-    result = Result(figures={"fig_sinks_by_sampler": plots.columns_by_setting_plot(frame, "Table 1 under each sampler")},
-                    shown=Summary(_by_sampler_shown(frame), findings))
+        tests += [{"model": model, "sampler": sampler,
+                   **_change_difference(tables[model, "plain"], model, tables[model, sampler], model, column)}
+                  for column in columns]
+    return pd.DataFrame(tests, columns=["model", "sampler", "column", "n", "difference", "low", "high", "p"])
+
+
+def report_sink_reliance_by_sampler(frame: pd.DataFrame, differences: pd.DataFrame, figure: Figure) -> Result:
+    """Table 1 under each sampler as saved: the figure (plots.columns_by_setting_plot of `frame`), both tables, and per
+    model, sampler and column the two changes and their difference."""
+    findings = []
+    for test in differences.itertuples():
+        rows = frame[(frame["model"] == test.model) & (frame["column"] == test.column)].set_index("sampler")
+        findings.append(
+            f"{test.model}, {column_words(test.column)}: plain {_change_text(rows.loc['plain'])}; {test.sampler} "
+            f"{_change_text(rows.loc[test.sampler])}. The change under {test.sampler} minus the change under plain: "
+            f"{test.difference:+.3f} [{test.low:+.3f}, {test.high:+.3f}] (n = {test.n}, sign-flip "
+            f"p = {significant(test.p)}).")
+    result = Result(figures={"fig_sinks_by_sampler": figure}, shown=Summary(_by_sampler_shown(frame), findings))
     result.add_table("masked_by_sampler", frame, MASKED_BY_SAMPLER)
     result.add_table("masked_by_sampler_differences", differences, Layout(("model", "sampler", "column"), "none"))
     return result
 
 
-def oldest_context_evicted(tables: SamplerTables, ks: Sequence[int] = (1, 3)) -> Result:
-    """The paper's §5.3: can a diffusion LM drop its oldest context, the first token among it, where an autoregressive
-    model cannot? Each (model, sampler) with its oldest k keys evicted (interventions.EvictOldest: masked for every
-    query, layer, head and step) for each k in `ks`, with the paired change from the same run unmasked; and, on the
-    same problems, how much less each diffusion (model, sampler) loses than each autoregressive one."""
-    columns = [column_name("oldest keys", k) for k in ks]
-    frame = _columns_by_sampler(tables, columns)
+def pick_eviction_differences(tables: SamplerTables, ks: Sequence[int] = (1, 3)) -> pd.DataFrame:
+    """The paper's §5.3 on the same problems: for each diffusion (model, sampler) and each autoregressive one (its KV
+    cache), the diffusion run's change with its oldest k keys evicted minus the autoregressive run's, each k of `ks`
+    (above 0: the diffusion model loses less). Columns model, sampler, against, column, n, difference, low, high, p."""
+    autoregressive = [key for key in tables if key[1] == AUTOREGRESSIVE_POLICY]
+    tests = [{"model": key[0], "sampler": key[1], "against": other[0],
+              **_change_difference(tables[other], other[0], tables[key], key[0], column)}
+             for key in tables if key[1] != AUTOREGRESSIVE_POLICY for other in autoregressive
+             for column in eviction_columns(ks)]
+    return pd.DataFrame(tests, columns=["model", "sampler", "against", "column", "n", "difference", "low", "high", "p"])
+
+
+def report_oldest_context_evicted(frame: pd.DataFrame, differences: pd.DataFrame, figure: Figure) -> Result:
+    """The eviction as saved: the figure (plots.columns_by_setting_plot of `frame`), both tables, and per (model,
+    sampler) each column's change, then each diffusion run against each autoregressive one."""
     findings = []
     for (model, sampler), rows in frame.groupby(["model", "sampler"], sort=False):
         rows = rows.set_index("column")
         unmasked = rows.loc["unmasked"]
-        parts = [f"{column_words(c)}: {_change_text(rows.loc[c])}" for c in columns if c in rows.index]
+        parts = [f"{column_words(c)}: {_change_text(rows.loc[c])}" for c in rows.index if c != "unmasked"]
         findings.append(f"{model} ({sampler}): unmasked {unmasked['accuracy']:.3f} [{unmasked['ci_low']:.3f}, "
                         f"{unmasked['ci_high']:.3f}]; " + "; ".join(parts) + ".")
-    tests = []
-    autoregressive = [key for key in tables if key[1] == "KV cache"]
-    for key in tables:
-        for other in autoregressive if key[1] != "KV cache" else ():
-            for column in columns:
-                test = _change_difference(tables[other], other[0], tables[key], key[0], column)
-                tests.append({"model": key[0], "sampler": key[1], "against": other[0], **test})
-                findings.append(f"{key[0]} ({key[1]}) against {other[0]}, {column_words(column)}: the diffusion "
-                                f"model's change minus the autoregressive one's {test['difference']:+.3f} [{test['low']:+.3f}, "
-                                f"{test['high']:+.3f}] (n = {test['n']}, sign-flip p = {significant(test['p'])}).")
-    differences = pd.DataFrame(tests, columns=["model", "sampler", "against", "column", "n", "difference", "low", "high",
-                                               "p"])
-    result = Result(figures={"fig_oldest_context_evicted": plots.columns_by_setting_plot(frame, "the oldest keys evicted")},
-                    shown=Summary(_by_sampler_shown(frame), findings))
+    findings += [f"{test.model} ({test.sampler}) against {test.against}, {column_words(test.column)}: the diffusion "
+                 f"model's change minus the autoregressive one's {test.difference:+.3f} [{test.low:+.3f}, "
+                 f"{test.high:+.3f}] (n = {test.n}, sign-flip p = {significant(test.p)})."
+                 for test in differences.itertuples()]
+    result = Result(figures={"fig_oldest_context_evicted": figure}, shown=Summary(_by_sampler_shown(frame), findings))
     result.add_table("oldest_context_evicted", frame, MASKED_BY_SAMPLER)
     result.add_table("oldest_context_evicted_differences", differences,
                      Layout(("model", "sampler", "against", "column"), "none"))
     return result
+
+
+# Notebook 08's claims judged from the run. A loss of accuracy smaller than this is one nobody would act on: an
+# interval that excludes every larger loss says "no cost"
+NEGLIGIBLE_LOSS = 0.05
+
+
+def _cost_verdict(who: str, claim: str, n: int, estimate: float, low: float, high: float) -> dict:
+    """"supports" a cost when the interval lies below 0, "contradicts" it when the interval excludes every loss of
+    NEGLIGIBLE_LOSS or more, "cannot decide" otherwise."""
+    verdict = "supports" if high < 0 else "contradicts" if low > -NEGLIGIBLE_LOSS else "cannot decide"
+    if np.isnan(low) or np.isnan(high):
+        verdict = "cannot decide"
+    return {"model": who, "claim": claim, "n": int(n), "estimate": estimate, "low": low, "high": high,
+            "threshold": 0.0, "verdict": verdict}
+
+
+def does_a_fast_sampler_lean_on_sinks(differences: pd.DataFrame) -> Verdicts:
+    """Per diffusion model and fast sampler (`differences`: pick_sampler_differences), whether masking each column
+    costs more under that sampler than under plain: its change minus plain's, with the paired bootstrap interval
+    (stats.difference_of_changes), judged by _cost_verdict."""
+    rows = [_cost_verdict(f"{test.model} ({test.sampler})", f"{column_words(test.column)} costs more than under plain",
+                          test.n, test.difference, test.low, test.high) for test in differences.itertuples()]
+    notes = ["Rule: supports when the difference's 95 % interval lies below 0; contradicts when it excludes a cost of "
+             f"{NEGLIGIBLE_LOSS:g} or more (analyses.NEGLIGIBLE_LOSS); otherwise cannot decide."]
+    return Verdicts(pd.DataFrame(rows, columns=VERDICT_COLUMNS), notes=notes)
+
+
+def does_evicting_the_oldest_cost(frame: pd.DataFrame) -> Verdicts:
+    """Per (model, sampler) and number of oldest keys evicted (`frame`: pick_columns_by_sampler with
+    eviction_columns), whether evicting them costs accuracy: the paired change from the same run unmasked, with its
+    Newcombe 95 % interval, judged by _cost_verdict."""
+    evicted = frame[frame["column"] != "unmasked"]
+    rows = [_cost_verdict(f"{row.model} ({row.sampler})", f"{column_words(row.column)} costs accuracy", row.n,
+                          row.change, row.change_low, row.change_high) for row in evicted.itertuples()]
+    notes = ["Rule: supports when the paired change's 95 % interval lies below 0; contradicts when it excludes a loss "
+             f"of {NEGLIGIBLE_LOSS:g} or more (analyses.NEGLIGIBLE_LOSS); otherwise cannot decide."]
+    return Verdicts(pd.DataFrame(rows, columns=VERDICT_COLUMNS), notes=notes)

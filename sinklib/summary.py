@@ -147,3 +147,41 @@ class Result:
         """Add `frame` as table `name` compared by `layout`; returns the frame."""
         self.tables[name], self.layouts[name] = frame, layout
         return frame
+
+
+VERDICT_COLUMNS = ["model", "claim", "n", "estimate", "low", "high", "threshold", "verdict"]
+
+
+@dataclass
+class Verdicts:
+    """What a run shows about claims, one row each (VERDICT_COLUMNS: who, the claim, n, the estimate and its 95 %
+    interval, the number the rule compares it with, and "supports", "contradicts" or "cannot decide"), shown as
+    Markdown in a notebook and as lines in text. A row about a model of `near_tie` is labelled as Summary labels it.
+
+    table: the verdicts as computed. notes: the rules, said once under the table."""
+    table: pd.DataFrame
+    near_tie: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """One sentence per verdict: "<label>: <claim>: <verdict> (estimate [low, high], n = N; rule: threshold)"."""
+        return [f"{label(row.model, self.near_tie)}: {row.claim}: {row.verdict} ({significant(row.estimate)} "
+                f"[{significant(row.low)}, {significant(row.high)}], n = {row.n:,}; against {significant(row.threshold)})"
+                for row in self.table.itertuples()]
+
+    def text(self) -> str:
+        """The verdicts as lines, then the notes."""
+        return "\n".join(self.lines() + self.notes)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_markdown_(self) -> str:
+        shown = pd.DataFrame({
+            "": [label(name, self.near_tie) for name in self.table["model"]], "claim": self.table["claim"],
+            "n": [f"{n:,}" for n in self.table["n"]],
+            "estimate [95 % interval]": [f"{significant(e)} [{significant(lo)}, {significant(hi)}]" for e, lo, hi
+                                         in zip(self.table["estimate"], self.table["low"], self.table["high"])],
+            "against": [significant(t) for t in self.table["threshold"]],
+            "verdict": [f"**{v}**" for v in self.table["verdict"]]})
+        return "\n\n".join([shown.to_markdown(index=False), *self.notes])

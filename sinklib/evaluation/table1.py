@@ -138,11 +138,19 @@ class MaskingTable:
         """Accuracy against k, one line per model (solid: sinks, dotted: random keys), with standard errors."""
         return _plots().masking_plot(self.frame, self.task)
 
-    def result(self, name: str = "table1_masking"):
-        """As a summary.Result: the figure and the frame by `name`, the markdown and LaTeX tables, the wide table shown."""
+    def result(self, name: str = "table1_masking", figure=None):
+        """As a summary.Result: the figure and the frame by `name`, the markdown and LaTeX tables, the wide table shown.
+
+        Args:
+            name: the file stem of the figure, the tables and the texts.
+            figure: the table drawn (plots.masking_plot of `frame`, as a notebook shows the call); None draws it here.
+
+        Returns:
+            The summary.Result that a run config's `save` writes."""
         tables = {name: self.frame} if self.items is None else {name: self.frame, f"{name}_items": self.items}
         layouts = {name: EVALUATION, f"{name}_items": EVALUATION_ITEMS}
-        return Result(figures={name: self.figure()}, tables=tables, layouts={k: layouts[k] for k in tables},
+        figure = self.figure() if figure is None else figure
+        return Result(figures={name: figure}, tables=tables, layouts={k: layouts[k] for k in tables},
                       texts={f"{name}.md": self.to_markdown() + "\n", f"{name}.tex": self.to_latex()}, shown=self.summary())
 
     def near_tie_models(self) -> set[str]:

@@ -273,16 +273,26 @@ def select(rows: pd.DataFrame, how: Measurement, names: Sequence[str], count: in
     return _ordered(chosen, names)
 
 
-def result(rows: pd.DataFrame, name: str = "training_dynamics") -> Result:
+def result(rows: pd.DataFrame, name: str = "training_dynamics", figure=None) -> Result:
     """The figure, a Markdown table of every row, and a summary: per model its first and last checkpoints and the
-    shipped model, with findings computed from the rows. `name`: the figure's and the table's file stem."""
-    from sinklib import plots  # noqa: PLC0415  (matplotlib: the notebooks extra)
+    shipped model, with findings computed from the rows.
 
+    Args:
+        rows: the measured checkpoints (read_rows, select).
+        name: the figure's and the table's file stem.
+        figure: the rows drawn (plots.training_dynamics_plot, as a notebook shows the call); None draws them here.
+
+    Returns:
+        The summary.Result that a run config's `save` writes."""
+    if figure is None:
+        from sinklib import plots  # noqa: PLC0415  (matplotlib: the notebooks extra)
+
+        figure = plots.training_dynamics_plot(rows)
     shown_columns = ["step", "accuracy", "accuracy_top1_masked", "accuracy_random1_masked", "share_mask",
                      "share_special", "share_punctuation", "share_content", "top_sink_token", "top_key_score_mean",
                      "move_rate"]
     table = rows.set_index(["model", "checkpoint"])[shown_columns]
-    return Result(figures={name: plots.training_dynamics_plot(rows)},
+    return Result(figures={name: figure},
                   texts={f"{name}.md": table.to_markdown(floatfmt=".3f") + "\n"},
                   shown=Summary(table, [finding for name in dict.fromkeys(rows["model"])
                                         for finding in findings(rows[rows["model"] == name])]))

@@ -103,8 +103,9 @@ def _table(model: str, runs: dict[tuple[str, int], list[bool]]) -> MaskingTable:
 
 
 def test_the_sampler_and_eviction_analyses_count_changes_by_hand():
-    """sink_reliance_by_sampler and oldest_context_evicted on hand-made runs of 10 problems: each change is the
-    masked run's accuracy minus the same sampler's unmasked one, and each difference of changes is computed by hand."""
+    """Notebook 08's picks and reports of Table 1 by sampler and of the eviction, on hand-made runs of 10 problems:
+    each change is the masked run's accuracy minus the same sampler's unmasked one, and each difference of changes is
+    computed by hand."""
     right, sinks_cost_2, sinks_cost_6 = [True] * 10, [False] * 2 + [True] * 8, [False] * 6 + [True] * 4
     plain = _table("dlm", {("sinks", 0): right, ("sinks", 1): sinks_cost_2, ("random keys", 1): right,
                            ("oldest keys", 1): right, ("oldest keys", 3): sinks_cost_2})
@@ -114,7 +115,8 @@ def test_the_sampler_and_eviction_analyses_count_changes_by_hand():
                          ("oldest keys", 1): [False] * 10, ("oldest keys", 3): [False] * 10})
     tables = {("dlm", "plain"): plain, ("dlm", "fast"): fast, ("arm", "KV cache"): arm}
 
-    reliance = analyses.sink_reliance_by_sampler(tables)
+    by_sampler = analyses.pick_columns_by_sampler(tables)
+    reliance = analyses.report_sink_reliance_by_sampler(by_sampler, analyses.pick_sampler_differences(tables), None)
     rows = reliance.tables["masked_by_sampler"].set_index(["model", "sampler", "column"])
     assert rows.loc[("dlm", "plain", "top-1"), "change"] == pytest.approx(-0.2)
     assert rows.loc[("dlm", "fast", "top-1"), "change"] == pytest.approx(-0.6)
@@ -124,7 +126,9 @@ def test_the_sampler_and_eviction_analyses_count_changes_by_hand():
     assert difference.loc[("dlm", "fast", "random-1"), "difference"] == 0
     assert "dlm, with its top-1 sink masked: plain 0.800" in reliance.shown.findings[0]
 
-    evicted = analyses.oldest_context_evicted(tables)
+    columns = analyses.eviction_columns([1, 3])
+    evicted = analyses.report_oldest_context_evicted(analyses.pick_columns_by_sampler(tables, columns),
+                                                     analyses.pick_eviction_differences(tables, [1, 3]), None)
     rows = evicted.tables["oldest_context_evicted"].set_index(["model", "sampler", "column"])
     assert set(rows.index.get_level_values("column")) == {"unmasked", "oldest-1", "oldest-3"}  # no top-1 here
     assert rows.loc[("arm", "KV cache", "oldest-1"), "change"] == pytest.approx(-1.0)

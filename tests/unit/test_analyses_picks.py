@@ -1,0 +1,245 @@
+"""The notebooks' picks (sinklib.analyses.pick_…), each against numbers worked by hand on hand-built traces, and the
+verdicts a notebook's "what this run shows" is written from (do_sinks_move), each rule both ways and undecided."""
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+pytest.importorskip("matplotlib")  # sinklib.analyses draws the notebooks' figures (the notebooks' extra)
+
+from sinklib import analyses  # noqa: E402
+from sinklib.summary import Verdicts  # noqa: E402
+from sinklib.trace import Trace  # noqa: E402
+
+MASK = 9
+SEQ, PROMPT = 8, 3
+SINK = 6.0  # a sink's score; the other keys share the rest, so every row sums to SEQ (sum units: mean 1)
+OTHER = (SEQ - SINK) / (SEQ - 1)
+TOKENS = {1: "[BOS]", 2: "Q:", 3: "x", 4: "a", 5: "b", 6: "c", MASK: "[MASK]"}
+DIFFUSION = SimpleNamespace(family=SimpleNamespace(canvas_moves=True, scores_cover_the_canvas=True))
+AUTOREGRESSIVE = SimpleNamespace(family=SimpleNamespace(canvas_moves=False, scores_cover_the_canvas=False))
+
+
+def build_trace(sinks_by_head, model="toy", margins=None):
+    """One layer; head h's key sinks_by_head[h][t] (None: no sink, every key 1.0) receives SINK at step t. The prompt
+    is [BOS] Q: x; positions 3.. are masked and unmasked one per step (tokens a, b, c, a, ...)."""
+    steps = len(sinks_by_head[0])
+    scores = torch.full((steps, 1, len(sinks_by_head), SEQ), 1.0)
+    for head, positions in enumerate(sinks_by_head):
+        for step, position in enumerate(positions):
+            if position is not None:
+                scores[step, 0, head] = OTHER
+                scores[step, 0, head, position] = SINK
+    tokens = torch.tensor([[1, 2, 3] + [MASK] * (SEQ - PROMPT)]).repeat(steps + 1, 1)
+    for step in range(steps):
+        tokens[step + 1:, min(PROMPT + step, SEQ - 1)] = 4 + step % 3
+    return Trace(scores=scores, tokens=tokens, is_masked=tokens[:-1] == MASK, prompt_len=PROMPT, layer_names=["l0"],
+                 token_strings=TOKENS, meta={"model": model},
+                 margins=None if margins is None else torch.tensor(margins, dtype=torch.float64))
+
+
+def test_pick_scores_lists_every_score_once():
+    scores = analyses.pick_scores({"toy": [build_trace([[0, 0], [None, 5]])]})
+    assert len(scores) == 2 * 2 * SEQ  # steps × heads × keys
+    assert scores["score"].sum() == pytest.approx(2 * 2 * SEQ)  # every row sums to SEQ
+    assert (scores["score"] == SINK).sum() == 3 and set(scores["model"]) == {"toy"}
+
+
+def test_pick_strongest_heads_takes_the_head_with_the_strongest_sink_over_the_steps():
+    traces = {"a": [build_trace([[None, None, None], [4, 4, None]])],  # head 1: (6 + 6 + 1) / 3 against head 0's 1
+              "b": [build_trace([[0, None, None], [None, None, None]])]}  # head 0: 8 / 3
+    heads = analyses.pick_strongest_heads(traces)
+    assert heads["model"].tolist() == ["a", "b"] and heads["layer"].tolist() == [0, 0]
+    assert heads["head"].tolist() == [1, 0]
+
+
+def test_pick_layer_heads_averages_the_main_sink_over_steps_then_generations():
+    traces = {"toy": [build_trace([[0, 0], [None, None]]), build_trace([[None, None], [5, None]])]}
+    table = analyses.pick_layer_heads(traces)
+    # head 0: (6 + 6) / 2 = 6 in the first generation, 1 in the second; head 1: 1, then (6 + 1) / 2 = 3.5
+    assert table.set_index("head")["score"].to_dict() == pytest.approx({0: (6 + 1) / 2, 1: (1 + 3.5) / 2})
+    assert table["model"].tolist() == ["toy", "toy"] and table["layer"].tolist() == [0, 0]
+
+
+def test_pick_generations_gives_each_steps_canvas_and_margin():
+    table = analyses.pick_generations({"toy": [build_trace([[0, 0]], margins=[0.5, 1e-4])]})
+    assert table[["step", "margin"]].values.tolist() == [[0, 0.5], [1, 1e-4]]
+    assert table["canvas"].tolist() == [[1, 2, 3, 4, MASK, MASK, MASK, MASK], [1, 2, 3, 4, 5, MASK, MASK, MASK]]
+    assert analyses.report_generations(table, {"toy": []}).shown.table.loc["toy", "within_float_rounding"] == 1
+
+
+def test_pick_sink_tokens_counts_detections_per_token():
+    # head 0 on [BOS] at steps 0-2; head 1 on the masked position 5 at steps 0, 1 and on 'a' (position 3) at step 2
+    table = analyses.pick_sink_tokens({"toy": [build_trace([[0, 0, 0], [5, 5, 3]])]}, eps=3.0)
+    assert table.values.tolist() == [["toy", "[BOS]", 3, 0.5], ["toy", "[MASK]", 2, 2 / 6], ["toy", "a", 1, 1 / 6]]
+
+
+def test_pick_sink_dynamics_moves_and_lifetimes():
+    # one head: sink at 0, 0, 5, 5, then none — one move of three pairs with a sink at both steps; runs 0×2, 5×2
+    row = analyses.pick_sink_dynamics({"toy": [build_trace([[0, 0, 5, 5, None]])]}, eps=3.0).iloc[0]
+    assert row["move_rate"] == pytest.approx(1 / 3) and row["mean_lifetime"] == 2
+    assert row["share_heads_with_sink"] == pytest.approx(4 / 5) and row["model"] == "toy"
+
+
+def test_pick_moving_events_keeps_the_diffusion_models_only():
+    traces = {"diff": [build_trace([[0, 0, 5, 2]])], "arm": [build_trace([[0, 4, 4, 4]])]}
+    events = analyses.pick_moving_events({"diff": DIFFUSION, "arm": AUTOREGRESSIVE}, traces, eps=3.0)
+    assert events[["model", "trace", "step", "position_before", "position"]].values.tolist() == [
+        ["diff", 0, 2, 0, 5], ["diff", 0, 3, 5, 2]]
+
+
+def test_pick_query_splits_has_no_row_for_an_autoregressive_model():
+    splits = analyses.pick_query_splits({"arm": AUTOREGRESSIVE}, {"arm": [build_trace([[0, 0]])]}, eps=3.0)
+    assert splits.empty and list(splits.columns) == ["model", "step", "layer", "head"]
+    result = analyses.report_query_splits(splits, {}, {"diff": DIFFUSION}, {"diff": []})
+    assert result.shown == "diff: no step with masked and unmasked queries and two sinks in one head"
+
+
+def test_pick_transient_finds_a_sink_that_lives_one_step():
+    events = analyses.pick_transient({"toy": [build_trace([[None, 4, None, 0, 0]])]}, eps=3.0)
+    assert events[["model", "trace", "step", "layer", "head", "position"]].values.tolist() == [["toy", 0, 1, 0, 0, 4]]
+
+
+def test_pick_greatest_sinks_follows_the_busiest_head():
+    # head 1 has a sink at 3 steps, head 0 at 1: Fig. 7 follows head 1
+    frame = analyses.pick_greatest_sinks({"toy": [build_trace([[0, None, None], [5, 5, 6]])]}, eps=3.0)
+    assert frame["head"].unique().tolist() == [1] and frame["position"].tolist() == [5, 5, 6]
+    assert frame["frontier"].tolist() == [3, 4, 5]  # the first still-masked position at each step
+    panels = analyses.head_panels(frame)
+    assert list(panels) == ["toy — layer 0, head 1"] and "model" not in panels["toy — layer 0, head 1"]
+
+
+def test_pick_stability_by_key_type_measures_moves_on_all_keys():
+    stability = analyses.pick_stability_by_key_type({"toy": [build_trace([[0, 0, 5, 5]])]}, k=1, eps=3.0)
+    everything = stability.set_index("key_type").loc["all"]
+    # three step pairs, each with a sink at both steps; the sink moved in one; the top-1 key changed in the same one
+    assert everything["pairs_with_sinks"] == 3 and everything["move_rate"] == pytest.approx(1 / 3)
+    assert everything["jaccard_mean"] == pytest.approx(2 / 3)
+
+
+def test_pick_threshold_sweep_shares_of_entries_eq3_selects():
+    traces = {"diff": [build_trace([[0, 0], [None, 5]])]}
+    sweep = analyses.pick_threshold_sweep({"diff": DIFFUSION}, traces, [0.0, 3.0, 10.0]).set_index("eps")
+    # 32 entries; the 3 sinks pass 6 − 2/7 > 3 (not 10); at eps = 0 nothing else passes (uniform rows: margin 0)
+    assert sweep["share"].to_dict() == pytest.approx({0.0: 3 / 32, 3.0: 3 / 32, 10.0: 0.0})
+    assert sweep["tokens"].tolist() == [32, 32, 32]
+
+
+def test_pick_uniform_sweep_is_uniform_causal_attention_at_each_autoregressive_length():
+    traces = {"arm": [build_trace([[0, 0]])], "diff": [build_trace([[0, 0]])]}
+    uniform = analyses.pick_uniform_sweep({"arm": AUTOREGRESSIVE, "diff": DIFFUSION}, traces, [0.0, 1.0, 1.5])
+    # 8 keys under uniform causal attention: key j receives Σ_{i≥j} 1/(i+1) = H_8 − H_j
+    received = np.array([sum(1 / (i + 1) for i in range(j, SEQ)) for j in range(SEQ)])
+    margins = np.array([received[j] - np.delete(received, j).mean() for j in range(SEQ)])
+    by_hand = {eps: float((margins > eps).mean()) for eps in (0.0, 1.0, 1.5)}
+    assert uniform["model"].unique().tolist() == ["uniform causal attention (arm's lengths)"]
+    assert uniform.set_index("eps")["share"].to_dict() == pytest.approx(by_hand)
+    assert analyses.pick_uniform_sweep({"diff": DIFFUSION}, {"diff": traces["diff"]}, [1.0]).empty
+
+
+@pytest.mark.parametrize("low, high, verdict", [(0.06, 0.2, "supports"), (0.001, 0.049, "contradicts"),
+                                                (0.03, 0.09, "cannot decide"), (0.01, 0.05, "cannot decide"),
+                                                (0.05, 0.09, "supports"), (float("nan"), float("nan"), "cannot decide")])
+def test_judged_compares_an_interval_with_its_threshold(low, high, verdict):
+    assert analyses.judged(low, high, analyses.MOVES_OFTEN) == verdict
+
+
+def _stability(model, all_moved, all_pairs, masked_moved, masked_pairs, k=1):
+    """A stability table with the paper's measure as counts, its Wilson intervals as the library computes them."""
+    from sinklib.stats import wilson_interval
+
+    rows = []
+    for kind, moved, pairs in (("all", all_moved, all_pairs), ("masked", masked_moved, masked_pairs)):
+        low, high = wilson_interval(moved, pairs)
+        rows.append({"model": model, "key_type": kind, "move_rate": moved / pairs if pairs else float("nan"),
+                     "move_rate_ci_low": low, "move_rate_ci_high": high, "pairs_with_sinks": pairs, "k": k})
+    return pd.DataFrame(rows)
+
+
+def test_do_sinks_move_judges_each_measure_both_ways():
+    traces = {"stays": [build_trace([[0] * 6])],  # the top-1 key never changes: Jaccard 1 in all 5 pairs
+              "jumps": [build_trace([[0, 5, 0, 5, 0, 5]])],  # it changes at every step: Jaccard 0
+              "unsure": [build_trace([[0, 0, 0, 0, 5, 5]])],  # 4 of 5 pairs keep it: 0.8, an interval holding 0.8
+              "arm": [build_trace([[0, 4]])]}
+    models = {"stays": DIFFUSION, "jumps": DIFFUSION, "unsure": DIFFUSION, "arm": AUTOREGRESSIVE}
+    stability = pd.concat([_stability("stays", 1, 1000, 30, 100), _stability("jumps", 300, 1000, 0, 0),
+                           _stability("unsure", 5, 100, 5, 100)], ignore_index=True)
+    layouts = pd.DataFrame({"layout": ["rides", "stays put", "few"], "sink_rows": [100, 1000, 10],
+                            "share_on_rightmost_masked": [0.9, 0.0, 0.5]})
+    shown = analyses.do_sinks_move(models, traces, stability, layouts)
+    assert isinstance(shown, Verdicts)
+    table = shown.table.set_index(["model", "claim"])["verdict"]
+    paper, masked, stable = ("sinks move (paper's measure, all keys)", "sinks move (paper's measure, masked keys)",
+                             "attention is stable (top-1 Jaccard, all keys)")
+    # 1 of 1000: Wilson [0.0002, 0.0056] below 1 in 20; 300 of 1000 above it; 5 of 100: [0.022, 0.11] holds it
+    assert [table[("stays", paper)], table[("jumps", paper)], table[("unsure", paper)]] == [
+        "contradicts", "supports", "cannot decide"]
+    assert [table[("stays", masked)], table[("jumps", masked)]] == ["supports", "cannot decide"]  # 30 of 100; none
+    assert [table[("stays", stable)], table[("jumps", stable)], table[("unsure", stable)]] == [
+        "supports", "contradicts", "cannot decide"]
+    assert "arm" not in shown.table["model"].tolist()  # a decoding row's greatest key is another quantity
+    rides = "the greatest sink rides the rightmost masked token (paper's layout)"
+    assert [table[("rides", rides)], table[("stays put", rides)], table[("few", rides)]] == [
+        "supports", "contradicts", "cannot decide"]
+    unsure = shown.table.set_index(["model", "claim"]).loc[("unsure", stable)]
+    values = np.array([1, 1, 1, 0, 1.0])
+    half = 1.959963984540054 * values.std(ddof=1) / np.sqrt(5)
+    assert (unsure["n"], unsure["estimate"]) == (5, pytest.approx(0.8))
+    assert (unsure["low"], unsure["high"]) == (pytest.approx(0.8 - half), pytest.approx(0.8 + half))
+    assert "stays: sinks move (paper's measure, all keys): contradicts (0.001 [0.000, 0.006], n = 1,000" in shown.text()
+    markdown = shown._repr_markdown_().splitlines()
+    rows = [line for line in markdown[2:] if line.startswith("|")]
+    assert [row.split("|")[1].strip() for row in rows].count("stays") == 3 and "**contradicts**" in rows[0]
+
+
+def test_does_a_fast_sampler_lean_on_sinks_judges_each_difference_both_ways():
+    differences = pd.DataFrame({"model": ["dlm"] * 3, "sampler": ["fast"] * 3, "column": ["top-1", "random-1", "top-5"],
+                                "n": [200] * 3, "difference": [-0.17, 0.0, -0.02], "low": [-0.26, -0.02, -0.09],
+                                "high": [-0.08, 0.02, 0.05], "p": [0.001, 1.0, 0.5]})
+    verdicts = analyses.does_a_fast_sampler_lean_on_sinks(differences).table
+    # below 0: costs more; [−0.02, 0.02] excludes a cost of 0.05; [−0.09, 0.05] holds both 0 and −0.05
+    assert verdicts["verdict"].tolist() == ["supports", "contradicts", "cannot decide"]
+    assert verdicts["model"].tolist() == ["dlm (fast)"] * 3 and verdicts["n"].tolist() == [200] * 3
+
+
+def test_does_evicting_the_oldest_cost_reads_each_paired_change():
+    frame = pd.DataFrame({"model": ["arm"] * 4, "sampler": ["KV cache"] * 4,
+                          "column": ["unmasked", "oldest-1", "oldest-3", "oldest-5"], "n": [200] * 4,
+                          "change": [np.nan, -0.005, -0.5, -0.04], "change_low": [np.nan, -0.03, -0.6, -0.10],
+                          "change_high": [np.nan, 0.01, -0.4, 0.02]})
+    verdicts = analyses.does_evicting_the_oldest_cost(frame).table
+    assert verdicts["claim"].str.startswith("with its oldest").all() and len(verdicts) == 3  # not the unmasked row
+    assert verdicts["verdict"].tolist() == ["contradicts", "supports", "cannot decide"]
+
+
+def test_table_1s_result_saves_the_figure_the_notebook_drew():
+    import matplotlib.pyplot as plt
+
+    from sinklib.evaluation.table1 import ITEM_COLUMNS, MaskingTable, accuracy_rows
+
+    items = pd.DataFrame([{"model": "toy", "condition": "sinks", "k": k, "id": str(i), "correct": i < right,
+                           "output": "", "margin": 1.0} for k, right in ((0, 8), (1, 6)) for i in range(10)],
+                         columns=ITEM_COLUMNS)
+    table = MaskingTable(accuracy_rows(items), "arithmetic", items)
+    drawn = plt.figure()
+    assert table.result("table1_masking_arithmetic", drawn).figures == {"table1_masking_arithmetic": drawn}
+    own = table.result("table1_masking_arithmetic").figures["table1_masking_arithmetic"]
+    assert own is not drawn and own.axes[0].get_xlabel() == "keys masked per layer and head (k)"
+    plt.close("all")
+
+
+def test_does_a_sink_store_its_token_compares_first_correct_layers_both_ways():
+    def cases(model, sink_layers, other_layers):
+        return pd.DataFrame({"model": model, "is_sink": [True] * len(sink_layers) + [False] * len(other_layers),
+                             "first_correct_layer": sink_layers + other_layers})
+
+    frame = pd.concat([cases("early", [20.0, 21, 22, np.nan], [28.0, 29, 30, 28, 29, 30]),  # 8 layers earlier
+                       cases("same", [28.0, 29, 30] * 3, [28.0, 29, 30] * 3),  # 0 [−0.8, 0.8]: below 1
+                       cases("unsure", [27.0, 28, 30], [28.0, 29, 30, 29, 30, 31])], ignore_index=True)  # 1.5, wide
+    verdicts = analyses.does_a_sink_store_its_token(frame).table.set_index("model")
+    assert verdicts["verdict"].to_dict() == {"early": "supports", "same": "contradicts", "unsure": "cannot decide"}
+    spread = np.sqrt(np.var([20, 21, 22], ddof=1) / 3 + np.var([28, 29, 30, 28, 29, 30], ddof=1) / 6)
+    assert verdicts.loc["early", "n"] == 3 and verdicts.loc["early", "estimate"] == pytest.approx(8.0)
+    assert verdicts.loc["early", "low"] == pytest.approx(8.0 - 1.959963984540054 * spread)
