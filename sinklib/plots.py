@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -20,6 +21,10 @@ from sinklib.trace import Trace
 PALETTE = sns.color_palette("colorblind")
 CMAP = "cividis"
 SCORE_LABEL = "incoming attention score (sum over queries)"
+# matplotlib warns whenever placing a loc="best" legend took over a second (when saving, and again when a notebook
+# shows the figure): a measure of the machine's load, not of the figure, which made a notebook's committed output
+# change with how busy the machine was
+warnings.filterwarnings("ignore", message='Creating legend with loc="best" can be slow')
 
 
 def in_order(column: pd.Series) -> list:
