@@ -586,36 +586,61 @@ def _lens_finding(name: str, by_group: pd.DataFrame, curves: pd.DataFrame) -> st
             f"to {decoded or 'nothing'}.")
 
 
-def what_sinks_store(models: Models, traces: Traces, eps: float, names: Sequence[str], n_traces: int = 2,
-                     store: str | Path | None = None) -> Result:
+LENS_READ_COLUMNS = ["model", "trace", "layer", "group", "top_is_final", "top_token", "position_state"]
+
+
+def _stored_lens(model, trace, store: str | Path | None) -> pd.DataFrame:
+    """One trace's logit lens (top 1), read from `store` where it was kept (trace_store.stored_measurement)."""
+    return stored_measurement(store, trace, "logit_lens", {"top": 1}, "sinklib.lens",
+                              functools.partial(lens.logit_lens, model, trace))
+
+
+def pick_lens_reads(models: Models, traces: Traces, eps: float, names: Sequence[str], n_traces: int = 2,
+                    store: str | Path | None = None) -> pd.DataFrame:
     """The paper's open question (§7), with a logit lens (sinklib.lens): for each model of `names` (native
     transformers models only) and its first n_traces generations, every layer's residual stream read through the
-    final norm and unembedding at every position and step. Figure: by layer, the share of still-masked positions whose
-    lens already names their final token, sinks against the other masked positions; and the same at the sink
-    positions of any kind. Table: per model, the masked sink and other masked groups (lens.sink_vs_other_masked) and
-    what the sink positions decode to at the last layer (their most frequent lens tokens). `store`: the trace store the
-    traces came from, where each trace's lens is kept once read (trace_store.stored_measurement)."""
-    if not names:
+    final norm and unembedding at every position and step. One row per read: model, trace, layer, its group ("masked
+    sink", "other masked", "sink, not masked", "other": _lens_groups), whether its argmax is already the token the
+    generation ends with there (top_is_final), that argmax (top_token) and the position's state. The lens is read from
+    `store` where it was kept."""
+    reads = [_lens_groups(trace, _stored_lens(models[name], trace, store), eps).assign(model=name, trace=index)
+             [LENS_READ_COLUMNS] for name in names for index, trace in enumerate(list(traces[name])[:n_traces])]
+    return pd.concat(reads, ignore_index=True) if reads else pd.DataFrame(columns=LENS_READ_COLUMNS)
+
+
+def share_final_by_layer(reads: pd.DataFrame) -> pd.DataFrame:
+    """By model, group and layer: the share of reads whose lens already names their final token (share_final) and
+    how many reads (n) — what plots.lens_plot draws."""
+    return (reads.groupby(["model", "group", "layer"], sort=False)["top_is_final"].agg(["mean", "size"])
+            .reset_index().rename(columns={"mean": "share_final", "size": "n"}))
+
+
+def lens_groups(cases: pd.DataFrame) -> pd.DataFrame:
+    """Per model, its masked sinks against its other masked positions (pick_lens_cases' rows, pooled over the
+    traces, as lens.sink_vs_other_masked pools them): n cases, n_ever_correct (a first correct layer exists),
+    mean_first_correct_layer (over those), share_final_at_last and mean_final_prob_last."""
+    rows = [{"model": model, "group": group, "n": len(part),
+             "n_ever_correct": int(part["first_correct_layer"].notna().sum()),
+             "mean_first_correct_layer": float(part["first_correct_layer"].mean()),
+             "share_final_at_last": float(part["final_at_last"].astype(float).mean()),
+             "mean_final_prob_last": float(part["final_prob_last"].mean())}
+            for model, mine in cases.groupby("model", sort=False)
+            for group, part in (("sink", mine[mine["is_sink"]]), ("other masked", mine[~mine["is_sink"]]))]
+    return pd.DataFrame(rows)
+
+
+def report_lens(reads: pd.DataFrame, cases: pd.DataFrame, figure) -> Result:
+    """The lens section's Result: the figure (plots.lens_plot of share_final_by_layer(reads)), the per-model table of
+    lens_groups(cases) with what the sink positions decode to at the last layer, and the by-layer table."""
+    if reads.empty:
         return Result(shown="lens_models is empty: no model was read by the logit lens.")
-    rows, curves, findings = [], [], []
-    for name in names:
-        chosen = list(traces[name])[:n_traces]
-        frames = [stored_measurement(store, trace, "logit_lens", {"top": 1}, "sinklib.lens",
-                                     functools.partial(lens.logit_lens, models[name], trace)) for trace in chosen]
-        groups = lens.sink_vs_other_masked(None, chosen, eps, frames=frames)
-        rows += [{"model": name, **row} for row in groups.to_dict("records")]
-        mine = [_lens_groups(trace, frame, eps).assign(model=name, trace=index)[
-            ["model", "trace", "layer", "group", "top_is_final", "top_token", "position_state"]]
-            for index, (trace, frame) in enumerate(zip(chosen, frames))]
-        curves += mine
-        findings.append(_lens_finding(name, groups.set_index("group"), pd.concat(mine)))
-    curve = (pd.concat(curves).groupby(["model", "group", "layer"], sort=False)["top_is_final"].agg(["mean", "size"])
-             .reset_index().rename(columns={"mean": "share_final", "size": "n"}))
+    table = lens_groups(cases)
+    findings = [_lens_finding(name, table[table["model"] == name].set_index("group"), reads[reads["model"] == name])
+                for name in plots.in_order(reads["model"])]
     findings.append("Paper §7 asks what the sinks on future positions store, e.g. with the logit lens. A sink that "
                     "predicts its final token earlier than other masked positions would be storing a plan for it.")
-    table = pd.DataFrame(rows)
-    return Result(figures={"fig_what_sinks_store": plots.lens_plot(curve)},
-                  tables={"what_sinks_store": table, "what_sinks_store_by_layer": curve},
+    return Result(figures={"fig_what_sinks_store": figure},
+                  tables={"what_sinks_store": table, "what_sinks_store_by_layer": share_final_by_layer(reads)},
                   layouts={"what_sinks_store": Layout(("model", "group")),
                            "what_sinks_store_by_layer": Layout(("model", "group", "layer"))},
                   shown=Summary(table.set_index(["model", "group"]), findings))
@@ -626,13 +651,10 @@ def pick_lens_cases(models: Models, traces: Traces, eps: float, names: Sequence[
     """The logit lens's cases, one row each: for each model of `names` and its first n_traces generations, every
     (step, position) whose read and predicted positions are both still masked (lens.masked_position_table): whether
     it is a sink, the first layer from which its lens names its final token, … with model and trace columns. The
-    lens is read from `store` where it was kept (trace_store.stored_measurement), as what_sinks_store reads it."""
-    tables = []
-    for name in names:
-        for index, trace in enumerate(list(traces[name])[:n_traces]):
-            frame = stored_measurement(store, trace, "logit_lens", {"top": 1}, "sinklib.lens",
-                                       functools.partial(lens.logit_lens, models[name], trace))
-            tables.append(lens.masked_position_table(trace, frame, eps).assign(model=name, trace=index))
+    lens is read from `store` where it was kept (trace_store.stored_measurement), as pick_lens_reads reads it."""
+    tables = [lens.masked_position_table(trace, _stored_lens(models[name], trace, store), eps)
+              .assign(model=name, trace=index)
+              for name in names for index, trace in enumerate(list(traces[name])[:n_traces])]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model", "is_sink",
                                                                                      "first_correct_layer"])
 

@@ -365,7 +365,7 @@ def key_type_stability_plot(frame: pd.DataFrame) -> plt.Figure:
 def lens_plot(curve: pd.DataFrame) -> plt.Figure:
     """What sinks store (logit lens): by layer (relative depth), the share of positions whose lens argmax is already
     the token the generation ends with there, one panel per model, one line per group (masked sinks, other masked
-    positions, sinks on decoded or prompt keys). `curve`: analyses.what_sinks_store's by-layer table."""
+    positions, sinks on decoded or prompt keys). `curve`: analyses.share_final_by_layer of the lens's reads."""
     models = in_order(curve["model"])
     fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.6), squeeze=False)
     styles = {"masked sink": ("tab:red", "-"), "other masked": ("tab:blue", "-"), "sink, not masked": ("tab:red", ":"),

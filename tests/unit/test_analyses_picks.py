@@ -243,3 +243,44 @@ def test_does_a_sink_store_its_token_compares_first_correct_layers_both_ways():
     spread = np.sqrt(np.var([20, 21, 22], ddof=1) / 3 + np.var([28, 29, 30, 28, 29, 30], ddof=1) / 6)
     assert verdicts.loc["early", "n"] == 3 and verdicts.loc["early", "estimate"] == pytest.approx(8.0)
     assert verdicts.loc["early", "low"] == pytest.approx(8.0 - 1.959963984540054 * spread)
+
+
+@pytest.fixture(scope="module")
+def lens_run():
+    """tiny-dream's two short generations (its lens reads position i for token i + 1: the shifted case)."""
+    import sinklib
+
+    loaded = sinklib.load("tiny-dream")
+    settings = loaded.settings_for(steps=6, gen_length=6)
+    traces = [sinklib.generate(loaded, prompt, settings, seed=seed, progress=False)
+              for seed, prompt in enumerate(["Q: 3 + 4 = ? A:", "Q: 12 + 9 = ? A:"])]
+    return {"tiny-dream": loaded}, {"tiny-dream": traces}
+
+
+def test_the_lens_picks_agree_with_the_lens_modules_own_summary_and_with_shares_by_hand(lens_run):
+    """Notebook 07's lens section: its groups table is lens.sink_vs_other_masked's (the independent reference, which
+    pools the traces itself), and its by-layer curve is the share of each group's reads whose argmax is already the
+    final token, counted here read by read."""
+    from sinklib import lens
+
+    models, traces = lens_run
+    reads = analyses.pick_lens_reads(models, traces, 3.0, ["tiny-dream"], n_traces=2)
+    cases = analyses.pick_lens_cases(models, traces, 3.0, ["tiny-dream"], n_traces=2)
+    reference = lens.sink_vs_other_masked(models["tiny-dream"], traces["tiny-dream"], 3.0)
+    pd.testing.assert_frame_equal(analyses.lens_groups(cases).drop(columns="model"), reference)
+    curve = analyses.share_final_by_layer(reads)
+    per_layer = curve.groupby("layer")["n"].sum()
+    assert per_layer.nunique() == 1 and per_layer.sum() == len(reads) > 0  # each layer reads the same positions
+    assert {"masked sink", "other masked"} <= set(curve["group"])
+    for row in curve.itertuples():
+        mine = reads[(reads["group"] == row.group) & (reads["layer"] == row.layer)]["top_is_final"].tolist()
+        assert row.n == len(mine) and row.share_final == pytest.approx(sum(mine) / len(mine))
+    result = analyses.report_lens(reads, cases, figure=None)
+    assert set(result.tables) == {"what_sinks_store", "what_sinks_store_by_layer"}
+    assert "tiny-dream: masked sinks name their final token" in str(result.shown)
+
+
+def test_an_empty_lens_section_says_so():
+    reads = analyses.pick_lens_reads({}, {}, 3.0, [])
+    assert reads.empty and list(reads.columns) == analyses.LENS_READ_COLUMNS
+    assert analyses.report_lens(reads, reads, None).shown == "lens_models is empty: no model was read by the logit lens."
