@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,7 @@ from sinklib.evaluation.table1 import MaskingTable, column_name, column_words, f
 from sinklib.loading import LoadedModel
 from sinklib.sinks import causal_uniform_scores, threshold_sweep
 from sinklib.speed import AUTOREGRESSIVE_POLICY
-from sinklib.stats import Z95, difference_of_changes, wilson_interval
+from sinklib.stats import difference_of_changes
 from sinklib.summary import (VERDICT_COLUMNS, Layout, Result, Summary, Verdicts, is_near_tie, label, near_tie_models,
                              significant)
 from sinklib.trace import Trace
@@ -406,49 +406,89 @@ def _verdict(model: str, claim: str, n: int, estimate: float, interval: tuple[fl
             "threshold": threshold, "verdict": judged(*interval, threshold)}
 
 
-def _mean_interval(values: pd.Series) -> tuple[float, float]:
-    """The normal 95 % interval of a mean (values treated as independent); (nan, nan) with fewer than two."""
-    if len(values) < 2:
-        return float("nan"), float("nan")
-    half = Z95 * float(values.std()) / np.sqrt(len(values))
-    return float(values.mean()) - half, float(values.mean()) + half
+# A claim about a model holds across its generations, not across the steps, heads or positions inside one (those are
+# far from independent): each verdict's interval resamples whole generations (a cluster bootstrap), and a model with
+# fewer generations than MIN_GENERATIONS cannot decide
+MIN_GENERATIONS = 3
+BOOTSTRAP_DRAWS = 2000
 
 
-def _moving_verdicts(name: str, stability: pd.DataFrame, traces: Sequence[Trace]) -> list[dict]:
-    """One diffusion model's verdicts on "sinks move" (the paper's measure, all keys and masked keys) and on
-    "attention is stable" (the top-k Jaccard, all keys; its interval from every step pair's overlap)."""
-    rows = stability[stability["model"] == name].set_index("key_type")
-    verdicts = [_verdict(name, f"sinks move (paper's measure, {kind} keys)", rows.loc[kind, "pairs_with_sinks"],
-                         rows.loc[kind, "move_rate"], (rows.loc[kind, "move_rate_ci_low"],
-                                                       rows.loc[kind, "move_rate_ci_high"]), MOVES_OFTEN)
-                for kind in ("all", "masked") if kind in rows.index]
-    k = int(rows["k"].iloc[0])
-    overlaps = pd.concat([dynamics.topk_overlap(trace, k) for trace in traces], ignore_index=True)["jaccard"]
-    verdicts.append(_verdict(name, f"attention is stable (top-{k} Jaccard, all keys)", len(overlaps),
-                             float(overlaps.mean()), _mean_interval(overlaps), STABLE_SET))
+def generation_bootstrap(sums, estimate: Callable[[np.ndarray], np.ndarray]) -> tuple[float, tuple[float, float]]:
+    """A statistic over every generation, and its 95 % interval resampling whole generations.
+
+    Args:
+        sums: [generations, k] additive counts of each generation (e.g. its moves and its step pairs).
+        estimate: totals [..., k] → the statistic [...], vectorised (e.g. moves / pairs).
+
+    Returns:
+        (the statistic on the summed counts, its percentile interval over BOOTSTRAP_DRAWS resamples of the
+        generations, drawn from a fixed seed so the same data give the same interval); the interval is (nan, nan)
+        with fewer than MIN_GENERATIONS generations, or where the statistic is undefined in most resamples.
+    """
+    sums = np.asarray(sums, dtype=float).reshape(len(sums), -1)
+    nan = (float("nan"), float("nan"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = float(estimate(sums.sum(0))) if len(sums) else float("nan")
+        if len(sums) < MIN_GENERATIONS:
+            return point, nan
+        picks = np.random.default_rng(0).integers(0, len(sums), (BOOTSTRAP_DRAWS, len(sums)))
+        draws = estimate(sums[picks].sum(1))
+    draws = draws[np.isfinite(draws)]
+    if len(draws) < BOOTSTRAP_DRAWS // 2:
+        return point, nan
+    low, high = np.quantile(draws, [0.025, 0.975])
+    return point, (float(low), float(high))
+
+
+def _share(totals: np.ndarray) -> np.ndarray:
+    """counts [..., 2] (hits, of) → hits / of."""
+    return totals[..., 0] / totals[..., 1]
+
+
+def _hits(share: float, of: int) -> tuple[int, int]:
+    """(hits, of) from a share of `of` (0 hits of 0 where the share is undefined)."""
+    return (int(round(share * of)), int(of)) if of else (0, 0)
+
+
+def _moving_verdicts(name: str, traces: Sequence[Trace], k: int, eps: float) -> list[dict]:
+    """One diffusion model's verdicts on "sinks move" (the paper's measure over all keys and over masked keys: each
+    generation's moves of its step pairs with a sink at both steps) and on "attention is stable" (each generation's
+    top-k Jaccard overlaps, all keys), over its generations."""
+    per_generation = [dynamics.stability_by_key_type([trace], k, eps).set_index("key_type") for trace in traces]
+    verdicts = []
+    for kind in ("all", "masked"):
+        counts = [_hits(rows.loc[kind, "move_rate"], rows.loc[kind, "pairs_with_sinks"]) for rows in per_generation]
+        verdicts.append(_verdict(name, f"sinks move (paper's measure, {kind} keys)", len(traces),
+                                 *generation_bootstrap(counts, _share), MOVES_OFTEN))
+    overlaps = [dynamics.topk_overlap(trace, k)["jaccard"] for trace in traces]
+    verdicts.append(_verdict(name, f"attention is stable (top-{k} Jaccard, all keys)", len(traces),
+                             *generation_bootstrap([(part.sum(), len(part)) for part in overlaps], _share), STABLE_SET))
     return verdicts
 
 
-def do_sinks_move(models: Models, traces: Traces, stability: pd.DataFrame, layouts: pd.DataFrame) -> Verdicts:
-    """Notebook 02's "what this run shows", written from its own frames: per diffusion model, whether its sinks move
-    under the paper's measure over all keys and over still-masked keys (`stability`: pick_stability_by_key_type; the
-    Wilson interval judged against MOVES_OFTEN), whether its attention is stable under the set measure (the top-k
-    Jaccard of every step pair of `traces`, judged against STABLE_SET) and, per paper layout (`layouts`:
-    pick_paper_layout), whether its greatest sink rides the rightmost masked token as the paper's Dream's do (its
-    share of the sink-bearing heads × steps, Wilson interval, against ON_THE_FRONTIER). Autoregressive models are left
-    out: a decoding row's greatest key is not the column sum a diffusion step's is (notebook 02)."""
+def do_sinks_move(models: Models, traces: Traces, layouts: Mapping[str, Sequence[Trace]], k: int,
+                  eps: float) -> Verdicts:
+    """Notebook 02's "what this run shows", written from its own generations: per diffusion model, whether its sinks
+    move under the paper's measure over all keys and over still-masked keys (dynamics.stability_by_key_type, judged
+    against MOVES_OFTEN), whether its attention is stable under the set measure (the top-k Jaccard of every step
+    pair, against STABLE_SET) and, per paper layout (`layouts`: its generations by label), whether its greatest sink
+    rides the rightmost masked token as the paper's Dream's do (dynamics.frontier_summary's share of the sink-bearing
+    heads × steps, against ON_THE_FRONTIER). Every interval resamples whole generations (generation_bootstrap), n is
+    the generations. Autoregressive models are left out: a decoding row's greatest key is not the column sum a
+    diffusion step's is (notebook 02)."""
     rows = [verdict for name in traces if _diffusion(models, name)
-            for verdict in _moving_verdicts(name, stability, traces[name])]
-    for row in layouts.itertuples():
-        on_edge = int(round(row.share_on_rightmost_masked * row.sink_rows))
-        rows.append(_verdict(row.layout, "the greatest sink rides the rightmost masked token (paper's layout)",
-                             row.sink_rows, row.share_on_rightmost_masked, wilson_interval(on_edge, int(row.sink_rows)),
-                             ON_THE_FRONTIER))
+            for verdict in _moving_verdicts(name, traces[name], k, eps)]
+    for layout, layout_traces in layouts.items():
+        counts = [_hits(*dynamics.frontier_summary([trace], eps).iloc[0][["share_on_rightmost_masked", "sink_rows"]])
+                  for trace in layout_traces]
+        rows.append(_verdict(layout, "the greatest sink rides the rightmost masked token (paper's layout)",
+                             len(layout_traces), *generation_bootstrap(counts, _share), ON_THE_FRONTIER))
     notes = [f"Rules: sinks move when the paper's measure's interval lies above {MOVES_OFTEN:g} (1 step pair in "
              f"{1 / MOVES_OFTEN:.0f}); attention is stable when the Jaccard's lies above {STABLE_SET:g}; the paper's "
              f"Dream picture holds when over {ON_THE_FRONTIER:g} of sink-bearing heads × steps sit on the rightmost "
-             "masked token. An interval holding the number cannot decide. Intervals treat step pairs (heads × steps) "
-             "as independent, which they are not: read them as too narrow."]
+             "masked token. An interval holding the number cannot decide. n counts generations: the steps and heads "
+             f"of one are not independent, so each interval resamples whole generations ({BOOTSTRAP_DRAWS:,} draws), "
+             f"and fewer than {MIN_GENERATIONS} cannot decide."]
     return Verdicts(pd.DataFrame(rows, columns=VERDICT_COLUMNS), near_tie_models(traces), notes)
 
 
@@ -667,22 +707,26 @@ EARLIER_BY = 1.0
 def does_a_sink_store_its_token(cases: pd.DataFrame) -> Verdicts:
     """Notebook 07's "what this run shows": per model of `cases` (pick_lens_cases), how many layers earlier its masked
     sinks name their final token than its other masked positions do — the difference of the mean first correct layer
-    (over the cases that ever name it), with a normal 95 % interval (Welch's standard error, cases treated as
-    independent) — judged against EARLIER_BY. n: the masked sink cases that name it."""
+    (over the cases that ever name it), its 95 % interval resampling whole generations (generation_bootstrap: the
+    cases of one generation over consecutive steps are largely the same positions) — judged against EARLIER_BY.
+    n: the generations."""
     rows = []
     for name, part in cases.groupby("model", sort=False):
-        sink = part.loc[part["is_sink"].astype(bool), "first_correct_layer"].dropna()
-        other = part.loc[~part["is_sink"].astype(bool), "first_correct_layer"].dropna()
-        difference = float(other.mean() - sink.mean()) if len(sink) and len(other) else float("nan")
-        spread = np.sqrt(sum(group.var() / len(group) for group in (sink, other) if len(group) > 1))
-        low, high = ((difference - Z95 * spread, difference + Z95 * spread) if len(sink) > 1 and len(other) > 1
-                     else (float("nan"), float("nan")))
-        rows.append(_verdict(name, f"masked sinks name their final token earlier (layers; {len(other)} other masked)",
-                             len(sink), difference, (low, high), EARLIER_BY))
+        counts = [(mine.loc[sink, "first_correct_layer"].sum(), mine.loc[sink, "first_correct_layer"].count(),
+                   mine.loc[~sink, "first_correct_layer"].sum(), mine.loc[~sink, "first_correct_layer"].count())
+                  for _, mine in part.groupby("trace", sort=False) for sink in [mine["is_sink"].astype(bool)]]
+        rows.append(_verdict(name, f"masked sinks name their final token at least {EARLIER_BY:g} layer earlier than "
+                             "other masked positions", len(counts), *generation_bootstrap(counts, _layers_earlier),
+                             EARLIER_BY))
     notes = [f"Rule: supports when the interval of (other masked − masked sinks) lies at or above {EARLIER_BY:g} layer "
-             "(analyses.EARLIER_BY), contradicts when it lies below. Cases of one generation over consecutive steps "
-             "are not independent: read the interval as too narrow."]
+             "(analyses.EARLIER_BY), contradicts when it lies below (the sinks may still be earlier, by less). n counts "
+             f"generations; each interval resamples whole ones, and fewer than {MIN_GENERATIONS} cannot decide."]
     return Verdicts(pd.DataFrame(rows, columns=VERDICT_COLUMNS), notes=notes)
+
+
+def _layers_earlier(totals: np.ndarray) -> np.ndarray:
+    """totals [..., 4] (sinks' first layers summed, sinks, others' summed, others) → others' mean − sinks' mean."""
+    return totals[..., 2] / totals[..., 3] - totals[..., 0] / totals[..., 1]
 
 
 def carry_against_masking(carry_frame: pd.DataFrame, frames: Sequence[pd.DataFrame]) -> list[str]:

@@ -18,6 +18,7 @@ import ast
 import functools
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -172,15 +173,15 @@ def _module_code(module: str) -> str:
 
 def code_only(source: str) -> str:
     """`source` without what cannot change what it computes: docstrings (of the module, its classes and functions),
-    comments, trailing spaces and blank lines. So a docstring or comment edit leaves every key as it was, and any
-    other edit (a constant, an operator, a name, a string that is not a docstring) changes it.
+    comments, trailing spaces and blank lines (outside a string that spans lines, whose lines are its value). So a
+    docstring or comment edit leaves every key as it was, and any other edit (a constant, an operator, a name, a
+    string that is not a docstring) changes it.
 
     Cut by the positions ast and tokenize give, not by re-joining tokens: the text of what is kept is the source's
     own, the same whichever Python tokenises it (3.12 splits f-strings into several tokens, 3.11 keeps one)."""
-    lines = source.splitlines(keepends=True)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
+    source = source.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not code (and ast refuses it)
+    lines = io.StringIO(source).readlines()  # lines as Python counts them: ended by a newline only, not a form feed
+    starts = list(itertools.accumulate(map(len, lines), initial=0))
 
     def at(row: int, column: int) -> int:  # tokenize's position (1-based line, 0-based column in characters)
         return starts[row - 1] + column
@@ -188,16 +189,18 @@ def code_only(source: str) -> str:
     def at_byte(row: int, column: int) -> int:  # ast's position: its column counts UTF-8 bytes
         return at(row, len(lines[row - 1].encode("utf-8")[:column].decode("utf-8")))
 
-    cuts = [(at(*token.start), at(*token.end))
-            for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT]
-    cuts += [(at_byte(node.lineno, node.col_offset), at_byte(node.end_lineno, node.end_col_offset))
-             for node in _docstrings(ast.parse(source))]
-    kept, position = [], 0
-    for start, end in sorted(cuts):
-        kept.append(source[position:max(start, position)])
-        position = max(position, end)
-    kept.append(source[position:])
-    return "\n".join(line.rstrip() for line in "".join(kept).splitlines() if line.strip())
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    docstrings = {(at_byte(node.lineno, node.col_offset), at_byte(node.end_lineno, node.end_col_offset))
+                  for node in _docstrings(ast.parse(source))}
+    kept = [True] * len(source)
+    for start, end in [*docstrings, *((at(*t.start), at(*t.end)) for t in tokens if t.type == tokenize.COMMENT)]:
+        kept[start:end] = [False] * (end - start)
+    verbatim = {row for t in tokens if t.type == tokenize.STRING and (at(*t.start), at(*t.end)) not in docstrings
+                for row in range(t.start[0], t.end[0])}  # the rows a string runs on past their end
+    code = ("".join(char for char, keep in zip(line, kept[starts[row]:starts[row + 1]]) if keep).rstrip("\n")
+            for row, line in enumerate(lines))
+    return "\n".join(text if row + 1 in verbatim else text.rstrip()
+                     for row, text in enumerate(code) if row + 1 in verbatim or text.strip())
 
 
 def _docstrings(tree: ast.Module) -> list[ast.expr]:

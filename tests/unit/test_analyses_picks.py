@@ -146,49 +146,45 @@ def test_judged_compares_an_interval_with_its_threshold(low, high, verdict):
     assert analyses.judged(low, high, analyses.MOVES_OFTEN) == verdict
 
 
-def _stability(model, all_moved, all_pairs, masked_moved, masked_pairs, k=1):
-    """A stability table with the paper's measure as counts, its Wilson intervals as the library computes them."""
-    from sinklib.stats import wilson_interval
+def test_generation_bootstrap_resamples_whole_generations():
+    """The pooled share, and an interval from resampling generations: none with fewer than MIN_GENERATIONS, a
+    degenerate one when every generation agrees, a wide one when they disagree however many pairs each holds."""
+    same = analyses.generation_bootstrap([(0, 500), (0, 500), (0, 500)], analyses._share)
+    assert same == (0.0, (0.0, 0.0))
+    point, (low, high) = analyses.generation_bootstrap([(500, 500), (0, 500), (0, 500)], analyses._share)
+    assert point == pytest.approx(1 / 3) and low == 0.0 and high == 1.0  # 3 generations: a draw of 0, 1, 2 or 3 movers
+    assert np.isnan(analyses.generation_bootstrap([(1, 1000), (900, 1000)], analyses._share)[1]).all()
+    assert np.isnan(analyses.generation_bootstrap([(0, 0)] * 4, analyses._share)[1]).all()  # nothing to share
+    again = analyses.generation_bootstrap([(5, 9), (1, 7), (3, 3), (0, 4)], analyses._share)
+    assert again == analyses.generation_bootstrap([(5, 9), (1, 7), (3, 3), (0, 4)], analyses._share)  # seeded
 
-    rows = []
-    for kind, moved, pairs in (("all", all_moved, all_pairs), ("masked", masked_moved, masked_pairs)):
-        low, high = wilson_interval(moved, pairs)
-        rows.append({"model": model, "key_type": kind, "move_rate": moved / pairs if pairs else float("nan"),
-                     "move_rate_ci_low": low, "move_rate_ci_high": high, "pairs_with_sinks": pairs, "k": k})
-    return pd.DataFrame(rows)
 
-
-def test_do_sinks_move_judges_each_measure_both_ways():
-    traces = {"stays": [build_trace([[0] * 6])],  # the top-1 key never changes: Jaccard 1 in all 5 pairs
-              "jumps": [build_trace([[0, 5, 0, 5, 0, 5]])],  # it changes at every step: Jaccard 0
-              "unsure": [build_trace([[0, 0, 0, 0, 5, 5]])],  # 4 of 5 pairs keep it: 0.8, an interval holding 0.8
+def test_do_sinks_move_judges_each_measure_over_generations_both_ways():
+    stays, jumps = [[0] * 6], [[0, 5, 0, 5, 0, 5]]  # top-1 key kept in all 5 pairs / changed in all 5
+    traces = {"stays": [build_trace(stays) for _ in range(3)], "jumps": [build_trace(jumps) for _ in range(3)],
+              "mixed": [build_trace(jumps), build_trace(stays), build_trace(stays)],  # one generation of three moves
+              "two": [build_trace(jumps), build_trace(jumps)],  # moves, but two generations cannot decide
               "arm": [build_trace([[0, 4]])]}
-    models = {"stays": DIFFUSION, "jumps": DIFFUSION, "unsure": DIFFUSION, "arm": AUTOREGRESSIVE}
-    stability = pd.concat([_stability("stays", 1, 1000, 30, 100), _stability("jumps", 300, 1000, 0, 0),
-                           _stability("unsure", 5, 100, 5, 100)], ignore_index=True)
-    layouts = pd.DataFrame({"layout": ["rides", "stays put", "few"], "sink_rows": [100, 1000, 10],
-                            "share_on_rightmost_masked": [0.9, 0.0, 0.5]})
-    shown = analyses.do_sinks_move(models, traces, stability, layouts)
+    models = {name: DIFFUSION for name in traces} | {"arm": AUTOREGRESSIVE}
+    layouts = {"rides": [build_trace([[7] * 3]) for _ in range(3)],  # position 7: masked until the last step
+               "stays put": [build_trace([[0] * 3]) for _ in range(3)], "one": [build_trace([[7] * 3])]}
+    shown = analyses.do_sinks_move(models, traces, layouts, k=1, eps=3.0)
     assert isinstance(shown, Verdicts)
-    table = shown.table.set_index(["model", "claim"])["verdict"]
+    table = shown.table.set_index(["model", "claim"])
+    verdict = table["verdict"]
     paper, masked, stable = ("sinks move (paper's measure, all keys)", "sinks move (paper's measure, masked keys)",
                              "attention is stable (top-1 Jaccard, all keys)")
-    # 1 of 1000: Wilson [0.0002, 0.0056] below 1 in 20; 300 of 1000 above it; 5 of 100: [0.022, 0.11] holds it
-    assert [table[("stays", paper)], table[("jumps", paper)], table[("unsure", paper)]] == [
-        "contradicts", "supports", "cannot decide"]
-    assert [table[("stays", masked)], table[("jumps", masked)]] == ["supports", "cannot decide"]  # 30 of 100; none
-    assert [table[("stays", stable)], table[("jumps", stable)], table[("unsure", stable)]] == [
+    assert [verdict[(name, paper)] for name in ("stays", "jumps", "mixed", "two")] == [
+        "contradicts", "supports", "cannot decide", "cannot decide"]
+    assert table.loc[("mixed", paper), "estimate"] == pytest.approx(5 / 15) and table.loc[("mixed", paper), "n"] == 3
+    assert verdict[("stays", masked)] == "cannot decide"  # its sink is a prompt key: no masked pairs at all
+    assert [verdict[(name, stable)] for name in ("stays", "jumps", "mixed")] == [
         "supports", "contradicts", "cannot decide"]
     assert "arm" not in shown.table["model"].tolist()  # a decoding row's greatest key is another quantity
     rides = "the greatest sink rides the rightmost masked token (paper's layout)"
-    assert [table[("rides", rides)], table[("stays put", rides)], table[("few", rides)]] == [
+    assert [verdict[(name, rides)] for name in ("rides", "stays put", "one")] == [
         "supports", "contradicts", "cannot decide"]
-    unsure = shown.table.set_index(["model", "claim"]).loc[("unsure", stable)]
-    values = np.array([1, 1, 1, 0, 1.0])
-    half = 1.959963984540054 * values.std(ddof=1) / np.sqrt(5)
-    assert (unsure["n"], unsure["estimate"]) == (5, pytest.approx(0.8))
-    assert (unsure["low"], unsure["high"]) == (pytest.approx(0.8 - half), pytest.approx(0.8 + half))
-    assert "stays: sinks move (paper's measure, all keys): contradicts (0.001 [0.000, 0.006], n = 1,000" in shown.text()
+    assert "stays: sinks move (paper's measure, all keys): contradicts (0.000 [0.000, 0.000], n = 3" in shown.text()
     markdown = shown._repr_markdown_().splitlines()
     rows = [line for line in markdown[2:] if line.startswith("|")]
     assert [row.split("|")[1].strip() for row in rows].count("stays") == 3 and "**contradicts**" in rows[0]
@@ -230,19 +226,24 @@ def test_table_1s_result_saves_the_figure_the_notebook_drew():
     plt.close("all")
 
 
-def test_does_a_sink_store_its_token_compares_first_correct_layers_both_ways():
-    def cases(model, sink_layers, other_layers):
-        return pd.DataFrame({"model": model, "is_sink": [True] * len(sink_layers) + [False] * len(other_layers),
-                             "first_correct_layer": sink_layers + other_layers})
+def test_does_a_sink_store_its_token_compares_first_correct_layers_over_generations_both_ways():
+    def cases(model, generations):
+        """generations: (sinks' first correct layers, other masked positions') per generation."""
+        return pd.concat([pd.DataFrame({"model": model, "trace": index, "is_sink": [True] * len(sink) + [False] * len(other),
+                                        "first_correct_layer": sink + other})
+                          for index, (sink, other) in enumerate(generations)], ignore_index=True)
 
-    frame = pd.concat([cases("early", [20.0, 21, 22, np.nan], [28.0, 29, 30, 28, 29, 30]),  # 8 layers earlier
-                       cases("same", [28.0, 29, 30] * 3, [28.0, 29, 30] * 3),  # 0 [−0.8, 0.8]: below 1
-                       cases("unsure", [27.0, 28, 30], [28.0, 29, 30, 29, 30, 31])], ignore_index=True)  # 1.5, wide
+    frame = pd.concat([cases("early", [([20.0, 21], [28.0, 29]), ([22.0, np.nan], [30.0, 28]), ([21.0], [29.0, 30])]),
+                       cases("same", [([28.0, 29], [28.0, 29])] * 3),  # 0 in every generation: below 1 layer
+                       cases("unsure", [([20.0], [29.0]), ([29.0], [29.0]), ([30.0], [29.0])]),  # 9, 0 and −1
+                       cases("two", [([20.0], [29.0])] * 2)], ignore_index=True)
     verdicts = analyses.does_a_sink_store_its_token(frame).table.set_index("model")
-    assert verdicts["verdict"].to_dict() == {"early": "supports", "same": "contradicts", "unsure": "cannot decide"}
-    spread = np.sqrt(np.var([20, 21, 22], ddof=1) / 3 + np.var([28, 29, 30, 28, 29, 30], ddof=1) / 6)
+    assert verdicts["verdict"].to_dict() == {"early": "supports", "same": "contradicts", "unsure": "cannot decide",
+                                             "two": "cannot decide"}
+    # pooled over the cases that ever name it: others (28+29+30+28+29+30)/6 = 29, sinks (20+21+22+21)/4 = 21
     assert verdicts.loc["early", "n"] == 3 and verdicts.loc["early", "estimate"] == pytest.approx(8.0)
-    assert verdicts.loc["early", "low"] == pytest.approx(8.0 - 1.959963984540054 * spread)
+    assert verdicts.loc["unsure", "estimate"] == pytest.approx(29 - 79 / 3)
+    assert "at least 1 layer earlier" in verdicts.loc["early", "claim"]
 
 
 @pytest.fixture(scope="module")

@@ -168,3 +168,20 @@ def test_a_docstring_or_comment_leaves_the_code_key_a_code_edit_changes_it():
     ]
     for edited in code_edits:
         assert edited != source and trace_store.code_only(edited) != kept
+
+
+@pytest.mark.parametrize("before, after", [
+    # a form feed is a line's whitespace to Python, not a line break: the cut must not drift into the code
+    ('x = 1  # c\n\x0c\ndef f():\n    "doc"\n    return 1\n', 'x = 1  # c\n\x0c\ndef g():\n    "doc"\n    return 1\n'),
+    # a string's own blank lines and trailing spaces are its value
+    ('t = """a\n\nb"""\n', 't = """a\nb"""\n'),
+    ('t = """a   \nb"""\n', 't = """a\nb"""\n'),
+])
+def test_code_only_keeps_every_edit_of_a_value(before, after):
+    assert trace_store.code_only(before) != trace_store.code_only(after)
+
+
+def test_code_only_reads_a_file_with_a_byte_order_mark_as_without():
+    source = 'import os\n\n\ndef f():\n    """doc"""\n    return os.sep  # why\n'
+    assert trace_store.code_only("\ufeff" + source) == trace_store.code_only(source) == (
+        "import os\ndef f():\n    return os.sep")
