@@ -361,11 +361,14 @@ def pick_paper_layout_heads(traces: Traces, eps: float) -> pd.DataFrame:
         frames.append(every[(every["layer"] == layer) & (every["head"] == head)].merge(
             top[["step", "layer", "head", "rightmost_masked"]], on=["step", "layer", "head"], how="left").assign(
             layout=name))
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["step", "layer", "head", "layout"])
 
 
 def report_paper_layout(table: pd.DataFrame, heads: pd.DataFrame, figure: Figure, k: int = 5) -> Result:
-    """Fig. 7 under the paper's layout as saved: the figure, both tables, and a finding per layout."""
+    """Fig. 7 under the paper's layout as saved: the figure, both tables, and a finding per layout (no layout: says
+    so)."""
+    if table.empty:
+        return Result(shown="paper_layouts is empty: no long canvas was generated.")
     findings = [f"{row.layout} ({row.n_traces} generations, {row.steps} steps): the greatest sink sits on the rightmost "
                 f"masked token in {significant(row.share_on_rightmost_masked)} of sink-bearing heads × steps, on any masked "
                 f"token in {significant(row.share_on_masked)}, on the prompt in {significant(row.share_on_prompt)}; "

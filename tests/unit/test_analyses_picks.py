@@ -285,3 +285,12 @@ def test_an_empty_lens_section_says_so():
     reads = analyses.pick_lens_reads({}, {}, 3.0, [])
     assert reads.empty and list(reads.columns) == analyses.LENS_READ_COLUMNS
     assert analyses.report_lens(reads, reads, None).shown == "lens_models is empty: no model was read by the logit lens."
+
+
+def test_a_run_without_paper_layouts_says_so():
+    """Notebook 02 on autoregressive models alone has no long canvas: its layout section picks empty frames."""
+    heads = analyses.pick_paper_layout_heads({}, 3.0)
+    assert heads.empty and "layout" in heads.columns and analyses.head_panels(heads, by="layout") == {}
+    table = analyses.pick_paper_layout({}, 3.0)
+    assert analyses.report_paper_layout(table, heads, None).shown == \
+        "paper_layouts is empty: no long canvas was generated."
