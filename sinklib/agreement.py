@@ -153,6 +153,8 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
     compared_with: list[str] = field(default_factory=list)  # what the committed side was (reproduce.check fills it)
+    # how the committed artifacts' provenance (versions, machine, code) differs from the rerun's: told, not judged
+    provenance: list[str] = field(default_factory=list)
 
     @property
     def agrees(self) -> bool:
@@ -178,6 +180,7 @@ class Report:
         frame["largest_difference"] = [f"{v:.2g}" if v else "0" for v in frame["largest_difference"]]
         lines = [frame.to_string(index=False, justify="left")]
         lines += [f"- {d.describe()}" for d in self.divergences]
+        lines += [f"provenance: {line}" for line in self.provenance]
         lines.append(f"tolerances: floats within {FLOAT_TOLERANCE:g} of 1 + |committed|; a near-tie is a decision "
                      f"margin <= {NEAR_TIE:g} in both runs")
         return "\n".join(lines)
@@ -320,6 +323,23 @@ def _read_bytes(path: Path) -> bytes:
     return Path(path).read_bytes()
 
 
+PROVENANCE_FIELDS = ("versions", "machine", "code")
+
+
+def provenance_differences(old: dict, new: dict) -> list[str]:
+    """One line per provenance field (PROVENANCE_FIELDS' entries: package versions, CPU, code) whose committed values
+    differ from the rerun's, over the artifacts both hold, each naming the artifacts it concerns (a count past 3)."""
+    changes: dict[str, list[str]] = {}
+    for name in sorted(set(old) & set(new)):
+        for part in PROVENANCE_FIELDS:
+            before, after = old[name].get(part) or {}, new[name].get(part) or {}
+            for key in sorted(set(before) | set(after)):
+                if before.get(key) != after.get(key):
+                    changes.setdefault(f"{part}.{key}: {before.get(key)!r} → {after.get(key)!r}", []).append(name)
+    return [f"{change} ({', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''})"
+            for change, names in changes.items()]
+
+
 def _compare_parameters(report: Report, folders: list[tuple[Path, Path]]) -> None:
     """Mark every compared artifact whose run parameters (the `config` its PROVENANCE.json records) differ between
     the committed folder and the rerun's as differing: a rerun with another eps or other models confirms nothing,
@@ -335,6 +355,7 @@ def _compare_parameters(report: Report, folders: list[tuple[Path, Path]]) -> Non
         for file_name in set(old) & set(new):
             configs[Path(file_name).stem if file_name.endswith(".parquet") else file_name] = (
                 old[file_name].get("config"), new[file_name].get("config"))
+        report.provenance += provenance_differences(old, new)
     for row in report.rows:
         before, after = configs.get(row.artifact, (None, None))
         if before is None or after is None or before == after:

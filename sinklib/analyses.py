@@ -41,16 +41,26 @@ def _stem(name: str) -> str:
 
 
 # --- notebook 01 ---------------------------------------------------------------------------------------------
-def pick_scores(traces: Traces) -> pd.DataFrame:
-    """Fig. 3 / 9's data: every score of every model's traces, one row each (dynamics.score_distribution: model,
-    score, …)."""
-    return dynamics.score_distribution([t for ts in traces.values() for t in ts])
+def pick_score_summary(traces: Traces) -> pd.DataFrame:
+    """Fig. 3 / 9's table: per model (the index), the count, mean, spread and quantiles of every score of its traces
+    (dynamics.score_distribution)."""
+    return dynamics.score_distribution([t for ts in traces.values() for t in ts]).groupby("model")["score"].describe()
 
 
-def report_scores(scores: pd.DataFrame, figure: Figure, traces: Traces) -> Result:
-    """Fig. 3 / 9 as saved: the histograms, each model's quantiles (the table) and a finding per model. `traces`:
-    only to mark the models that decided a step at a near-tie."""
-    summary = scores.groupby("model")["score"].describe()
+def pick_score_histograms(traces: Traces, bins: int = 60) -> pd.DataFrame:
+    """Fig. 3 / 9's data: per model, the counts of its scores in `bins` equal bins between its least and greatest
+    score (numpy.histogram's, as plots.score_histograms draws them). Columns model, left, right, count."""
+    scores = dynamics.score_distribution([t for ts in traces.values() for t in ts])
+    frames = []
+    for name in plots.in_order(scores["model"]):
+        counts, edges = np.histogram(scores.loc[scores["model"] == name, "score"], bins=bins)
+        frames.append(pd.DataFrame({"model": name, "left": edges[:-1], "right": edges[1:], "count": counts}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def report_scores(summary: pd.DataFrame, figure: Figure, traces: Traces) -> Result:
+    """Fig. 3 / 9 as saved: the histograms, each model's quantiles (pick_score_summary: the table) and a finding per
+    model. `traces`: only to mark the models that decided a step at a near-tie."""
     flagged = near_tie_models(traces)
     findings = [f"{label(name, flagged)}: half of its scores are below {significant(row['50%'])} "
                 "(the mean is 1 by construction); "
@@ -69,13 +79,32 @@ def pick_strongest_heads(traces: Traces) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "layer", "head"])
 
 
-def report_token_step(heads: pd.DataFrame, figures: Mapping[str, Figure], traces: Traces) -> Result:
+def pick_token_step(traces: Traces, heads: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 1's scores: per model, its first generation's scores in the head `heads` picks, every step and position
+    (Trace.to_frame's columns, with a model column, and `comparable`: dynamics.comparable_scores, what the figure
+    draws)."""
+    rows = []
+    for row in heads.itertuples():
+        trace = traces[row.model][0]
+        frame = trace.to_frame(layers=[row.layer], heads=[row.head])
+        comparable = dynamics.comparable_scores(trace)[:, row.layer, row.head].numpy()
+        rows.append(frame.assign(model=row.model, comparable=comparable[frame["step"], frame["position"]]))
+    return pd.concat(rows, ignore_index=True)
+
+
+def draw_token_step(traces: Traces, table: pd.DataFrame) -> dict[str, Figure]:
+    """Fig. 1 per model (plots.token_step_heatmap) from pick_token_step's table; by model."""
+    return {name: plots.token_step_heatmap(traces[name][0], int(rows["layer"].iloc[0]), int(rows["head"].iloc[0]),
+                                           scores=rows)
+            for name, rows in table.groupby("model", sort=False)}
+
+
+def report_token_step(heads: pd.DataFrame, figures: Mapping[str, Figure], table: pd.DataFrame) -> Result:
     """Fig. 1 as saved: each model's figure (`figures`, by model) and, in one table, the scores its figure draws —
-    its first generation's, in the head `heads` picked, every step and position."""
+    its first generation's, in the head `heads` picked, every step and position (pick_token_step's table)."""
     result = Result(figures={f"fig01_token_step_{_stem(name)}": figure for name, figure in figures.items()})
-    rows = [traces[row.model][0].to_frame(layers=[row.layer], heads=[row.head]).assign(model=row.model)
-            for row in heads.itertuples()]
-    result.add_table("fig01_token_step", pd.concat(rows), Layout(("model", "step", "layer", "head", "position"), "first"))
+    result.add_table("fig01_token_step", table.drop(columns="comparable"),
+                     Layout(("model", "step", "layer", "head", "position"), "first"))
     return result
 
 
@@ -254,16 +283,33 @@ def pick_transient(traces: Traces, eps: float) -> pd.DataFrame:
                      ignore_index=True)
 
 
-def draw_transient(models: Models, traces: Traces, events: pd.DataFrame) -> dict[str, Figure]:
-    """Per diffusion model with one, its strongest one-step sink (the highest score) drawn at the steps around it
-    (plots.transient_sink); by model."""
-    figures = {}
-    for name, found in events.groupby("model", sort=False):
-        if _diffusion(models, name):
-            top = found.sort_values("score", ascending=False).iloc[0]
-            figures[name] = plots.transient_sink(traces[name][int(top["trace"])], int(top["step"]), int(top["layer"]),
-                                                 int(top["head"]), int(top["position"]))
-    return figures
+def strongest_transient(models: Models, events: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 6b's sinks: per diffusion model with one, its strongest one-step sink (the highest score) among `events`
+    (pick_transient's); its rows, in the models' order."""
+    rows = [found.sort_values("score", ascending=False).iloc[:1] for name, found in events.groupby("model", sort=False)
+            if _diffusion(models, name)]
+    return pd.concat(rows, ignore_index=True) if rows else events.iloc[:0]
+
+
+def pick_transient_scores(traces: Traces, strongest: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 6b's scores: for each sink of `strongest`, its head's comparable scores (dynamics.comparable_scores) at
+    the step before, its step and the step after. Columns model, step, position, score."""
+    frames = []
+    for row in strongest.itertuples():
+        trace = traces[row.model][int(row.trace)]
+        scores = dynamics.comparable_scores(trace)[:, int(row.layer), int(row.head)].numpy()
+        for step in range(max(0, int(row.step) - 1), min(trace.n_steps, int(row.step) + 2)):
+            frames.append(pd.DataFrame({"model": row.model, "step": step, "position": np.arange(scores.shape[1]),
+                                        "score": scores[step]}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["model", "step", "position", "score"])
+
+
+def draw_transient(traces: Traces, strongest: pd.DataFrame, scores: pd.DataFrame) -> dict[str, Figure]:
+    """Each sink of `strongest` drawn at the steps around it (plots.transient_sink) from pick_transient_scores'
+    `scores`; by model."""
+    return {row.model: plots.transient_sink(traces[row.model][int(row.trace)], int(row.step), int(row.layer),
+                                            int(row.head), int(row.position), scores=scores[scores["model"] == row.model])
+            for row in strongest.itertuples()}
 
 
 def report_transient(events: pd.DataFrame, figures: Mapping[str, Figure], traces: Traces) -> Result:
@@ -922,6 +968,18 @@ def pick_sinks_under_cache(traces: Mapping[str, Trace], k: int = 5, eps: float =
                      "main_sink_token": trace.token_text(int(trace.tokens[-1, int(place.iloc[0])])) if len(place) else "",
                      "prompt_len": trace.prompt_len, "text": trace.text})
     return pd.DataFrame(rows)
+
+
+def pick_mean_scores(traces: Mapping[str, Trace]) -> pd.DataFrame:
+    """What plots.cached_attention_plot draws: per trace (label → Trace), each step's comparable scores averaged over
+    layers and heads at every position. Columns trace, step, position, score (NaN where a key did not exist)."""
+    frames = []
+    for name, trace in traces.items():
+        means = dynamics.comparable_scores(trace).nanmean(dim=(1, 2)).numpy()
+        steps, positions = np.meshgrid(np.arange(means.shape[0]), np.arange(means.shape[1]), indexing="ij")
+        frames.append(pd.DataFrame({"trace": name, "step": steps.ravel(), "position": positions.ravel(),
+                                    "score": means.ravel()}))
+    return pd.concat(frames, ignore_index=True)
 
 
 def report_sinks_under_cache(frame: pd.DataFrame, figure: Figure, k: int = 5) -> Result:

@@ -52,9 +52,19 @@ def _token_labels(trace: Trace, step: int = -1) -> list[str]:
     return [trace.token_text(int(t)) for t in trace.tokens[step]]
 
 
-def token_step_heatmap(trace: Trace, layer: int, head: int, max_labels: int = 60) -> plt.Figure:
-    """Fig. 1: incoming score of every token (x) at every denoising step (y) for one layer and head."""
-    scores = comparable_scores(trace)[:, layer, head].numpy()
+def grid(frame: pd.DataFrame, shape: tuple[int, int], value: str = "score") -> np.ndarray:
+    """[steps, positions] float: `frame`'s `value` at its (step, position) rows, NaN where it has none."""
+    values = np.full(shape, np.nan)
+    values[frame["step"].to_numpy(int), frame["position"].to_numpy(int)] = frame[value].to_numpy(float)
+    return values
+
+
+def token_step_heatmap(trace: Trace, layer: int, head: int, max_labels: int = 60,
+                       scores: pd.DataFrame | None = None) -> plt.Figure:
+    """Fig. 1: incoming score of every token (x) at every denoising step (y) for one layer and head; `scores`: that
+    head's comparable scores as rows (step, position, comparable: analyses.pick_token_step's), None: from the trace."""
+    shape = (trace.n_steps, trace.tokens.shape[1])
+    scores = comparable_scores(trace)[:, layer, head].numpy() if scores is None else grid(scores, shape, "comparable")
     fig, ax = plt.subplots(figsize=(min(16, 3 + 0.12 * scores.shape[1]), 4.5))
     image = ax.imshow(scores, aspect="auto", cmap=CMAP, interpolation="nearest")
     labels = _token_labels(trace)
@@ -74,13 +84,14 @@ def _score_label(trace: Trace) -> str:
     return SCORE_LABEL
 
 
-def score_histograms(distribution: pd.DataFrame, bins: int = 60) -> plt.Figure:
-    """Fig. 3 / 9: distribution of scores across steps, layers and heads, one panel per model (log count)."""
-    models = in_order(distribution["model"])
+def score_histograms(histograms: pd.DataFrame) -> plt.Figure:
+    """Fig. 3 / 9: distribution of scores across steps, layers and heads, one panel per model (log count), from
+    counts in bins (columns model, left, right, count: analyses.pick_score_histograms')."""
+    models = in_order(histograms["model"])
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
     for ax, model, colour in zip(axes[0], models, PALETTE):
-        values = distribution.loc[distribution["model"] == model, "score"]
-        ax.hist(values, bins=bins, color=colour, log=True)
+        rows = histograms[histograms["model"] == model]
+        ax.hist(rows["left"], bins=[*rows["left"], rows["right"].iloc[-1]], weights=rows["count"], color=colour, log=True)
         ax.set_title(model)
         ax.set_xlabel(SCORE_LABEL)
         ax.set_ylabel("count (log scale)")
@@ -172,13 +183,18 @@ def query_split(attention: np.ndarray, is_masked: np.ndarray, trace: Trace, step
     return fig
 
 
-def transient_sink(trace: Trace, step: int, layer: int, head: int, position: int) -> plt.Figure:
-    """Fig. 6b: a sink that exists for one step only — scores of that head at step−1, step and step+1."""
+def transient_sink(trace: Trace, step: int, layer: int, head: int, position: int,
+                   scores: pd.DataFrame | None = None) -> plt.Figure:
+    """Fig. 6b: a sink that exists for one step only — scores of that head at step−1, step and step+1; `scores`:
+    those steps' comparable scores as rows (step, position, score: analyses.pick_transient_scores'), None: from the
+    trace."""
+    shape = (trace.n_steps, trace.tokens.shape[1])
+    every = comparable_scores(trace)[:, layer, head].numpy() if scores is None else grid(scores, shape)
     fig, ax = plt.subplots(figsize=(7.5, 3.2))
     for offset, colour in zip((-1, 0, 1), PALETTE):
         t = step + offset
         if 0 <= t < trace.n_steps:
-            ax.plot(comparable_scores(trace)[t, layer, head].numpy(), color=colour, label=f"step {t}")
+            ax.plot(every[t], color=colour, label=f"step {t}")
     ax.axvline(position, color="grey", linestyle=":")
     ax.set_xlabel("key position")
     ax.set_ylabel(_score_label(trace))
@@ -447,13 +463,15 @@ def columns_by_setting_plot(frame: pd.DataFrame, title: str = "") -> plt.Figure:
     return fig
 
 
-def cached_attention_plot(traces: Mapping[str, Trace]) -> plt.Figure:
+def cached_attention_plot(traces: Mapping[str, Trace], means: pd.DataFrame | None = None) -> plt.Figure:
     """What caching does to attention, one panel per trace of the same prompt: each step's incoming attention per
     position (comparable scores, mean over layers and heads; log colour), the greatest key of each step ringed, and
-    on the left which steps were full forwards and which a cached window's (Trace.recomputed)."""
+    on the left which steps were full forwards and which a cached window's (Trace.recomputed). `means`: the averaged
+    scores as rows (trace, step, position, score: analyses.pick_mean_scores'), None: from the traces."""
     fig, axes = plt.subplots(len(traces), 1, figsize=(11, 2.2 + 1.6 * len(traces)), squeeze=False)
     for ax, (name, trace) in zip(axes[:, 0], traces.items()):
-        scores = _mean_scores(trace)
+        shape = (trace.n_steps, trace.tokens.shape[1])
+        scores = _mean_scores(trace) if means is None else grid(means[means["trace"] == name], shape)
         image = ax.imshow(np.log10(np.clip(scores, 1e-3, None)), aspect="auto", cmap=CMAP, interpolation="nearest")
         top = np.nanargmax(np.where(np.isnan(scores), -np.inf, scores), axis=1)
         ax.scatter(top, np.arange(len(top)), s=14, facecolors="none", edgecolors="white", linewidths=0.8)

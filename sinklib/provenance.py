@@ -3,19 +3,18 @@
 Inside each artifact (parquet schema metadata, PNG text chunk, PDF Subject): only what defines its content —
 the resolved run config, the seed and the notebook. Those bytes change only when the content does.
 
-In one manifest per output folder, PROVENANCE.json: per artifact its sha256, that content record and the id of its
-environment — package versions and the machine (CPU model, torch's CPU capability, thread count: floats differ in
-their last bits between CPUs, and on a near-tie a generated token with them) — each environment written once under
-"environments"; and once, at the top, a hash of sinklib's own sources as they were when a run last wrote there (not a
-commit: figures committed in commit C are made from C's parent). An edit of the code that changes no result
-changes one line of the manifest: that hash. No timestamps anywhere.
+In one manifest per output folder, PROVENANCE.json: per artifact its sha256, that content record, the code that made
+it (a hash of sinklib's sources, and keys.numerics_code) and the id of its environment — package versions and the
+machine (CPU model, torch's CPU capability, thread count: floats differ in their last bits between CPUs, and on a
+near-tie a generated token with them) — each environment written once under "environments". An artifact's entry is
+rewritten only when its bytes change: a rerun on another machine, or after an edit of the code, that makes the same
+bytes changes nothing. No timestamps anywhere.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -29,6 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from sinklib.digest import digest, file_sha256, text_digest
+from sinklib.keys import numerics_code
 from sinklib.validation import BadValue
 
 PACKAGE = Path(__file__).resolve().parent
@@ -36,7 +37,6 @@ KEY = "sinklib"  # the metadata key in parquet schemas and PNG text chunks; the 
 LAYOUT_KEY = "sinklib.layout"  # a results table's comparison layout, in its parquet schema (sinklib.agreement)
 MANIFEST = "PROVENANCE.json"
 _CONTENT = ("config", "seed", "notebook")  # the part of a record written inside the artifact
-_ENVIRONMENT = ("versions", "machine", "code")  # the part written once per manifest, not per artifact
 _SOURCES = ("*.py", "*.js", "*.css", "*.yaml")
 _VERSIONS = ("torch", "transformers", "numpy", "pandas", "pyarrow", "matplotlib", "seaborn")
 _NOT_CONFIG = ("progress", "figures_dir", "results_dir", "retrain", "checkpoints_dir")  # where results go and how loudly,
@@ -45,11 +45,9 @@ _NOT_CONFIG = ("progress", "figures_dir", "results_dir", "retrain", "checkpoints
 
 def source_hash(folder: Path) -> str:
     """sha256 (16 hex) over the relative path and bytes of every source file under `folder`."""
-    digest = hashlib.sha256()
     files = sorted({p for pattern in _SOURCES for p in folder.rglob(pattern) if "__pycache__" not in p.parts})
-    for path in files:
-        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+    return text_digest(b"".join(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0"
+                                for path in files))
 
 
 @lru_cache(maxsize=1)
@@ -92,7 +90,7 @@ def describe(config: Any = None, **extra: Any) -> dict[str, Any]:
     settings = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config or {})
     settings = {k: v for k, v in settings.items() if k not in _NOT_CONFIG}
     return {"config": settings, "seed": settings.get("seed"), **extra, "versions": versions(), "machine": machine(),
-            "code": {"sinklib_sources_sha256": code_identity()}}
+            "code": {"sinklib_sources_sha256": code_identity(), "numerics": numerics_code()}}
 
 
 def content_part(record: dict[str, Any]) -> dict[str, Any]:
@@ -101,27 +99,28 @@ def content_part(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def record_artifacts(paths: list[Path], record: dict[str, Any]) -> None:
-    """Enter each artifact in the PROVENANCE.json of its folder: its sha256, the record's content part and its
-    environment's id; the environment (versions, machine) under "environments", the code hash at the top. The manifest
-    is updated under a lock and replaced atomically, its keys sorted: the same artifacts give the same bytes."""
+    """Enter each artifact in the PROVENANCE.json of its folder: its sha256, the record's content part, the code that
+    made it and its environment's id, the environment (versions, machine) under "environments". An artifact whose
+    bytes are those already entered keeps its entry: it says who made these bytes, and a rerun elsewhere that made
+    the same ones changes nothing. The manifest is updated under a lock and replaced atomically, its keys sorted."""
     by_folder: dict[Path, list[Path]] = {}
     for path in paths:
         by_folder.setdefault(Path(path).parent, []).append(Path(path))
     environment = {"machine": record["machine"], "versions": record["versions"]}
-    environment_id = hashlib.sha256(as_text(environment).encode()).hexdigest()[:12]
-    entry = {k: v for k, v in record.items() if k not in _ENVIRONMENT}
+    environment_id = digest(environment, 12)
+    entry = {k: v for k, v in record.items() if k not in ("machine", "versions")}
     for folder, files in by_folder.items():
         manifest = folder / MANIFEST
         with locked(folder):
             raw = _read_raw(folder)
             artifacts = raw.get("artifacts", {})
             for path in files:
-                artifacts[path.name] = {**entry, "environment": environment_id,
-                                        "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+                sha256 = file_sha256(path)
+                if artifacts.get(path.name, {}).get("sha256") != sha256 or "code" not in artifacts[path.name]:
+                    artifacts[path.name] = {**entry, "environment": environment_id, "sha256": sha256}
             environments = {**raw.get("environments", {}), environment_id: environment}
             used = {a["environment"] for a in artifacts.values()}
-            written = {"artifacts": artifacts, "code": record["code"],
-                       "environments": {k: v for k, v in environments.items() if k in used}}
+            written = {"artifacts": artifacts, "environments": {k: v for k, v in environments.items() if k in used}}
             partial = manifest.with_name(MANIFEST + ".partial")
             partial.write_text(json.dumps(written, indent=1, sort_keys=True, ensure_ascii=True, default=str) + "\n")
             os.replace(partial, manifest)
@@ -129,10 +128,10 @@ def record_artifacts(paths: list[Path], record: dict[str, Any]) -> None:
 
 def read_manifest(folder: str | Path) -> dict[str, Any]:
     """The artifacts of a folder's PROVENANCE.json ({} when it has none), each its whole record: sha256, config,
-    seed, notebook, its environment's versions and machine, and the code hash of the run that last wrote there."""
+    seed, notebook, the code that made it, its environment's versions and machine."""
     raw = _read_raw(Path(folder))
     environments = raw.get("environments", {})
-    return {name: {**entry, **environments.get(entry.get("environment"), {}), "code": raw.get("code")}
+    return {name: {**entry, **environments.get(entry.get("environment"), {})}
             for name, entry in raw.get("artifacts", {}).items()}
 
 

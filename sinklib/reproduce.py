@@ -39,12 +39,12 @@ try:  # the notebooks extra: papermill runs them (nbformat, a dependency of it, 
 
     from tqdm.auto import tqdm
 
-    from sinklib.runs import FAST_SAMPLING, LONG_TRACES, run_for
+    from sinklib.runs import FAST_SAMPLING, LONG_TRACES, PICKS, run_for
 except ModuleNotFoundError as missing:
     raise ImportError(f"sinklib.reproduce runs the notebooks, which need the notebooks extra ({missing.name} is "
                       "missing): pip install -e '.[notebooks]'") from missing
 
-from sinklib import agreement
+from sinklib import agreement, derived
 from sinklib.notebook_outputs import strip_volatile
 from sinklib.validation import BadValue, did_you_mean
 from sinklib.loading import is_default_model, resolve_name
@@ -60,6 +60,9 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
     """The figure notebooks (01, 02, …), in order; `only` keeps those whose names start with a given prefix. The
     tutorial (00) is not one of them: it takes no run parameters (the default run executes it too)."""
     paths = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if p != TUTORIAL)
+    if only is not None and (isinstance(only, str) or not only or not all(isinstance(p, str) and p for p in only)):
+        raise BadValue(f"only={only!r} is not allowed: only must be a non-empty list of notebook prefixes such as "
+                       "['01', '03'] (None: every notebook)")
     if only:
         paths = [p for p in paths if any(p.name.startswith(prefix) for prefix in only)]
         if not paths:
@@ -153,7 +156,8 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     executed notebooks' paths, in notebook order.
 
     The default run (no parameters, no folders) executes each notebook in place, the tutorial too: their outputs
-    are committed so that a reader sees the figures on GitHub, and it makes the stores (STORED) again. Any other run
+    are committed so that a reader sees the figures on GitHub, and it then removes what no notebook read any more
+    (remove_stale). Every run reads the stores (STORED) under their keys and makes only what is not there. Any other run
     writes executed copies to `out` (notebooks/executed/). `remake_long_runs`: the default run also makes the long
     runs (COMMITTED_RUNS: the twins' Table 1 at n = 200, about 2.5 hours on one core for the diffusion twin; the
     long traces, about 4 minutes) again instead of reading them. `jobs`: notebooks at a time, None for
@@ -161,13 +165,8 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
     given = dict(params or {})
     paths = notebook_paths(only)
     jobs = default_jobs(given) if jobs is None else jobs
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise BadValue(f"jobs={jobs!r} is not allowed: jobs must be a whole number >= 1 (notebooks run at once)")
-    if remake_long_runs is not False and (remake_long_runs is not True or only or params or out is not None
-                                          or figures_dir is not None or results_dir is not None):
-        raise BadValue(f"remake_long_runs={remake_long_runs!r} is not allowed here: only the default run of every "
-                       "notebook (python -m sinklib.reproduce --remake-long-runs, no other option) makes the long "
-                       "runs again, since it remakes everything that reads them")
+    custom = bool(only or params or out is not None or figures_dir is not None or results_dir is not None)
+    _check_run_options(jobs, remake_long_runs, custom)
     check_parameters(given, paths)
     check_model_names(given, paths)
     if INSTALLED:  # the wheel's notebooks and results are read, never written: everything goes under `out`
@@ -185,14 +184,40 @@ def run(params: dict[str, Any] | None = None, out: Path | None = None, only: lis
         given["results_dir"] = str(Path(results_dir).resolve())
     out = NOTEBOOKS if in_place else Path(out or NOTEBOOKS / "executed")
     out.mkdir(parents=True, exist_ok=True)
-    # `make figures` (every notebook, in place) makes the stores again; any other run reads them
-    remade = (regenerated_stores(DATA_DIR / "results", STORED + (COMMITTED_RUNS if remake_long_runs else ()))
-              if in_place and not only else contextlib.nullcontext())
     runs = [Execution.of(path, out / path.name, parameters_for(path, given)) for path in paths]
     if in_place and not only:  # the default run (`make figures`) also refreshes the tutorial's committed outputs
         runs.append(Execution.of(TUTORIAL, TUTORIAL, {}))
-    with remade:
-        return execute_all(runs, jobs, progress)
+    started = time.time()
+    # every run reads the stores under their keys (nothing whose inputs did not change is made again); the default
+    # run of every notebook then removes what it no longer read; --remake-long-runs makes the long runs again
+    with regenerated_stores(DATA_DIR / "results", COMMITTED_RUNS) if remake_long_runs else contextlib.nullcontext():
+        executed = execute_all(runs, jobs, progress)
+    if in_place and not only:
+        remove_stale(DATA_DIR / "results", started)
+    return executed
+
+
+def _check_run_options(jobs: Any, remake_long_runs: Any, custom: bool) -> None:
+    """jobs a whole number >= 1; remake_long_runs a real bool, True only for the default run of every notebook."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise BadValue(f"jobs={jobs!r} is not allowed: jobs must be a whole number >= 1 (notebooks run at once)")
+    if remake_long_runs is not False and (remake_long_runs is not True or custom):
+        raise BadValue(f"remake_long_runs={remake_long_runs!r} is not allowed here: only the default run of every "
+                       "notebook (python -m sinklib.reproduce --remake-long-runs, no other option) makes the long "
+                       "runs again, since it remakes everything that reads them")
+
+
+def remove_stale(results_dir: Path, since: float) -> list[Path]:
+    """After a run of every notebook: remove the picks, traces and long traces of `results_dir` that it neither read
+    nor made (each read touches its file: sinklib.derived, sinklib.trace_store), so that a key that moved leaves
+    nothing behind twice. Only files of those stores, which runs made, are removed. Returns what was removed."""
+    since -= STALE_SLACK
+    removed = derived.stale_files(results_dir / PICKS, since)
+    for store in (results_dir / "traces", results_dir / LONG_TRACES):
+        removed += [meta.parent for meta in sorted(store.glob("*/*/meta.json")) if meta.stat().st_mtime < since]
+    for path in removed:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return removed
 
 
 def default_jobs(given: dict[str, Any]) -> int:
@@ -349,10 +374,11 @@ def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:
 # 7 s a problem on one core, hours per model), and the long traces (runs.LONG_TRACES: the paper-layout canvases and
 # the logit lens, about 4 minutes), and notebook 08's speed–accuracy evaluations (runs.FAST_SAMPLING: about an hour).
 COMMITTED_RUNS = ("table1-arithmetic-english", LONG_TRACES, FAST_SAMPLING)
-# What the notebooks analyse that takes minutes to make: the traces (sinklib.trace_store) and the tiny zoo's and
-# SmolLM2's Table 1 runs. Committed and read by every run but `make figures` (the default run, every notebook),
-# which makes them again (regenerated_stores) — so nbval and a reader opening a notebook read them in seconds.
-STORED = ("traces", "table1-arithmetic", "table1-capitals")
+# What the notebooks analyse, kept under the keys of what made them and read by every run: the traces' light records
+# (sinklib.trace_store: their scores are a cache), the picks drawn from them (sinklib.derived), the tiny zoo's and
+# SmolLM2's Table 1 runs. So nbval and a reader opening a notebook redraw every figure in seconds.
+STORED = ("traces", PICKS, "table1-arithmetic", "table1-capitals")
+STALE_SLACK = 2.0  # seconds: a file system may round a touched file's time down
 
 
 def seed_committed_runs(results_dir: Path, committed: Path = DATA_DIR / "results",
@@ -475,7 +501,7 @@ def main(argv: list[str] | None = None) -> None:
     with a message on a refused argument or a disagreement."""
     parser = argparse.ArgumentParser(prog="python -m sinklib.reproduce", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, help="a YAML file of notebook parameters (notebooks/params/*.yaml)")
-    parser.add_argument("--only", nargs="*", help="notebook prefixes to run, e.g. 01 03")
+    parser.add_argument("--only", nargs="+", help="notebook prefixes to run, e.g. 01 03")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--remake-long-runs", action="store_true",
                         help="with no other option: make the long runs (the twins' Table 1 at n = 200, hours) again "

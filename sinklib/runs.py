@@ -10,7 +10,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Mapping
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping
 
 import pandas as pd
 
@@ -22,6 +22,7 @@ from sinklib.evaluation.table1 import CONDITIONS, MaskingTable, by_task, masking
 from sinklib.evaluation.tasks import TRACE_TASKS, get_task, task_names, trace_prompts
 from sinklib.explorer import export_pages
 from sinklib.generation import demo_trace, encode
+from sinklib.derived import derived
 from sinklib.loading import load, load_models
 from sinklib.paths import NOTEBOOKS
 from sinklib.plots import save_figure
@@ -75,6 +76,9 @@ LONG_TRACES = "long-traces"
 # hour on one core, most of it the diffusion twin's plain sampler on 200 problems. Read by `make figures`.
 FAST_SAMPLING = "fast-sampling"
 SPEED_MODELS = ["smollm2-135m-diffusion", "smollm2-135m-autoregressive", "tiny-llada", "tiny-dream"]
+# The tables the notebooks pick from their traces, each under the key of what it was derived from (sinklib.derived):
+# committed, so that a reader and nbval redraw every figure without the traces' scores, which are a cache.
+PICKS = "picks"
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,12 @@ class RunConfig:
             if key not in names:
                 raise BadValue(f"parameter {key!r} is not allowed: {cls.__name__} has no such field"
                                f"{did_you_mean(key, names)}; allowed: {names}")
+
+    def pick(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`function(*args, **kwargs)`, a pick of the notebook's (a DataFrame, or Verdicts), kept under
+        results_dir/picks by the key of what it was derived from (sinklib.derived): read back when the same inputs and
+        code made it before, so the traces' scores are read (or generated) only when something changed."""
+        return derived(Path(getattr(self, "results_dir", self.figures_dir)) / PICKS, function, *args, **kwargs)
 
     def save(self, result: "Result") -> "Result":
         """Write the result's figures (PNG + PDF), tables (parquet, each with its comparison layout) and texts; each

@@ -16,7 +16,6 @@ Shapes (one prompt; padding already removed):
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -30,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from sinklib.cache_manifest import sha256_of
+from sinklib.digest import digest as _digest, file_sha256 as sha256_of
 from sinklib.families.base import get_family
 from sinklib.validation import BadValue
 
@@ -130,10 +129,12 @@ class Trace:
 
     # -- persistence: parquet for tensors, json for metadata ----------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write the trace to a folder: scores.parquet, canvas.parquet, maps.parquet, meta.json. Over an existing
-        trace the new files are written beside the old ones first and only then moved into place, meta.json
-        (with every file's checksum) last: a full disk or an interruption leaves the old trace readable. A
-        folder holding anything but a trace's files is refused."""
+        """Write the trace to a folder in two parts: its light record (canvas.parquet, and meta.json with its
+        checksum) and its scores (scores.parquet, maps.parquet and their checksums in scores.json). The light record
+        is what a reader of a store needs to know what was generated (canvases, margins, text); the scores are what
+        an analysis reads, and a store may keep them as a cache (trace_store). Over an existing trace the new files
+        are written beside the old ones first and only then moved into place, meta.json last: a full disk or an
+        interruption leaves the old trace readable. A folder holding anything but a trace's files is refused."""
         scores = self.require_scores()
         folder = Path(path)
         _check_trace_folder(folder)
@@ -143,12 +144,14 @@ class Trace:
             for name, write in self._writers(scores).items():
                 written[name] = _fresh_file(folder, name)
                 write(written[name])
+            heavy = {"format": FORMAT, "sha256": {name: sha256_of(written[name]) for name in _HEAVY_FILES}}
             meta = self._meta(scores)
-            meta["sha256"] = {name: sha256_of(written[name]) for name in _DATA_FILES}
+            meta["sha256"] = {name: sha256_of(written[name]) for name in _LIGHT_FILES}
             meta["sha256"]["meta.json"] = _sha256_meta(meta)
-            written["meta.json"] = _fresh_file(folder, "meta.json")
-            written["meta.json"].write_text(json.dumps(meta, indent=1, sort_keys=True))
-            for name in (*_DATA_FILES, "meta.json"):  # meta.json last: its presence means the folder is complete
+            for name, content in ((_HEAVY_RECORD, heavy), ("meta.json", meta)):
+                written[name] = _fresh_file(folder, name)
+                written[name].write_text(json.dumps(content, indent=1, sort_keys=True))
+            for name in (*_HEAVY_FILES, _HEAVY_RECORD, *_LIGHT_FILES, "meta.json"):  # meta.json last: complete
                 os.replace(written.pop(name), folder / name)
         finally:
             for leftover in written.values():  # ours: partial files of this save
@@ -189,15 +192,10 @@ class Trace:
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
         """Read a folder written by save(), refusing one whose files were changed or cut since (each file's
-        SHA-256 is in meta.json) or whose tables do not have the shape meta.json declares."""
+        SHA-256 is in meta.json or scores.json) or whose tables do not have the shape meta.json declares."""
         folder = Path(path)
-        if not (folder / "meta.json").exists():
-            raise FileNotFoundError(f"path={str(path)!r} is not a saved Trace (no meta.json in it)")
-        try:
-            meta = json.loads((folder / "meta.json").read_text())
-        except ValueError as error:
-            raise BadValue(f"path={str(path)!r} is not a readable Trace: meta.json is not valid JSON ({error})") from None
-        _verify(folder, meta)
+        meta = _read_meta(folder)
+        _verify(folder, meta, _read_heavy(folder))
         steps, layers, heads, seq = meta["shape"]
         table = pq.read_table(folder / "scores.parquet")
         _expect(folder, "scores.parquet", table, steps * layers * heads, seq, "scores")
@@ -210,13 +208,6 @@ class Trace:
         masked = None
         if meta["has_masked_keys"]:
             masked = torch.from_numpy(_unlist(table["masked"], np.bool_, seq)).reshape(steps, layers, heads, seq)
-        canvas = pq.read_table(folder / "canvas.parquet")
-        _expect(folder, "canvas.parquet", canvas, steps + 1, seq, "tokens")
-        tokens = torch.from_numpy(_unlist(canvas["tokens"], np.int64, seq))
-        is_masked = torch.from_numpy(_unlist(canvas["is_masked"], np.bool_, seq))[:-1]
-        margins = torch.from_numpy(canvas["margin"].to_numpy()[:-1].copy()) if "margin" in canvas.column_names else None
-        recomputed = torch.from_numpy(_unlist(canvas["recomputed"], np.bool_, seq))[:-1] \
-            if "recomputed" in canvas.column_names else None
         maps = {}
         for row in pq.read_table(folder / "maps.parquet").to_pylist():
             flat = torch.tensor(row["map"], dtype=torch.float32)
@@ -224,14 +215,70 @@ class Trace:
                 raise BadValue(f"path={str(path)!r} is not a consistent Trace: map {row['step'], row['layer'], row['head']} "
                                f"has {flat.numel()} values for {row['rows']} rows")
             maps[(row["step"], row["layer"], row["head"])] = flat.reshape(row["rows"], -1)
-        return cls(scores=scores, tokens=tokens, is_masked=is_masked, prompt_len=meta["prompt_len"],
-                   layer_names=meta["layer_names"], text=meta["text"], masked_keys=masked, maps=maps,
+        light = cls.load_light(folder)
+        light.scores, light.masked_keys, light.maps = scores, masked, maps
+        return light
+
+    @classmethod
+    def load_light(cls, path: str | Path) -> "Trace":
+        """The light record of a saved trace (has_scores tells whether its scores are there too): canvases,
+        margins, text and meta, checked against meta.json's checksums; scores None, no maps."""
+        folder = Path(path)
+        meta = _read_meta(folder)
+        _verify(folder, meta)
+        steps, _, _, seq = meta["shape"]
+        canvas = pq.read_table(folder / "canvas.parquet")
+        _expect(folder, "canvas.parquet", canvas, steps + 1, seq, "tokens")
+        return cls(scores=None, prompt_len=meta["prompt_len"], layer_names=meta["layer_names"], text=meta["text"],
                    token_strings={int(k): v for k, v in meta["token_strings"].items()}, meta=_from_json(meta["meta"]),
-                   margins=margins, recomputed=recomputed)
+                   **_canvas_fields(canvas, seq))
+
+    @staticmethod
+    def has_scores(path: str | Path) -> bool:
+        """Whether a saved trace's folder holds its scores too (scores.json, written with them), not only its
+        light record."""
+        return (Path(path) / _HEAVY_RECORD).is_file()
 
 
-FORMAT = 2  # 2: SHA-256 of every file in meta.json, tuples and non-string keys kept in meta
-_DATA_FILES = ("scores.parquet", "canvas.parquet", "maps.parquet")
+def _read_meta(folder: Path) -> dict:
+    if not (folder / "meta.json").exists():
+        raise FileNotFoundError(f"path={str(folder)!r} is not a saved Trace (no meta.json in it)")
+    try:
+        return json.loads((folder / "meta.json").read_text())
+    except ValueError as error:
+        raise BadValue(f"path={str(folder)!r} is not a readable Trace: meta.json is not valid JSON ({error})") from None
+
+
+def _read_heavy(folder: Path) -> dict:
+    """The checksums of a trace's scores (scores.json), refused when missing or unreadable."""
+    try:
+        heavy = json.loads((folder / _HEAVY_RECORD).read_text())
+    except FileNotFoundError:
+        raise BadValue(f"path={str(folder)!r} holds a Trace's light record only: its scores ({_HEAVY_RECORD}, "
+                       f"{', '.join(_HEAVY_FILES)}) are not there; generate it again") from None
+    except ValueError as error:
+        raise BadValue(f"path={str(folder)!r} is not a readable Trace: {_HEAVY_RECORD} is not valid JSON ({error})") \
+            from None
+    return heavy.get("sha256") if isinstance(heavy, dict) else None
+
+
+def _canvas_fields(canvas: pa.Table, seq: int) -> dict:
+    """tokens, is_masked, margins and recomputed from canvas.parquet (one row per canvas, the last one final)."""
+    columns = canvas.column_names
+    return {"tokens": torch.from_numpy(_unlist(canvas["tokens"], np.int64, seq)),
+            "is_masked": torch.from_numpy(_unlist(canvas["is_masked"], np.bool_, seq))[:-1],
+            "margins": torch.from_numpy(canvas["margin"].to_numpy()[:-1].copy()) if "margin" in columns else None,
+            "recomputed": torch.from_numpy(_unlist(canvas["recomputed"], np.bool_, seq))[:-1]
+            if "recomputed" in columns else None}
+
+
+# 2: SHA-256 of every file in meta.json, tuples and non-string keys kept in meta. 3: the light record (meta.json,
+# canvas.parquet) and the scores (scores.parquet, maps.parquet, their checksums in scores.json) apart.
+FORMAT = 3
+_LIGHT_FILES = ("canvas.parquet",)
+_HEAVY_FILES = ("scores.parquet", "maps.parquet")
+_HEAVY_RECORD = "scores.json"
+_DATA_FILES = (*_HEAVY_FILES, *_LIGHT_FILES)
 
 
 def _check_trace_folder(folder: Path) -> None:
@@ -239,7 +286,9 @@ def _check_trace_folder(folder: Path) -> None:
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise BadValue(f"path={str(folder)!r} is not allowed: a Trace is saved into a folder (this is a file or a symlink)")
     if folder.is_dir():
-        foreign = sorted(p.name for p in folder.iterdir() if p.name not in (*_DATA_FILES, "meta.json")
+        # measured/: what a store measured of the trace (trace_store.stored_measurement), kept beside it
+        foreign = sorted(p.name for p in folder.iterdir() if p.name not in (*_DATA_FILES, _HEAVY_RECORD, "meta.json")
+                         and not (p.name == "measured" and p.is_dir())
                          and not (p.name.startswith(".") and p.name.endswith(".partial")))  # an interrupted save's
         if foreign:
             raise BadValue(f"path={str(folder)!r} is not allowed: it holds files that are not a Trace's ({foreign[:3]}); "
@@ -258,21 +307,27 @@ def _fresh_file(folder: Path, name: str) -> Path:
 def _sha256_meta(meta: dict) -> str:
     """The digest of meta.json's content other than the meta.json digest itself."""
     body = {**meta, "sha256": {k: v for k, v in meta.get("sha256", {}).items() if k != "meta.json"}}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return _digest(body, length=None)
 
 
-def _verify(folder: Path, meta: dict) -> None:
+def _verify(folder: Path, meta: dict, heavy: dict | None = None) -> None:
+    """Every file of the light record (and, given `heavy`, scores.json's checksums, of the scores) matches its
+    SHA-256."""
     digests = meta.get("sha256") if isinstance(meta, dict) else None
-    if not isinstance(digests, dict):
-        raise BadValue(f"path={str(folder)!r} is not a verifiable Trace: meta.json has no checksums (written by an "
-                       "older sinklib, or edited); generate it again")
+    if not isinstance(digests, dict) or meta.get("format") != FORMAT:
+        raise BadValue(f"path={str(folder)!r} is not a verifiable Trace: meta.json has no checksums or another format "
+                       f"than {FORMAT} (written by an older sinklib, or edited); generate it again")
     if digests.get("meta.json") != _sha256_meta(meta):
         raise BadValue(f"path={str(folder)!r} is a damaged Trace: meta.json was changed after it was written")
-    for name in _DATA_FILES:
+    files = {**{name: digests.get(name) for name in _LIGHT_FILES}, **({} if heavy is None else
+                                                                       {name: heavy.get(name) for name in _HEAVY_FILES})}
+    if heavy is not None and not isinstance(heavy, dict):
+        raise BadValue(f"path={str(folder)!r} is a damaged Trace: {_HEAVY_RECORD} holds no checksums")
+    for name, expected in files.items():
         if not (folder / name).exists():
             raise BadValue(f"path={str(folder)!r} is an incomplete Trace: {name} is missing")
-        if sha256_of(folder / name) != digests.get(name):
-            raise BadValue(f"path={str(folder)!r} is a damaged Trace: {name} does not match its SHA-256 in meta.json "
+        if sha256_of(folder / name) != expected:
+            raise BadValue(f"path={str(folder)!r} is a damaged Trace: {name} does not match its SHA-256 "
                            "(changed or cut after it was written)")
 
 

@@ -591,3 +591,14 @@ def test_an_edited_text_table_whose_table_agrees_exactly_differs(tmp_path):
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r", pages=(tmp_path / "cf", tmp_path / "rf"))
     assert report.failing == ["table1_masking_arithmetic.md"]
     assert "the text differs from the committed one (its table agrees exactly)" in report.rows[-1].detail
+
+
+def test_a_check_tells_which_provenance_differs_naming_the_artifacts():
+    """make check reports provenance that differs (versions, CPU, code) without judging it: the numbers are judged."""
+    made = {"versions": {"transformers": "5.24.0", "torch": "2.13.0"}, "machine": {"cpu": "AMD EPYC"},
+            "code": {"numerics": "a"}}
+    old = {f"t{i}.parquet": made for i in range(5)}
+    new = {name: {**made, "versions": {"transformers": "5.25.0", "torch": "2.13.0"}} for name in old}
+    [line] = agreement.provenance_differences(old, new)
+    assert line == "versions.transformers: '5.24.0' → '5.25.0' (t0.parquet, t1.parquet, t2.parquet and 2 more)"
+    assert agreement.provenance_differences(old, old) == []

@@ -40,11 +40,15 @@ def build_trace(sinks_by_head, model="toy", margins=None):
                  margins=None if margins is None else torch.tensor(margins, dtype=torch.float64))
 
 
-def test_pick_scores_lists_every_score_once():
-    scores = analyses.pick_scores({"toy": [build_trace([[0, 0], [None, 5]])]})
-    assert len(scores) == 2 * 2 * SEQ  # steps × heads × keys
-    assert scores["score"].sum() == pytest.approx(2 * 2 * SEQ)  # every row sums to SEQ
-    assert (scores["score"] == SINK).sum() == 3 and set(scores["model"]) == {"toy"}
+def test_pick_score_histograms_count_every_score_once_and_the_summary_describes_them():
+    traces = {"toy": [build_trace([[0, 0], [None, 5]])]}
+    histograms = analyses.pick_score_histograms(traces, bins=10)
+    assert len(histograms) == 10 and histograms["count"].sum() == 2 * 2 * SEQ  # steps × heads × keys
+    assert histograms["left"].iloc[0] == 0 or histograms["left"].iloc[0] < 1 and histograms["right"].iloc[-1] == SINK
+    assert histograms["count"].iloc[-1] == 3, "the three sink scores fall in the last bin"
+    summary = analyses.pick_score_summary(traces)
+    assert summary.loc["toy", "count"] == 2 * 2 * SEQ and summary.loc["toy", "mean"] == pytest.approx(1.0)
+    assert summary.loc["toy", "max"] == SINK
 
 
 def test_pick_strongest_heads_takes_the_head_with_the_strongest_sink_over_the_steps():

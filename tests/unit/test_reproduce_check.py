@@ -94,3 +94,32 @@ def test_remake_long_runs_moves_the_long_runs_aside_too_and_only_in_the_default_
     assert seen[0] is False and not (long_runs / "committed.jsonl").exists()
     reproduce.run(progress=False)  # without the flag the long runs are read, never moved aside
     assert all(seen[len(reproduce.notebook_paths()):])
+
+
+def test_make_figures_removes_the_picks_and_traces_it_no_longer_read_and_nothing_else(tmp_path):
+    """A key that moved leaves its old pick and trace behind; the default run of every notebook removes what no
+    notebook read or made (each read touches its file), and never a file of another kind."""
+    import os
+    import time
+
+    old = time.time() - 100
+    kept = {tmp_path / "picks" / "pick_a-1.parquet", tmp_path / "traces" / "m" / "k1" / "meta.json",
+            tmp_path / "long-traces" / "m" / "k3" / "meta.json", tmp_path / "fig.parquet"}
+    stale = {tmp_path / "picks" / "pick_a-0.parquet", tmp_path / "traces" / "m" / "k0" / "meta.json"}
+    for path in kept | stale | {tmp_path / "traces" / "m" / "k0" / "scores.parquet"}:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+        os.utime(path, (old, old))
+    started = time.time()
+    for path in kept - {tmp_path / "fig.parquet"}:
+        os.utime(path)  # read by this run
+    removed = reproduce.remove_stale(tmp_path, started)
+    assert set(removed) == {tmp_path / "picks" / "pick_a-0.parquet", tmp_path / "traces" / "m" / "k0"}
+    assert all(path.exists() for path in kept) and not (tmp_path / "traces" / "m" / "k0").exists()
+
+
+@pytest.mark.parametrize("only", [[], [""], "01"])
+def test_only_with_no_prefix_is_refused_not_the_full_run(only):
+    """`--only` with nothing after it was the full in-place run (it regenerated the stores and exited 0)."""
+    with pytest.raises(ValueError, match=r"only=.* is not allowed: only must be a non-empty list of notebook prefixes"):
+        reproduce.notebook_paths(only)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sinklib
-from sinklib import carry, lens, trace_store
+from sinklib import carry, digest, keys, lens, trace_store
 from sinklib.generation import collect_traces
 
 PROMPTS = ["Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:",
@@ -53,14 +53,75 @@ def test_a_trace_of_other_inputs_is_never_read(llada, tmp_path, change):
     assert trace.meta["store_key"] != json.loads((tmp_path / _folders(tmp_path)[0] / "meta.json").read_text())
 
 
-def test_the_key_holds_the_weights_and_the_code(llada):
+def test_the_key_holds_what_shapes_the_numbers_and_no_version(llada):
     key = trace_store.trace_key(llada, PROMPTS[0], llada.settings_for(), 0, chat=False)
-    assert key["weights"] and key["code"] == trace_store.generation_code()
-    modules = trace_store.generation_modules()
-    # the capture, every family (registered by import path), loading; not the plots or the notebooks' runs
-    assert {"sinklib.capturing.attend", "sinklib.families.dream", "sinklib.families.llada", "sinklib.loading",
-            "sinklib.interventions", "sinklib.trace"} <= set(modules)
-    assert not {"sinklib.plots", "sinklib.runs", "sinklib.analyses"} & set(modules)
+    assert key["weights"] and key["files"] and key["dtype"] == "float32" and key["code"] == keys.numerics_code()
+    assert not {"sinklib", "transformers", "torch"} & set(key), "versions are the lock's and the provenance's"
+    assert "sinklib.families.dream" in keys.module_files(keys.NUMERIC_MODULES)
+    assert not {"sinklib.validation", "sinklib.loading", "sinklib.cache_manifest", "sinklib.named", "sinklib.trace_store",
+                "sinklib.plots", "sinklib.runs"} & set(keys.module_files(keys.NUMERIC_MODULES))
+
+
+@pytest.mark.parametrize("edit, rekeys", [("function in validation, cache_manifest and named", False),
+                                          ("operator in sinks", True)])
+def test_a_refactor_outside_the_numeric_modules_keys_nothing_anew(llada, monkeypatch, edit, rekeys):
+    """A function that computes nothing added to validation, cache_manifest and named (the issue's probe) leaves every
+    trace key as it was; an operator changed in the sink rule makes a new one."""
+    before = trace_store.trace_key(llada, PROMPTS[0], llada.settings_for(), 0, chat=False)
+    real_read = type(keys.PACKAGE).read_text
+
+    def edited(path, *args, **kwargs):
+        text = real_read(path, *args, **kwargs)
+        if path.name in ("validation.py", "cache_manifest.py", "named.py"):
+            return text + "\n\ndef _computes_nothing():\n    return None\n"
+        return text.replace("margin = scores - mean_others", "margin = scores + mean_others") if rekeys else text
+
+    monkeypatch.setattr(type(keys.PACKAGE), "read_text", edited)
+    keys.code_of.cache_clear()
+    try:
+        after = trace_store.trace_key(llada, PROMPTS[0], llada.settings_for(), 0, chat=False)
+    finally:
+        monkeypatch.undo()
+        keys.code_of.cache_clear()
+    assert (after != before) is rekeys
+
+
+def test_the_dtype_and_a_config_edit_of_a_folder_model_are_other_keys(llada, tmp_path, monkeypatch):
+    """A bfloat16 model, or a folder whose config.json says another rope_theta (given by a relative path), is never
+    served another's traces."""
+    import shutil
+
+    from sinklib.paths import ZOO_DIR
+
+    folder = tmp_path / "copy"
+    shutil.copytree(ZOO_DIR / "tiny-llada", folder)
+    monkeypatch.chdir(tmp_path)
+    same = trace_store.trace_key(sinklib.load("copy"), PROMPTS[0], llada.settings_for(), 0, chat=False)
+    halved = sinklib.load("copy", dtype="bfloat16")
+    assert trace_store.trace_key(halved, PROMPTS[0], llada.settings_for(), 0, chat=False)["dtype"] == "bfloat16"
+    assert trace_store.trace_key(halved, PROMPTS[0], llada.settings_for(), 0, chat=False) != same
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_theta"] = 2 * float(config.get("rope_theta") or 10000.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    edited = trace_store.trace_key(sinklib.load("copy"), PROMPTS[0], llada.settings_for(), 0, chat=False)
+    assert edited["files"] != same["files"] and edited["weights"] == same["weights"]
+
+
+def test_a_light_record_is_read_without_its_scores_which_are_made_again_when_asked(llada, tmp_path, monkeypatch):
+    """A fresh clone holds the traces' light records, not their scores: reading them generates nothing; the first
+    use of the scores generates the trace again from its key's inputs, equal to the one that was saved."""
+    settings = llada.settings_for()
+    [made] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, settings=settings)
+    whole = made.whole()
+    for name in ("scores.parquet", "maps.parquet", "scores.json"):
+        next(tmp_path.rglob(name)).unlink()
+    calls = []
+    real = trace_store.generate
+    monkeypatch.setattr(trace_store, "generate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    [light] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, settings=settings)
+    assert torch.equal(light.tokens, whole.tokens) and light.text == whole.text and calls == []
+    assert torch.equal(light.scores, whole.scores) and calls == [1]
+    assert next(tmp_path.rglob("scores.json")).is_file(), "the scores made again are kept in the store"
 
 
 def test_a_folder_holding_a_trace_of_other_inputs_is_refused(llada, tmp_path):
@@ -103,26 +164,15 @@ def test_pick_carry_keeps_its_forwards_beside_the_stored_traces_and_reads_them_b
     assert len(list(kept.parent.glob("sink_carry-*.parquet"))) == 2
 
 
-def test_every_committed_trace_and_measurement_is_keyed_by_this_checkouts_code():
-    """An edit of a module that generation, the carry or the lens imports re-keys what the committed stores hold, so
-    nbval and a reader would make it all again (minutes) and the stores would need regenerating: caught here in
-    seconds, naming the store. (Run `make figures` after such an edit, as the committed outputs need it anyway.)"""
-    from sinklib.evaluation.runner import config_hash
+def test_every_committed_trace_is_keyed_by_this_checkouts_numeric_code():
+    """An edit of a numeric module (keys.NUMERIC_MODULES) re-keys what the committed stores hold, so nbval and a reader
+    would make it all again (minutes): caught here in seconds, naming the store. (Run `make figures` after such an
+    edit, as the committed outputs need it anyway.) An edit anywhere else keys nothing anew."""
     from sinklib.paths import DATA_DIR
 
-    code = trace_store.generation_code()
-    measured = {"sink_carry": ({"eps": 3.0}, "sinklib.carry"), "logit_lens": ({"top": 1}, "sinklib.lens")}
-    expected = {what: config_hash({"what": what, "params": params, "code": trace_store._module_code(module)})
-                for what, (params, module) in measured.items()}
-    stale = []
-    for store in ("traces", "long-traces"):
-        for meta in sorted((DATA_DIR / "results" / store).glob("*/*/meta.json")):
-            if trace_store.Trace.load(meta.parent).meta["store_key"]["code"] != code:
-                stale.append(str(meta.parent.relative_to(DATA_DIR)))
-        for path in sorted((DATA_DIR / "results" / store).glob("*/*/measured/*.parquet")):
-            what, digest = path.stem.rsplit("-", 1)
-            if digest != expected[what]:
-                stale.append(str(path.relative_to(DATA_DIR)))
+    stale = [str(meta.parent.relative_to(DATA_DIR)) for store in ("traces", "long-traces")
+             for meta in sorted((DATA_DIR / "results" / store).glob("*/*/meta.json"))
+             if trace_store.Trace.load_light(meta.parent).meta["store_key"]["code"] != keys.numerics_code()]
     assert stale == [], f"made by other code than this checkout's: {stale[:5]} ({len(stale)} in all)"
 
 
@@ -137,19 +187,19 @@ def test_every_committed_evaluation_is_keyed_as_this_checkout_keys_its_settings(
 
     mismatched = []
     for path in sorted((DATA_DIR / "results").rglob("*.provenance.json")):
-        for digest, entry in json.loads(path.read_text()).items():
+        for run_digest, entry in json.loads(path.read_text()).items():
             config = json.loads(entry["config"]) if isinstance(entry["config"], str) else entry["config"]
             settings = get_family(config["family"]).settings(**config["settings"])
             if record(settings) != config["settings"]:
-                mismatched.append(f"{path.name} {digest}")
+                mismatched.append(f"{path.name} {run_digest}")
     assert mismatched == [], f"keyed otherwise by this checkout: {mismatched[:5]} ({len(mismatched)} in all)"
 
 
 def test_a_docstring_or_comment_leaves_the_code_key_a_code_edit_changes_it():
     """The key holds code, not prose: editing what cannot change a computation (a docstring, a comment, a blank line,
     trailing spaces) keeps every committed trace's key; editing anything else makes a new one."""
-    source = (trace_store.PACKAGE / "sinks.py").read_text(encoding="utf-8")
-    kept = trace_store.code_only(source)
+    source = (keys.PACKAGE / "sinks.py").read_text(encoding="utf-8")
+    kept = digest.code_only(source)
     assert '"""' not in kept and "\n\n" not in kept and "# " not in kept
     function = "def causal_uniform_scores("
     docstring_start = source.index('"""', source.index(function)) + 3
@@ -159,7 +209,7 @@ def test_a_docstring_or_comment_leaves_the_code_key_a_code_edit_changes_it():
         source.replace("\n\n\n", "\n\n\n# a new comment  \n\n   \n", 1),  # a comment, blank lines, trailing spaces
     ]
     for edited in prose_edits:
-        assert edited != source and trace_store.code_only(edited) == kept
+        assert edited != source and digest.code_only(edited) == kept
     code_edits = [
         source.replace(function, "def causal_uniform_score("),  # a name
         source.replace('check_int(n, "n", 1)', 'check_int(n, "n", 2)'),  # a constant
@@ -167,7 +217,7 @@ def test_a_docstring_or_comment_leaves_the_code_key_a_code_edit_changes_it():
         source.replace(f'{function}', f'_UNUSED = "{{not a docstring}}"\n\n\n{function}', 1),  # a string at module level
     ]
     for edited in code_edits:
-        assert edited != source and trace_store.code_only(edited) != kept
+        assert edited != source and digest.code_only(edited) != kept
 
 
 @pytest.mark.parametrize("before, after", [
@@ -178,10 +228,10 @@ def test_a_docstring_or_comment_leaves_the_code_key_a_code_edit_changes_it():
     ('t = """a   \nb"""\n', 't = """a\nb"""\n'),
 ])
 def test_code_only_keeps_every_edit_of_a_value(before, after):
-    assert trace_store.code_only(before) != trace_store.code_only(after)
+    assert digest.code_only(before) != digest.code_only(after)
 
 
 def test_code_only_reads_a_file_with_a_byte_order_mark_as_without():
     source = 'import os\n\n\ndef f():\n    """doc"""\n    return os.sep  # why\n'
-    assert trace_store.code_only("\ufeff" + source) == trace_store.code_only(source) == (
+    assert digest.code_only("\ufeff" + source) == digest.code_only(source) == (
         "import os\ndef f():\n    return os.sep")

@@ -1,0 +1,124 @@
+"""What a stored result's key holds: what shapes its numbers, and nothing else.
+
+A trace, an evaluation record, a measurement or a notebook's pick is found again only under the digest
+(sinklib.digest) of every input that shaped it:
+
+- the model (model_identity): its name, family, the weights' fingerprint, every file that shapes its forward
+  (configs, the adapter's config, tokenizer and chat template: forward_files) and the dtype it computes in;
+- what was asked of it: every setting, the prompt, the seed, the chat flag, the intervention (each store adds these);
+- the code that computes the numbers (numerics_code): the sampler and the families, the capture, the attention
+  maths, the interventions, the sink rule and the decision margins, each reduced to its code (digest.code_only).
+
+It does not hold what cannot change a number: sinklib's version, the transformers version (the lock pins it, and each
+result's provenance records it: `make check` reports a difference), messages, validation, caching and loading
+plumbing. A change of numbers that no key sees (a library release, a module outside NUMERIC_MODULES) is caught by the
+golden test (tests/parity/test_golden.py), which makes one stored result of each kind again and compares."""
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from sinklib import named
+from sinklib.digest import code_digest, digest, file_sha256
+
+PACKAGE = Path(__file__).resolve().parent
+
+# The modules whose code computes a trace's or a record's numbers (a package: every module in it). A refactor of any
+# other module (validation, loading, caching, the notebooks' layer) keys nothing anew.
+NUMERIC_MODULES = ("sinklib.generation", "sinklib.families", "sinklib.capturing", "sinklib.attention_math",
+                   "sinklib.interventions", "sinklib.sinks", "sinklib.ties")
+# The modules an analysis of traces computes with, beside its own function (a pick's key: pick_key).
+ANALYSIS_MODULES = ("sinklib.dynamics", "sinklib.sinks", "sinklib.carry", "sinklib.lens", "sinklib.stats",
+                    "sinklib.capturing.replay")
+
+# A model folder's files that shape what it computes beside its weights: configs, the adapter's config (rank, scale,
+# target modules), tokenizer and chat template. Not its card, README or manifest (the hashes of those same files).
+SHAPING_SUFFIXES = (".json", ".jinja", ".model", ".txt")
+NOT_SHAPING = ("card.json", "sinklib-manifest.json", "README.md", "sinklib-source.txt")
+# what save_pretrained writes into a config that computes nothing: the library version that wrote it, the folder
+VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "name_or_path")
+
+
+def module_files(names: Iterable[str]) -> dict[str, Path]:
+    """The source files of sinklib modules and packages by dotted name (a package: each of its modules)."""
+    files: dict[str, Path] = {}
+    for name in names:
+        parts = name.split(".")[1:]
+        package = PACKAGE.joinpath(*parts)
+        if package.is_dir():
+            files.update({f"{name}.{path.stem}": path for path in sorted(package.glob("*.py"))})
+        elif package.with_suffix(".py").is_file():
+            files[name] = package.with_suffix(".py")
+        else:
+            raise ValueError(f"names={list(names)!r} is not allowed: {name!r} is no sinklib module or package")
+    return files
+
+
+@functools.cache
+def code_of(names: tuple[str, ...]) -> str:
+    """The fingerprint (16 hex digits) of the code of `names` (module_files): docstrings and comments left out."""
+    return code_digest((name, path.read_text(encoding="utf-8")) for name, path in module_files(names).items())
+
+
+def numerics_code() -> str:
+    """The fingerprint of the code that computes a trace's or a record's numbers (NUMERIC_MODULES)."""
+    return code_of(NUMERIC_MODULES)
+
+
+def function_code(function: Callable) -> str:
+    """The fingerprint of one function's own code (its source, docstring and comments left out)."""
+    function = inspect.unwrap(function)
+    return code_digest([(f"{function.__module__}.{function.__qualname__}", inspect.getsource(function))])
+
+
+def _file_digest(path: Path) -> str:
+    """A shaping file's digest: a JSON file by its content without VOLATILE_CONFIG_KEYS (a transformers release
+    rewrites `transformers_version` into every config it saves), any other file by its bytes."""
+    if path.suffix == ".json":
+        try:
+            content = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return file_sha256(path)[:16]
+        if isinstance(content, dict):
+            content = {key: value for key, value in content.items() if key not in VOLATILE_CONFIG_KEYS}
+        return digest(content)
+    return file_sha256(path)[:16]
+
+
+def forward_files(folders: Iterable[Path]) -> dict[str, str]:
+    """folder name/file name → digest of every file of `folders` that shapes a model's forward (SHAPING_SUFFIXES,
+    not NOT_SHAPING); weights are the weights' fingerprint's."""
+    return {f"{folder.name}/{path.name}": _file_digest(path)
+            for folder in folders for path in sorted(Path(folder).iterdir())
+            if path.is_file() and path.suffix in SHAPING_SUFFIXES and path.name not in NOT_SHAPING}
+
+
+def model_folders(loaded: Any) -> list[Path]:
+    """The local folders a loaded model was read from: an adapted model's adapter and its base's conversion, a
+    named model's conversion, a zoo or local checkpoint's folder; [] for a hub checkpoint (its commit is its
+    weights' fingerprint, which covers every file) or a model object."""
+    folders = []
+    if loaded.name in named.ADAPTED_MODELS:
+        folders.append(named.adapter_folder(loaded.name))
+        base = named.ADAPTED_MODELS[loaded.name].base
+        folders.append(named.converted_folder(base))
+    elif loaded.name in named.NAMED_MODELS:
+        folders.append(named.converted_folder(loaded.name))
+    else:
+        source = str(getattr(getattr(loaded.model, "config", None), "name_or_path", "") or "")
+        if source and Path(source).is_dir():
+            folders.append(Path(source).resolve())
+    return [folder for folder in folders if folder.is_dir()]
+
+
+def model_identity(loaded: Any) -> dict[str, Any]:
+    """What of a loaded model shapes its numbers: its name, family, weights' fingerprint, forward-shaping files
+    (forward_files) and the dtype of its parameters."""
+    parameter = next(iter(loaded.model.parameters()), None)
+    return {"model": loaded.name, "family": loaded.family.name, "weights": loaded.weights,
+            "files": digest(forward_files(model_folders(loaded))),
+            "dtype": str(parameter.dtype).removeprefix("torch.") if parameter is not None else None}
+
