@@ -2,8 +2,8 @@
 
 A notebook section picks a small table from its traces (the strongest head, every moving-sink event, the share Eq. 3
 selects at each eps) and draws its figure from that table. `derived(store, pick, *args)` keeps the table in `store`
-as <pick>-<key>.parquet, the key the digest of the pick's own code, the code of the analysis modules
-(keys.ANALYSIS_MODULES) and the identity of every argument: a stored trace by its trace key, a model by
+as <pick>-<key>.parquet, the key the digest of the code the pick computes with (keys.function_code: its own, and
+what it calls, wherever that lives) and the identity of every argument: a stored trace by its trace key, a model by
 keys.model_identity, a table by its content, a number or a text by its value. Read back when it is there, so a reader
 or nbval redraws every figure from committed tables in seconds without the traces' scores; made (and the scores it
 reads made with it) when it is not. An argument with no identity (a trace made outside a store, a model object) makes
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinklib.digest import canonical, digest
-from sinklib.keys import ANALYSIS_MODULES, code_of, function_code, model_identity
+from sinklib.keys import function_code, model_identity
 from sinklib.summary import Verdicts
 
 KEY = b"sinklib.derived"  # the parquet metadata entry holding what the table was derived from
@@ -57,8 +57,7 @@ def identity(value: Any) -> Any:
 def derivation_key(function: Callable, args: tuple, kwargs: Mapping[str, Any]) -> dict | None:
     """What a derived table is the digest of; None when an argument has no identity."""
     try:
-        return {"function": f"{function.__module__}.{function.__qualname__}", "code": function_code(function),
-                "analysis": code_of(ANALYSIS_MODULES), "args": identity(list(args)),
+        return {"function": function.__qualname__, "code": function_code(function), "args": identity(list(args)),
                 "kwargs": identity({k: v for k, v in sorted(kwargs.items()) if k not in NOT_SHAPING})}
     except _NoIdentity:
         return None

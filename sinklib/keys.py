@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import types
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -30,9 +31,6 @@ PACKAGE = Path(__file__).resolve().parent
 # other module (validation, loading, caching, the notebooks' layer) keys nothing anew.
 NUMERIC_MODULES = ("sinklib.generation", "sinklib.families", "sinklib.capturing", "sinklib.attention_math",
                    "sinklib.interventions", "sinklib.sinks", "sinklib.ties")
-# The modules an analysis of traces computes with, beside its own function (a pick's key: pick_key).
-ANALYSIS_MODULES = ("sinklib.dynamics", "sinklib.sinks", "sinklib.carry", "sinklib.lens", "sinklib.stats",
-                    "sinklib.capturing.replay")
 
 # A model folder's files that shape what it computes beside its weights: configs, the adapter's config (rank, scale,
 # target modules), tokenizer and chat template. Not its card, README or manifest (the hashes of those same files).
@@ -69,9 +67,45 @@ def numerics_code() -> str:
 
 
 def function_code(function: Callable) -> str:
-    """The fingerprint of one function's own code (its source, docstring and comments left out)."""
-    function = inspect.unwrap(function)
-    return code_digest([(f"{function.__module__}.{function.__qualname__}", inspect.getsource(function))])
+    """The fingerprint of the code a function computes with: its own source, and, followed through the names it uses,
+    every sinklib function or class it calls (by its qualified name and source, wherever it lives), every sinklib
+    module it reads through (that module's whole code), and the module-level constants it reads (by value). So moving
+    functions between modules keys nothing anew, and editing a helper it calls does."""
+    parts: dict[str, str] = {}
+    _gather(inspect.unwrap(function), parts)
+    return code_digest(parts.items())
+
+
+def _gather(value: Any, parts: dict[str, str]) -> None:
+    if isinstance(value, types.ModuleType):
+        if value.__name__.startswith("sinklib.") and value.__name__ not in parts:
+            parts[value.__name__] = "\n".join(path.read_text(encoding="utf-8")
+                                              for path in module_files((value.__name__,)).values())
+        return
+    if not (inspect.isfunction(value) or inspect.isclass(value)) or not value.__module__.startswith("sinklib"):
+        return
+    name = f"{'class' if inspect.isclass(value) else 'def'} {value.__qualname__}"
+    if name in parts:
+        return
+    parts[name] = inspect.getsource(value)
+    functions = [member for member in vars(value).values() if inspect.isfunction(member)] if inspect.isclass(value) \
+        else [value]
+    for function in functions:
+        for used in _names(function.__code__):
+            found = function.__globals__.get(used, None)
+            if isinstance(found, (bool, int, float, str, tuple, frozenset, list, dict)) and used.isupper():
+                parts.setdefault(f"const {used}", f"{used} = {found!r}")
+            else:
+                _gather(found, parts)
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The global names a code object and the code nested in it (comprehensions, lambdas) use."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names(constant)
+    return names
 
 
 def _file_digest(path: Path) -> str:

@@ -81,3 +81,19 @@ def test_stale_files_are_those_no_read_touched(stored, tmp_path):
     derived.derived(tmp_path / "picks", analyses.pick_layer_heads, traces)  # read: touched
     [stale] = derived.stale_files(tmp_path / "picks", since)
     assert stale.name.startswith("pick_sink_tokens-")
+
+
+def test_a_picks_key_follows_the_helpers_it_calls_and_not_where_they_live(monkeypatch):
+    """Editing a helper a pick calls (or a threshold it reads) re-keys the pick; moving the pick and its helpers to
+    another module (issue 68's lab) does not."""
+    import types
+
+    from sinklib import keys
+
+    before = keys.function_code(analyses.do_sinks_move)
+    monkeypatch.setattr(analyses, "MOVES_OFTEN", analyses.MOVES_OFTEN / 2)
+    assert keys.function_code(analyses.do_sinks_move) != before
+    monkeypatch.undo()
+    moved = types.FunctionType(analyses.do_sinks_move.__code__, dict(vars(analyses), __name__="sinklib.lab.moving"))
+    moved.__module__, moved.__qualname__ = "sinklib.lab.moving", analyses.do_sinks_move.__qualname__
+    assert keys.function_code(moved) == before
