@@ -6,7 +6,8 @@ notebooks) is `sinklib.extend`; the notebooks' layer is `sinklib.runs` and `sink
 module: `import sinklib.generation` is the module, `sinklib.generate` its verb.
 """
 from sinklib.capturing import CaptureError, capture
-from sinklib.generation import collect_traces, generate
+from sinklib.generation import generate
+from sinklib.trace_store import collect_traces
 from sinklib.interventions import AblateValues, EvictOldest, Intervention, MaskKeys, MaskRandomKeys, MaskSinks
 from sinklib.loading import LoadedModel, load
 from sinklib.sinks import SinkRule, causal_uniform_scores, find_sinks, threshold_sweep, top_sinks

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import platform
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -12,13 +11,12 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from sinklib.validation import BadValue, bad_value, check_int
+from sinklib.validation import BadValue, Flag, Index, bad_value, checked
 from sinklib._version import __version__
 from sinklib.capturing import capture, check_intervention
 from sinklib.layers import attention_layers
-from sinklib.families.base import left_pad, record
+from sinklib.families.base import left_pad
 from sinklib.ties import recording_decisions
-from sinklib.interventions import identity
 from sinklib.loading import LoadedModel, load
 from sinklib.trace import Trace
 
@@ -76,9 +74,10 @@ def _is_single(prompt) -> bool:
     return len(prompt) == 0 or not isinstance(prompt[0], (str, list, tuple, torch.Tensor, np.ndarray))
 
 
-def generate(model, prompt, settings=None, *, seed: int = 0,
-             maps: Sequence[tuple[int, int | str, int]] | None = None, intervention=None, chat: bool | None = None,
-             progress: bool = True, keep_scores: bool = True) -> Trace | list[Trace]:
+@checked
+def generate(model, prompt, settings=None, *, seed: Index = 0,
+             maps: Sequence[tuple[int, int | str, int]] | None = None, intervention=None, chat: Flag | None = None,
+             progress: Flag = True, keep_scores: Flag = True) -> Trace | list[Trace]:
     """Run the model's family sampler with attention capture; a list of prompts gives a list of Traces.
 
     Args:
@@ -92,10 +91,10 @@ def generate(model, prompt, settings=None, *, seed: int = 0,
             sinklib.capture.
         intervention: a policy applied at every forward (sinklib.interventions, e.g. MaskSinks(top_k=1)); None:
             nothing is changed.
-        chat: the prompt through the chat template; None: the model's own prompt style (the zoo reads plain
-            "Q: … A:" text, every other model its chat template).
-        progress: a progress bar over the sampler's steps.
-        keep_scores: False gives Traces without scores (Trace.scores is None; tokens, text and maps as usual) and
+        chat: the prompt through the chat template (a real bool); None: the model's own prompt style (the zoo reads
+            plain "Q: … A:" text, every other model its chat template).
+        progress: a progress bar over the sampler's steps (a real bool).
+        keep_scores: a real bool; False gives Traces without scores (Trace.scores is None; tokens, text and maps as usual) and
             stores nothing per step — for evaluation runs. Without an intervention or maps the model then runs with
             no capture at all; the tokens are the same either way.
 
@@ -106,7 +105,6 @@ def generate(model, prompt, settings=None, *, seed: int = 0,
         BadValue: settings of another family, a prompt longer than the model's positions, maps outside the run.
     """
     loaded = model if isinstance(model, LoadedModel) else load(model)
-    seed = check_int(seed, "seed", 0)  # numpy integers become Python ints (torch.Generator takes only those)
     check_intervention(intervention)
     settings = loaded.settings_for() if settings is None else loaded.runnable(settings)
     chat = loaded.chat if chat is None else chat
@@ -271,54 +269,6 @@ def _meta(loaded: LoadedModel, settings, seed: int, intervention, chat: bool) ->
             "intervention": repr(intervention) if intervention is not None else None, "chat": chat,
             "versions": {"sinklib": __version__, "torch": torch.__version__,
                          "transformers": transformers.__version__, "python": platform.python_version()}}
-
-
-def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | None = None, seed: int = 0,
-                   intervention=None, progress: bool = True, settings=None) -> list[Trace]:
-    """One trace per prompt, as generate makes them: prompt i with seed + i, in the model's own prompt style.
-
-    Args:
-        loaded: the LoadedModel to generate with.
-        texts: the prompts, as text.
-        out: a folder: each trace is saved as it finishes (out/trace-0007/) and a rerun loads the finished ones
-            instead of generating them again; a trace another configuration wrote there is refused. None: kept in
-            memory only.
-        seed: the seed of the first prompt (prompt i gets seed + i).
-        intervention: a policy applied at every forward, as for generate.
-        progress: a progress bar over the prompts.
-        settings: the family's settings dataclass; None: loaded.settings_for().
-
-    Returns:
-        The traces, in the order of `texts`.
-    """
-    recorded = identity(intervention) if intervention is not None else None  # refused before any work if unstable
-    settings = loaded.settings_for() if settings is None else loaded.runnable(settings)
-    traces = []
-    for index, text in enumerate(tqdm(texts, desc=f"traces {loaded.name}", disable=not progress)):
-        folder = Path(out) / f"trace-{index:04d}" if out is not None else None
-        if folder is not None and (folder / "meta.json").exists():
-            traces.append(_resumed(Trace.load(folder), folder, loaded, text, seed + index, recorded, settings))
-            continue
-        trace = generate(loaded, text, settings, seed=seed + index, progress=False, intervention=intervention)
-        if folder is not None:
-            trace.save(folder)
-        traces.append(trace)
-    return traces
-
-
-def _resumed(trace: Trace, folder: Path, loaded: LoadedModel, text: str, seed: int, intervention: str | None,
-             settings) -> Trace:
-    """A trace saved by an earlier run is reused only if that run asked for the same thing."""
-    meta = trace.meta
-    saved = meta.get("settings", {})
-    differs = {key: (meta.get(key), want) for key, want in (("model", loaded.name), ("prompt", text), ("seed", seed),
-               ("intervention", intervention)) if meta.get(key) != want}
-    differs.update({key: (saved.get(key), value) for key, value in record(settings).items()
-                    if key in saved and saved[key] != value})
-    if differs:
-        raise BadValue(f"out={str(folder.parent)!r} is not allowed: {folder.name} was written by another run "
-                       f"(saved vs asked: {differs}); use a new folder or delete it")
-    return trace
 
 
 def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, settings=None) -> Trace:

@@ -27,6 +27,12 @@ from sinklib.digest import code_digest, digest, file_sha256
 
 PACKAGE = Path(__file__).resolve().parent
 
+# The version of the numbers the numeric modules compute, for the results that take hours to make again (the Table 1
+# and speed evaluations): bumped by hand when a change of NUMERIC_MODULES changes what they compute, so that a refactor
+# there (which re-keys the traces: minutes) does not re-key hours of evaluation. The golden test
+# (tests/parity/test_golden.py) makes committed records of each kind again and fails when their numbers moved while
+# this did not.
+NUMERICS_VERSION = 1
 # The modules whose code computes a trace's or a record's numbers (a package: every module in it). A refactor of any
 # other module (validation, loading, caching, the notebooks' layer) keys nothing anew.
 NUMERIC_MODULES = ("sinklib.generation", "sinklib.families", "sinklib.capturing", "sinklib.attention_math",

@@ -128,13 +128,14 @@ class Trace:
         return frame.dropna(subset=["score"]).reset_index(drop=True)
 
     # -- persistence: parquet for tensors, json for metadata ----------------------------------------
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, light: bool = True) -> Path:
         """Write the trace to a folder in two parts: its light record (canvas.parquet, and meta.json with its
         checksum) and its scores (scores.parquet, maps.parquet and their checksums in scores.json). The light record
         is what a reader of a store needs to know what was generated (canvases, margins, text); the scores are what
         an analysis reads, and a store may keep them as a cache (trace_store). Over an existing trace the new files
         are written beside the old ones first and only then moved into place, meta.json last: a full disk or an
-        interruption leaves the old trace readable. A folder holding anything but a trace's files is refused."""
+        interruption leaves the old trace readable. A folder holding anything but a trace's files is refused.
+        `light` False writes the scores alone, beside a light record already there (it is left as it is)."""
         scores = self.require_scores()
         folder = Path(path)
         _check_trace_folder(folder)
@@ -142,17 +143,21 @@ class Trace:
         written: dict[str, Path] = {}
         try:
             for name, write in self._writers(scores).items():
-                written[name] = _fresh_file(folder, name)
-                write(written[name])
-            heavy = {"format": FORMAT, "sha256": {name: sha256_of(written[name]) for name in _HEAVY_FILES}}
-            meta = self._meta(scores)
-            meta["sha256"] = {name: sha256_of(written[name]) for name in _LIGHT_FILES}
-            meta["sha256"]["meta.json"] = _sha256_meta(meta)
-            for name, content in ((_HEAVY_RECORD, heavy), ("meta.json", meta)):
+                if light or name in _HEAVY_FILES:
+                    written[name] = _fresh_file(folder, name)
+                    write(written[name])
+            contents = {_HEAVY_RECORD: {"format": FORMAT,
+                                        "sha256": {name: sha256_of(written[name]) for name in _HEAVY_FILES}}}
+            if light:
+                meta = contents["meta.json"] = self._meta(scores)
+                meta["sha256"] = {name: sha256_of(written[name]) for name in _LIGHT_FILES}
+                meta["sha256"]["meta.json"] = _sha256_meta(meta)
+            for name, content in contents.items():
                 written[name] = _fresh_file(folder, name)
                 written[name].write_text(json.dumps(content, indent=1, sort_keys=True))
             for name in (*_HEAVY_FILES, _HEAVY_RECORD, *_LIGHT_FILES, "meta.json"):  # meta.json last: complete
-                os.replace(written.pop(name), folder / name)
+                if name in written:
+                    os.replace(written.pop(name), folder / name)
         finally:
             for leftover in written.values():  # ours: partial files of this save
                 leftover.unlink(missing_ok=True)

@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
+from sinklib.capturing import check_intervention
 from sinklib.digest import canonical, digest
 from sinklib.families.base import record
 from sinklib.generation import generate
@@ -83,13 +85,14 @@ class StoredTrace(Trace):
 
 def stored_traces(loaded: LoadedModel, texts: Sequence[str], store: str | Path, seed: int = 0, intervention=None,
                   progress: bool = True, settings=None) -> list[Trace]:
-    """One trace per prompt as sinklib.generation.collect_traces makes them (prompt i with seed + i, the model's own
+    """One trace per prompt as collect_traces makes them (prompt i with seed + i, the model's own
     prompt style, `settings` default loaded.settings_for()), each a StoredTrace of `store` (trace_key): its light
     record read when it is there, its scores read or generated when an analysis asks for them; a prompt with no
     record at all is generated and saved there now."""
     if isinstance(texts, (str, bytes)):
         raise BadValue(f"texts={texts!r} is not allowed: texts must be a list of prompts (a single text is one "
                        "prompt: pass [text])")
+    check_intervention(intervention)  # refused before any work: a policy whose record names a memory address
     settings = loaded.settings_for() if settings is None else loaded.runnable(settings)
     traces, made = [], 0
     with tqdm(total=len(texts), desc=f"traces {loaded.name}", disable=not progress) as bar:
@@ -118,8 +121,41 @@ def _whole(loaded: LoadedModel, text: str, settings: Any, seed: int, interventio
         return _read(folder, key, whole=True)
     trace = generate(loaded, text, settings, seed=seed, chat=loaded.chat, progress=progress, intervention=intervention)
     trace.meta["store_key"] = key
-    trace.save(folder)
-    return trace
+    recorded = Trace.load_light(folder)
+    # the same canvases: the light record stays as it was (another CPU's last bits in its margins, and its provenance,
+    # are no change of content); other canvases (a near-tie decided otherwise here) are this store's trace now
+    same = torch.equal(recorded.tokens, trace.tokens) and recorded.text == trace.text
+    trace.save(folder, light=not same)
+    return _read(folder, key, whole=True) if same else trace
+
+
+def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | None = None, seed: int = 0,
+                   intervention=None, progress: bool = True, settings=None) -> list[Trace]:
+    """One trace per prompt, as generate makes them: prompt i with seed + i, in the model's own prompt style.
+
+    Args:
+        loaded: the LoadedModel to generate with.
+        texts: the prompts, as a list of texts.
+        out: a trace store (stored_traces): each trace is kept there under the key of what made it as it finishes, and
+            a rerun reads it instead of generating it again; a trace of other inputs gets a folder of its own. None:
+            kept in memory only.
+        seed: the seed of the first prompt (prompt i gets seed + i).
+        intervention: a policy applied at every forward, as for generate.
+        progress: a progress bar over the prompts.
+        settings: the family's settings dataclass; None: loaded.settings_for().
+
+    Returns:
+        The traces, in the order of `texts`.
+    """
+    if out is not None:
+        return stored_traces(loaded, texts, out, seed=seed, intervention=intervention, progress=progress,
+                             settings=settings)
+    if isinstance(texts, (str, bytes)):
+        raise BadValue(f"texts={texts!r} is not allowed: texts must be a list of prompts (a single text is one "
+                       "prompt: pass [text])")
+    settings = loaded.settings_for() if settings is None else loaded.runnable(settings)
+    return [generate(loaded, text, settings, seed=seed + index, progress=False, intervention=intervention)
+            for index, text in enumerate(tqdm(texts, desc=f"traces {loaded.name}", disable=not progress))]
 
 
 def _read(folder: Path, key: dict, whole: bool) -> Trace:

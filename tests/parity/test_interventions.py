@@ -202,7 +202,7 @@ def test_masking_all_heads_of_a_gqa_model_equals_a_key_padding_mask_in_eager_att
 
 
 # -- what resumable runs record for a policy ------------------------------------------------------------------
-from sinklib.generation import collect_traces  # noqa: E402
+from sinklib.trace_store import collect_traces  # noqa: E402
 from sinklib.interventions import identity  # noqa: E402
 from sinklib.evaluation.tasks import get_task  # noqa: E402
 
@@ -235,9 +235,10 @@ def test_a_policy_without_repr_is_recorded_by_its_settings_and_resumes(tmp_path)
     again = collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=4, gen_length=4), out=tmp_path,
                            intervention=EveryOtherKey(1), progress=False)  # a new object, same settings: resumed
     torch.testing.assert_close(again[0].scores, first[0].scores, rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"written by another run .*EveryOtherKey\(offset=1\).*EveryOtherKey\(offset=0\)"):
-        collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=4, gen_length=4), out=tmp_path,
-                       intervention=EveryOtherKey(0), progress=False)
+    assert again[0].folder == first[0].folder and again[0].store_key["intervention"] == "EveryOtherKey(offset=1)"
+    other = collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=4, gen_length=4), out=tmp_path,
+                           intervention=EveryOtherKey(0), progress=False)  # another policy: a trace of its own
+    assert other[0].folder != first[0].folder and len(list(tmp_path.glob("*/*/meta.json"))) == 2
 
 
 def test_a_policy_whose_record_would_name_a_memory_address_is_refused_before_any_work(tmp_path):

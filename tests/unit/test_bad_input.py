@@ -18,7 +18,7 @@ import torch
 
 import sinklib
 from sinklib import dynamics, sinks
-from sinklib.generation import collect_traces
+from sinklib.trace_store import collect_traces
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.sandbox import SandboxLimits, run_python
 from sinklib.evaluation.table1 import CONDITIONS, masking_table
@@ -62,9 +62,10 @@ def gen(**kwargs):
     settings by settings_for (where a bad one is refused, before generate starts)."""
     loaded = kwargs.pop("model", model("tiny-llada"))
     prompt = kwargs.pop("prompt", "1+2=")
-    own = {key: kwargs.pop(key) for key in ("seed", "maps", "intervention", "chat") if key in kwargs}
+    own = {"progress": False, **{key: kwargs.pop(key) for key in ("seed", "maps", "intervention", "chat", "progress",
+                                                                   "keep_scores") if key in kwargs}}
     settings = loaded.settings_for(**{"steps": 4, "gen_length": 4, **kwargs})
-    return sinklib.generate(loaded, prompt, settings, progress=False, **own)
+    return sinklib.generate(loaded, prompt, settings, **own)
 
 
 def capture_forward(policy=None, **kwargs):
@@ -128,6 +129,10 @@ CASES = [
     Case("capture output_attentions", lambda t: _output_attentions(), sinklib.CaptureError, "output_attentions"),
     # -- generate ----------------------------------------------------------------------------------------
     Case("generate prompt None", lambda t: gen(prompt=None), ValueError, "prompt"),
+    # flags are real bools: chat="no" applied the chat template (a non-empty string is truthy), keep_scores="no" kept
+    Case("generate chat as text", lambda t: gen(chat="no"), ValueError, "chat"),
+    Case("generate keep_scores as text", lambda t: gen(keep_scores="no"), ValueError, "keep_scores"),
+    Case("generate progress as a number", lambda t: gen(progress=0), ValueError, "progress"),
     Case("generate prompt int", lambda t: gen(prompt=7), ValueError, "prompt"),
     Case("generate prompt empty", lambda t: gen(prompt="   "), ValueError, "prompt"),
     Case("generate prompt ids outside vocab", lambda t: gen(prompt=[1, 2, 10**6]), ValueError, "prompt"),
@@ -215,7 +220,8 @@ CASES = [
     Case("SandboxLimits timeout", lambda t: SandboxLimits(timeout=0), ValueError, "timeout"),
     Case("SandboxLimits memory", lambda t: SandboxLimits(memory_mb=-5), ValueError, "memory_mb"),
     # -- trace collection -------------------------------------------------------------------------------------
-    Case("collect_traces stale folder", lambda t: _stale_traces(t), ValueError, "out"),
+    Case("collect_traces one text for a list", lambda t: collect_traces(model("tiny-llada"), "Q: 1 + 2 ? A:", out=t),
+         ValueError, "texts"),
 ]
 
 
@@ -237,12 +243,6 @@ def _file(tmp: Path) -> Path:
     path = tmp / "weights.bin"
     path.write_bytes(b"0")
     return path
-
-
-def _stale_traces(tmp: Path):
-    loaded = model("tiny-llada")
-    collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=4, gen_length=4), out=tmp / "traces", progress=False)
-    collect_traces(loaded, ["1+2="], settings=loaded.settings_for(steps=8, gen_length=4), out=tmp / "traces", progress=False)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

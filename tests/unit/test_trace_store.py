@@ -8,7 +8,7 @@ import torch
 
 import sinklib
 from sinklib import carry, digest, keys, lens, trace_store
-from sinklib.generation import collect_traces
+from sinklib.trace_store import collect_traces
 
 PROMPTS = ["Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:",
            "Q: 3 + 4 = ? A:"]
@@ -235,3 +235,16 @@ def test_code_only_reads_a_file_with_a_byte_order_mark_as_without():
     source = 'import os\n\n\ndef f():\n    """doc"""\n    return os.sep  # why\n'
     assert digest.code_only("\ufeff" + source) == digest.code_only(source) == (
         "import os\ndef f():\n    return os.sep")
+
+
+def test_scores_made_again_with_the_same_canvases_leave_the_light_record_as_it_was(llada, tmp_path):
+    """A fresh clone that makes a trace's scores again (another machine: its provenance, last bits) rewrites no
+    committed file when the canvases are the same: only the cache's files are written."""
+    [made] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, settings=llada.settings_for())
+    folder = made.folder
+    light = {name: (folder / name).read_bytes() for name in ("meta.json", "canvas.parquet")}
+    for name in ("scores.parquet", "maps.parquet", "scores.json"):
+        (folder / name).unlink()
+    [again] = trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False, settings=llada.settings_for())
+    assert again.scores is not None and (folder / "scores.json").is_file()
+    assert {name: (folder / name).read_bytes() for name in light} == light
