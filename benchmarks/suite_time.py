@@ -3,6 +3,11 @@ and each notebook read from the stores (as a reader opens it) against regenerate
 at a time), measured one after another in one run.
 
     python benchmarks/suite_time.py [--only tiers|notebooks] [--out benchmarks/results/suite_time.md]
+    python benchmarks/suite_time.py --fresh-clone [--out benchmarks/results/fresh_clone.md]
+
+--fresh-clone times what a newcomer runs, in a depth-1 clone of HEAD in a temporary folder: `make setup`, then
+`make figures`, then `make test` (what CI runs), one after another, and says whether `make figures` left
+`git status` clean there.
 
 Run it on a quiet machine: every number is wall time, and another process on the cores makes them all longer.
 """
@@ -97,12 +102,43 @@ def time_notebooks() -> tuple[list[tuple[str, float, float]], dict[str, float]]:
     return rows, walls
 
 
+def time_fresh_clone() -> list[str]:
+    """The README's commands in a depth-1 clone of HEAD, one after another: (command, seconds, its last line) as
+    table rows, and whether `make figures` changed any tracked file."""
+    rows = ["| command (fresh depth-1 clone of HEAD) | seconds | minutes | last line |", "|---|---:|---:|---|"]
+    with tempfile.TemporaryDirectory(prefix="fresh-clone-") as scratch:
+        clone = Path(scratch) / "sinklib"
+        subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{ROOT}", str(clone)], check=True)
+        for target in ("setup", "figures", "test"):
+            began = time.perf_counter()
+            done = subprocess.run(["make", target], cwd=clone, capture_output=True, text=True)
+            seconds = time.perf_counter() - began
+            last = ((done.stdout + done.stderr).strip().splitlines() or ["(no output)"])[-1][:120].replace("|", "/")
+            rows.append(f"| `make {target}` | {seconds:.0f} | {seconds / 60:.1f} | {last} (exit {done.returncode}) |")
+            print(rows[-1], flush=True)
+            if target == "figures":
+                changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=clone,
+                                         capture_output=True, text=True).stdout.splitlines()
+                rows.append(f"| tracked files `make figures` changed | {len(changed)} | | "
+                            f"{', '.join(line[3:] for line in changed[:5])} |")
+                print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["tiers", "notebooks"])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--fresh-clone", action="store_true", help="time make setup, figures and test in a new clone")
     args = parser.parse_args()
     lines = [f"# Suite and notebook times\n\n{machine()}; wall seconds, measured one after another in one run.\n"]
+    if args.fresh_clone:
+        lines += time_fresh_clone()
+        text = "\n".join(lines) + "\n"
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return
     if args.only != "notebooks":
         tiers = time_tiers()
         lines += ["| command | seconds | pytest's summary |", "|---|---:|---|"]

@@ -84,10 +84,10 @@ def function_code(function: Callable) -> str:
 
 def _gather(value: Any, parts: dict[str, str]) -> None:
     if isinstance(value, types.ModuleType):
-        if value.__name__.startswith("sinklib.") and value.__name__ not in parts:
-            parts[value.__name__] = "\n".join(path.read_text(encoding="utf-8")
-                                              for path in module_files((value.__name__,)).values())
+        _gather_module(value, parts)
         return
+    if inspect.isfunction(value):
+        value = inspect.unwrap(value)  # a checked function: its own code, not the checking wrapper's
     if not (inspect.isfunction(value) or inspect.isclass(value)) or not value.__module__.startswith("sinklib"):
         return
     name = f"{'class' if inspect.isclass(value) else 'def'} {value.__qualname__}"
@@ -99,10 +99,30 @@ def _gather(value: Any, parts: dict[str, str]) -> None:
     for function in functions:
         for used in _names(function.__code__):
             found = function.__globals__.get(used, None)
-            if isinstance(found, (bool, int, float, str, tuple, frozenset, list, dict)) and used.isupper():
+            if _constant(found) and used.isupper():
                 parts.setdefault(f"const {used}", f"{used} = {found!r}")
             else:
                 _gather(found, parts)
+
+
+def _gather_module(module: types.ModuleType, parts: dict[str, str]) -> None:
+    """A sinklib module read through: its whole code, and what it imports from the rest of sinklib."""
+    if not module.__name__.startswith("sinklib.") or module.__name__ in parts:
+        return
+    parts[module.__name__] = "\n".join(path.read_text(encoding="utf-8")
+                                       for path in module_files((module.__name__,)).values())
+    for imported in list(vars(module).values()):
+        if isinstance(imported, types.ModuleType) or getattr(imported, "__module__", module.__name__) != module.__name__:
+            _gather(imported, parts)
+
+
+def _constant(value: Any) -> bool:
+    """A module-level value a computation reads as a constant: a number, a text, or a tuple, frozenset or list of
+    them (not a dict: a module's run-time caches are dicts, and their contents are no part of the code)."""
+    if isinstance(value, (bool, int, float, str)):
+        return True
+    return isinstance(value, (tuple, frozenset, list)) and all(isinstance(item, (bool, int, float, str, tuple))
+                                                              for item in value)
 
 
 def _names(code: types.CodeType) -> set[str]:

@@ -20,13 +20,17 @@ from typing import Sequence
 import numpy as np
 from scipy.stats import binomtest
 
-from sinklib.validation import BadValue
+from sinklib.validation import BadValue, Count, Index, bad_value, checked
 
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
 
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """(low, high) of the Wilson score interval for `successes` of `n` (95 % by default); (nan, nan) when n = 0."""
+@checked
+def wilson_interval(successes: Index, n: Index, z: float = Z95) -> tuple[float, float]:
+    """(low, high) of the Wilson score interval for `successes` of `n` (95 % by default); (nan, nan) when n = 0.
+    Counts are whole numbers >= 0 (a negative or NaN count is refused), successes at most n."""
+    if successes > n:
+        raise bad_value("successes", successes, f"at most n={n}")
     if n == 0:
         return math.nan, math.nan
     if z == Z95:
@@ -79,7 +83,8 @@ def paired(first: Sequence[bool], second: Sequence[bool]) -> Paired:
     return Paired(both, lost, gained, neither, delta, low, high, mcnemar_exact(lost, gained))
 
 
-def paired_difference(both: int, lost: int, gained: int, neither: int) -> tuple[float, float, float]:
+@checked
+def paired_difference(both: Index, lost: Index, gained: Index, neither: Index) -> tuple[float, float, float]:
     """(difference, low, high): the second condition's share minus the first's, (gained − lost) / n, with Newcombe's
     hybrid score 95 % interval for paired shares (Statistics in Medicine 17:873, 1998, method 10)."""
     n = both + lost + gained + neither
@@ -114,13 +119,19 @@ class ChangeDifference:
     p: float
 
 
+@checked
 def difference_of_changes(first_before: Sequence[bool], first_after: Sequence[bool], second_before: Sequence[bool],
-                          second_after: Sequence[bool], resamples: int = 20_000, seed: int = 0) -> ChangeDifference:
+                          second_after: Sequence[bool], resamples: Count = 20_000, seed: Index = 0) -> ChangeDifference:
     """The difference in differences of four runs' correctness on the same problems, in the same order: e.g. the
     drop a sink masking causes under a cached sampler against the drop under the plain one. Under "the setting does
     not change the intervention's effect", each problem's difference d_i = (s_after − s_before) − (f_after −
     f_before) is as likely −d_i (the settings exchanged for that problem): the test flips signs; the interval
     resamples problems. `seed` fixes both (a result does not change from run to run)."""
+    names = ("first_before", "first_after", "second_before", "second_after")
+    for name, run in zip(names, (first_before, first_after, second_before, second_after)):
+        wrong = [value for value in run if not (isinstance(value, (bool, np.bool_)) or value in (0, 1))]
+        if wrong:  # a NaN or None correctness gave p = 0.0
+            raise bad_value(name, wrong[:3], "correctness values: True / False (or 1 / 0), one per problem")
     runs = [np.asarray(run, dtype=float) for run in (first_before, first_after, second_before, second_after)]
     if len({len(run) for run in runs}) != 1:
         raise BadValue(f"the four runs answered {[len(run) for run in runs]} problems: a difference of paired changes "

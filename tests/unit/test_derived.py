@@ -8,7 +8,7 @@ import pytest
 
 import sinklib
 from sinklib import derived, trace_store
-from sinklib.generation import collect_traces
+from sinklib.trace_store import collect_traces
 from sinklib.summary import Verdicts
 
 analyses = pytest.importorskip("sinklib.analyses", reason="the notebooks extra (its figures) is not installed")

@@ -139,7 +139,7 @@ import pandas as pd
 
 from sinklib import dynamics
 from sinklib.evaluation.tasks import trace_prompts
-from sinklib.generation import collect_traces
+from sinklib.trace_store import collect_traces
 from sinklib.runs import ModelsPart, OutputsPart, RunConfig, SamplingPart, default_copy
 from sinklib.summary import Layout, Result
 from sinklib.validation import Count, Folder, ModelNames, validated

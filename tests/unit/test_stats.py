@@ -127,3 +127,18 @@ def test_difference_of_changes_finds_nothing_where_the_settings_agree_and_refuse
     assert (result.delta, result.low, result.high, result.p) == (0.0, 0.0, 0.0, 1.0)
     with pytest.raises(ValueError, match=r"answered \[4, 4, 4, 3\] problems"):
         difference_of_changes(*runs, runs[0], runs[1][:3])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: stats.wilson_interval(-1, 5), "successes=-1 is not allowed: successes must be an integer >= 0"),
+    (lambda: stats.wilson_interval(float("nan"), 5), "successes=nan is not allowed: successes must be an integer"),
+    (lambda: stats.wilson_interval(6, 5), "successes=6 is not allowed: successes must be at most n=5"),
+    (lambda: stats.paired_difference(2, -1, 0, 1), "lost=-1 is not allowed: lost must be an integer >= 0"),
+    (lambda: stats.difference_of_changes([1, float("nan")], [1, 0], [1, 1], [0, 0]), "first_before=\\[nan\\] is not allowed"),
+    (lambda: stats.difference_of_changes([1, None], [1, 0], [1, 1], [0, 0]), "first_before=\\[None\\] is not allowed"),
+    (lambda: stats.difference_of_changes([1], [1], [1], [0], resamples=0), "resamples=0 is not allowed"),
+])
+def test_degenerate_or_impossible_evidence_is_refused_not_judged(call, message):
+    """Issue 69: negative or NaN counts were accepted, and a NaN or None correctness gave p = 0.0."""
+    with pytest.raises(ValueError, match=message):
+        call()
