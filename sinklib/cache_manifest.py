@@ -11,33 +11,22 @@ the model (weights, configs, tokenizer), written by their training; check_shippe
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
 from pathlib import Path
 from typing import Any, Collection, NamedTuple
 
+from sinklib.digest import file_sha256, text_digest
 from sinklib.validation import BadValue
 
 MANIFEST = "sinklib-manifest.json"
 FORMAT = "sinklib-manifest 1"
-_CHUNK = 1 << 20
-_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}  # (path, inode, size, mtime_ns, ctime_ns) → SHA-256
 
 
 def sha256_of(path: Path) -> str:
-    """The file's SHA-256 (hex), read once per process while its stat is unchanged."""
-    resolved = Path(path).resolve()
-    stat = resolved.stat()
-    key = (str(resolved), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-    if key not in _DIGESTS:
-        digest = hashlib.sha256()
-        with open(resolved, "rb") as handle:
-            for chunk in iter(lambda: handle.read(_CHUNK), b""):
-                digest.update(chunk)
-        _DIGESTS[key] = digest.hexdigest()
-    return _DIGESTS[key]
+    """The file's SHA-256 (hex), read once per process while its stat is unchanged (sinklib.digest.file_sha256)."""
+    return file_sha256(path)
 
 
 def fingerprint(path: Path) -> str:
@@ -53,7 +42,7 @@ def weights_fingerprint(folder: Path) -> str:
     each in name order, as one fingerprint (a folder with one weights file: that file's name and SHA-256)."""
     files = sorted(file for pattern in WEIGHT_FILES for file in Path(folder).glob(pattern))
     lines = "".join(f"{file.name} {fingerprint(file)}\n" for file in files)
-    return hashlib.sha256(lines.encode()).hexdigest()[:16]
+    return text_digest(lines)
 
 
 def write_manifest(folder: Path, header: dict[str, Any], skip: Collection[str] = ()) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
-from sinklib.evaluation.runner import evaluate
+from sinklib.evaluation.runner import evaluate, read_run
 from sinklib.evaluation.tasks import get_task
 from sinklib.families.base import record
 from sinklib.generation import generate
@@ -160,7 +160,8 @@ def stored_timing(models: Mapping[str, Any], task_of: Mapping[str, str], out: st
 
 
 def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The sample records of one evaluation's file (its header, when it has one, left out: runner.read_run)."""
+    return read_run(path)[1]
 
 
 def frontier(out: str | Path, timing: pd.DataFrame | None = None, models: Sequence[str] | None = None) -> pd.DataFrame:

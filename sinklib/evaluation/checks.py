@@ -10,11 +10,13 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from sinklib.capturing import capture
+from sinklib.evaluation.runner import CHECKS, read_run, write_checks
 from sinklib.generation import encode, generate
 from sinklib.interventions import Audited, MaskSinks
 from sinklib.loading import LoadedModel
@@ -52,3 +54,37 @@ def mass_dropped(loaded: LoadedModel, prompt: str, intervention, settings: Any, 
     return {"masked_entries": ledger["masked"], "masked_score_before": before, "masked_score_after": after,
             "kept_share": after / before if before > 0 else float("nan"),
             "audit_margin": float("nan") if margin is None else margin}
+
+
+CHECK_COLUMNS = ["noop_identical", "masked_entries", "masked_score_before", "masked_score_after", "kept_share",
+                 "audit_margin"]
+UNMASKED = {"masked_entries": 0, "masked_score_before": 0.0, "masked_score_after": 0.0, "kept_share": float("nan"),
+            "audit_margin": float("nan")}  # what the unmasked condition drops: nothing
+
+
+class Audit:
+    """The checks of one model's Table 1 rows: the no-op check once, the mass each condition's policy drops on the
+    task's first sample. A run written to a file keeps its checks in its header (runner.write_checks), so a finished
+    table is read back without running the model."""
+
+    def __init__(self, loaded: LoadedModel, spec: Any, settings: Any, seed: int):
+        self.loaded, self.settings, self.seed, self.chat = loaded, settings, seed, spec.chat
+        self.prompt = spec.samples()[0].prompt
+        self._noop: bool | None = None
+
+    def of(self, intervention, run_file: Path | None) -> dict:
+        """The row's check columns for this condition's policy (None: the unmasked condition, nothing dropped),
+        read from the header of `run_file` when an earlier run wrote them there."""
+        header = read_run(run_file)[0] if run_file is not None and run_file.is_file() else None
+        saved = (header or {}).get(CHECKS) or {}
+        if all(column in saved for column in CHECK_COLUMNS):
+            return {column: saved[column] for column in CHECK_COLUMNS}
+        # none written yet, or written before a check column existed (audit_margin): this run's own checks made again
+        if self._noop is None:
+            self._noop = noop_check(self.loaded, self.prompt, self.settings, self.chat, self.seed)
+        dropped = dict(UNMASKED) if intervention is None else \
+            mass_dropped(self.loaded, self.prompt, intervention, self.settings, self.chat, self.seed)
+        checks = {"noop_identical": self._noop, **dropped}
+        if header is not None:
+            write_checks(run_file, checks)
+        return checks

@@ -1,11 +1,18 @@
-"""The resumable evaluation runner: one JSON line per finished sample, flushed as it goes.
+"""The resumable evaluation runner: one JSONL file per run, one line per finished sample, flushed as it goes.
 
-Rerunning with the same `out` skips finished samples; a file written under another configuration is a
-clear error, never a silent mix."""
+The file's first line is its header record (HEADER): the run's key (run_config: what shapes its records and nothing
+else) and its digest, the inputs in detail (run_inputs), the provenance of the run that made the file (versions,
+machine, code: sinklib.provenance, never part of the key) and, for a Table 1 run, its checks (evaluation.checks,
+write_checks). One sealed record per sample follows (record_sha256). Rerunning with the same `out` skips finished
+samples; a file of another key is a clear error naming what differs, never a silent mix.
+
+Limit: the key knows a model's weights by their files (keys.model_identity) and, where torch counts an in-place edit
+of a parameter since it was made (load_state_dict, an optimiser step, an in-place op under no_grad), by their
+digest (edited_state). An edit through `parameter.data`, which torch does not count, keeps the model's key: give such
+a run a file of its own."""
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -14,22 +21,23 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+import torch
 from tqdm.auto import tqdm
 
 from sinklib.ties import NEAR_TIE_MARK, closest_margin, is_near_tie, smallest_margin
 from sinklib.capturing import check_intervention
+from sinklib.digest import canonical, digest, text_digest
 from sinklib.generation import generate
+from sinklib.keys import NUMERICS_VERSION, forward_files, model_folders, model_identity
 from sinklib.validation import BadValue, Consent, Count, Index, checked
-from sinklib.evaluation.tasks import Task, get_task, qualified_name, require_code_execution_opt_in, sandbox_module
+from sinklib.evaluation.tasks import (Task, get_task, qualified_name, require_code_execution_opt_in, sandbox_module,
+                                     scorer_code)
 from sinklib.interventions import identity
-from sinklib.provenance import as_text, describe
-from sinklib.cache_manifest import MANIFEST
+from sinklib.provenance import describe
 from sinklib.families.base import record
 from sinklib.loading import LoadedModel, load
-from sinklib.paths import ZOO_DIR
-
 
 
 @dataclass
@@ -56,123 +64,105 @@ class EvalSummary:
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    """The first 16 hex digits of the SHA-256 of `config` as key-sorted JSON (non-JSON values as their str)."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A run's key digest: the first 16 hex digits of the SHA-256 of `config`'s canonical JSON (sinklib.digest)."""
+    return digest(config)
 
 
 # 2: each record carries its record_sha256. 3: a run is keyed by every field of its settings (families.base.record)
-# and the weights' SHA-256 (files of older runs resume under their own hash).
-RECORD_FORMAT = 3
+# and the weights' SHA-256. 4: one file per run, its header first; the key holds the model's identity (dtype and
+# forward-shaping files), the task's definition, samples and scorer's code, and the numerics' version; no versions
+# of packages.
+RECORD_FORMAT = 4
+HEADER = "sinklib evaluation run"  # the header record's `header` field: what tells it from a sample's record
+CHECKS = "checks"  # the header's field of a Table 1 run's checks (evaluation.checks)
 
 
-def run_config(model: LoadedModel, task: Task, intervention, seed: int, batch_size: int, settings) -> dict[str, Any]:
-    """Everything a run's records depend on (task: the Task, its file, limit and sandbox limits included; settings:
-    the family's settings dataclass the run samples with); its config_hash is written into every record."""
-    config = {"records": RECORD_FORMAT, "model": model.name, "weights": model.weights,
-              "family": model.family.name, "task": task.name,
-              "limit": task.limit, "seed": seed, "batch_size": batch_size, "intervention": identity(intervention),
-              "settings": record(settings), "task_path": task.path}
+def run_config(model: LoadedModel, task: Task, intervention, seed: int, batch_size: int, settings,
+               samples: list | None = None) -> dict[str, Any]:
+    """What shapes a run's records, and nothing else (sinklib.keys): the model's identity (name, family, weights,
+    forward-shaping files, dtype; edited_state), the task's definition, the digest of its samples (`samples`; None:
+    read from the task) and its scorer's code (scorer_code), the limit, seed, batch size, intervention and settings
+    (the family's settings dataclass), a code task's sandbox limits and the version of the numbers the numeric
+    modules compute (keys.NUMERICS_VERSION, bumped by hand and held by the golden test: a refactor of those modules
+    re-keys minutes of traces, not hours of evaluations). Its config_hash is written into every record; a header
+    holds it whole. No package version, no provenance."""
+    samples = task.samples() if samples is None else samples
+    content = [[s.id, s.prompt, s.target, dict(s.meta)] for s in samples]
+    config = {"records": RECORD_FORMAT, "model": {**model_identity(model), **edited_state(model)},
+              "task": {"name": task.name, "chat": task.chat, "stops": list(task.stops), "gen_length": task.gen_length,
+                       "executes_code": task.executes_code},
+              "samples": digest(content), "scorer": scorer_code(task), "limit": task.limit, "seed": seed,
+              "batch_size": batch_size, "intervention": identity(intervention), "settings": record(settings),
+              "numerics": NUMERICS_VERSION}
     if task.executes_code:
         config["sandbox"] = asdict(task.sandbox or sandbox_module().SandboxLimits())
-    return config
+    return json.loads(canonical(config))  # as it reads back from the file: tuples are lists
 
 
-# A model folder's files that shape what it computes beside its weights (which the key holds): configs, the
-# adapter's config (rank, scale, target modules), tokenizer and chat template. Not its card or its README, nor its
-# manifest (the hashes of those same files: cache_manifest.check_shipped holds the folder to it at every load).
-SHAPING_SUFFIXES = (".json", ".jinja", ".model", ".txt")
-NOT_SHAPING = ("card.json", MANIFEST)
-
-
-def run_inputs(model: LoadedModel, spec: Any, samples: list) -> dict[str, Any]:
-    """What shaped a run's records beyond its key (config_hash names the task and the task file only by name): the
-    task's definition (chat template or not, stop strings, generation length, scorer and loader), the content of the
-    samples it answers, and the SHA-256 of each file that shapes the model in its shipped folder (data/models/NAME:
-    the zoo's configs and tokenizer, a twin's adapter_config.json). Recorded in the results file's provenance and
-    checked before anything is resumed (check_resumable)."""
-    definition = {"name": spec.name, "chat": spec.chat, "stops": list(spec.stops), "gen_length": spec.gen_length,
-                  "executes_code": spec.executes_code, "scorer": qualified_name(spec.scorer), "load": qualified_name(spec.load)}
-    content = json.dumps([[s.id, s.prompt, s.target, dict(s.meta)] for s in samples], sort_keys=True, default=str)
-    return {"task": config_hash(definition), "samples": hashlib.sha256(content.encode()).hexdigest()[:16],
-            "model_files": _model_files(model)}
-
-
-def _model_files(model: LoadedModel) -> dict[str, str]:
-    folder = ZOO_DIR / model.name
-    if not folder.is_dir():
+def edited_state(model: LoadedModel) -> dict[str, str]:
+    """{"state": digest of the parameters} for a model some parameter of which torch counts as edited in place since
+    it was made (its tensor's version: load_state_dict, an optimiser step, an in-place op under no_grad), else {}:
+    a loaded model's parameters are fresh, so its key stays machine-independent (a merged adapter's weights differ
+    in their last bits between CPUs). Hashing costs about 0.4 s per 135M float32 parameters, paid only when edited."""
+    parameters = list(model.model.parameters())
+    if not any(parameter._version for parameter in parameters):
         return {}
-    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] for path in sorted(folder.iterdir())
-            if path.is_file() and path.suffix in SHAPING_SUFFIXES and path.name not in NOT_SHAPING}
+    return {"state": digest([text_digest(p.detach().reshape(-1).contiguous().view(torch.uint8).numpy().data)
+                             for p in parameters])}
 
 
-def check_resumable(out: Path, digest: str, config: dict, inputs: dict) -> None:
-    """Before records of `out` are resumed: its provenance must say they were made by this configuration (a
-    provenance edited to claim another model or settings is refused) from these inputs (run_inputs: a task
-    re-registered with other stops, an edited task file, an edited adapter config). Each refusal names what changed;
-    the records are never mixed with a run of other inputs."""
-    path = provenance_path(out)
+def run_inputs(model: LoadedModel, task: Task, samples: list) -> dict[str, Any]:
+    """What a run's key holds by digest, in detail, for its header and for messages: the task's file and samples,
+    its loader and scorer by name, each forward-shaping file of the model by its digest (keys.forward_files)."""
+    return {"task_path": task.path, "samples": len(samples), "loader": qualified_name(task.load),
+            "scorer": qualified_name(task.scorer), "model_files": forward_files(model_folders(model))}
+
+
+def run_header(config: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """The header record a new run file starts with: the key (config) and its digest, the inputs, and the provenance
+    of the run that made it (versions, machine, code: sinklib.provenance.describe), sealed like every record."""
+    made = describe(config)
+    return _sealed({"header": HEADER, "config_hash": config_hash(config), "config": config, "inputs": inputs,
+                    "provenance": {key: made[key] for key in ("versions", "machine", "code")}})
+
+
+def read_run(path: str | Path) -> tuple[dict | None, list[dict]]:
+    """A run file's header (None: a file without one, written before records format 4 or by hand) and its sample
+    records, in file order."""
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if lines and isinstance(lines[0], dict) and lines[0].get("header") == HEADER:
+        return lines[0], lines[1:]
+    return None, lines
+
+
+def write_checks(out: str | Path, checks: dict[str, Any]) -> None:
+    """Put a Table 1 run's checks (evaluation.checks) into its file's header, the file rewritten whole and atomically
+    while it is locked (a run writing it at the same time is refused)."""
+    out = Path(out)
+    results = _lock(out)
     try:
-        entry = json.loads(path.read_text()).get(digest) if path.is_file() else None
-    except (ValueError, AttributeError) as error:
-        raise BadValue(f"out={str(out)!r} is not allowed: {path.name} beside it cannot be read ({error}), so nothing "
-                       "says what made its records; use a new file") from None
-    if not isinstance(entry, dict):
-        raise BadValue(f"out={str(out)!r} is not allowed: {path.name} beside it has no entry for configuration "
-                       f"{digest}, so nothing says what made its records; use a new file")
-    recorded = json.loads(as_text(entry.get("config")))
-    if recorded != json.loads(as_text(config)):
-        changed = sorted(k for k in set(recorded) | set(config) if recorded.get(k) != json.loads(as_text(config)).get(k))
-        raise BadValue(f"out={str(out)!r} is not allowed: {path.name} says its records were made with other "
-                       f"{changed} than this run's (edited, or another run's); use a new file")
-    made_from = entry.get("inputs")
-    if made_from is None:
-        raise BadValue(f"out={str(out)!r} is not allowed: its records were made before sinklib recorded a run's "
-                       "inputs (the task's definition and samples, the model's files), so they cannot be checked; "
-                       "use a new file")
-    changed = sorted(k for k in set(made_from) | set(inputs) if made_from.get(k) != inputs.get(k))
-    if changed:
-        details = []
-        for key in changed:
-            if key == "model_files":
-                files = sorted(n for n in set(made_from.get(key, {})) | set(inputs.get(key, {}))
-                               if made_from.get(key, {}).get(n) != inputs.get(key, {}).get(n))
-                details.append(f"the model's files {files}")
-            else:
-                details.append({"task": "the task's definition (chat, stops, length, scorer or loader)",
-                                "samples": "the task's samples (their file was edited or replaced)"}.get(key, key))
-        raise BadValue(f"out={str(out)!r} is not allowed: its records were made from other inputs: "
-                       f"{'; '.join(details)} changed since; use a new file")
+        lines = out.read_text().splitlines(keepends=True)
+        header = json.loads(lines[0]) if lines else None
+        if not isinstance(header, dict) or header.get("header") != HEADER:
+            raise BadValue(f"out={str(out)!r} is not allowed: it has no run header to hold the checks; out must be a "
+                           "run file written by sinklib.evaluate")
+        body = {key: value for key, value in header.items() if key != "record_sha256"}
+        lines[0] = json.dumps(_sealed({**body, CHECKS: checks})) + "\n"
+        descriptor, scratch = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write("".join(lines))
+        os.chmod(scratch, stat.S_IMODE(os.stat(out).st_mode))
+        os.replace(scratch, out)  # atomic: an interruption leaves the old file or the new one
+    finally:
+        _close(results)
 
 
-def provenance_path(out: Path) -> Path:
-    """The provenance file beside a results file: `out`'s name with ".provenance.json" appended."""
-    return out.with_name(out.name + ".provenance.json")
-
-
-def write_provenance(out: Path, digest: str, config: dict[str, Any], inputs: dict[str, Any] | None = None) -> None:
-    """Beside the JSONL (whose records carry only config_hash): each hash's full config with the package versions
-    and the code's identity (sinklib.provenance), so a results file says how it was made. Written when a configuration
-    first writes there: a rerun that resumes it (or finds it done) leaves the file as it is, whatever code runs."""
-    path = provenance_path(out)
-    if os.path.lexists(path) and not path.is_file() or path.is_symlink():
-        raise BadValue(f"out={str(out)!r} is not allowed: {path.name} beside it must be a regular file")
-    known = json.loads(path.read_text()) if path.is_file() else {}
-    if digest in known:
-        return
-    known[digest] = {**describe(config), **({"inputs": inputs} if inputs is not None else {})}
-    descriptor, temporary = tempfile.mkstemp(prefix=path.name, suffix=".partial", dir=path.parent)  # ours, new
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(as_text(known) + "\n")
-    os.replace(temporary, path)  # atomic: an interruption leaves the old file or the new one
-
-
-def _read_done(out: Path, digest: str) -> dict[str, dict]:
-    """The finished records of `out` by id. A line without its newline is an interruption's cut (repair_tail
-    settles it first); a record of another configuration or an id written twice is refused, never mixed."""
+def _read_done(out: Path, key: str, config: dict, header: Callable[[], dict]) -> dict[str, dict]:
+    """The finished records of `out` by id, after its header (_check_header). A line without its newline is an
+    interruption's cut (repair_tail settles it first); a record of another configuration, an edited record or an id
+    written twice is refused, never mixed."""
     done: dict[str, dict] = {}
     lines: dict[str, int] = {}
-    if not out.exists():
-        return done
     for number, line in enumerate(out.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -181,14 +171,15 @@ def _read_done(out: Path, digest: str) -> dict[str, dict]:
         except json.JSONDecodeError:
             raise BadValue(f"out={str(out)!r} is not allowed: line {number} is not a JSON record (the file was edited "
                            "or damaged); use a new file") from None
-        if not isinstance(record, dict) or record.get("config_hash") != digest:
+        if number == 1:
+            _check_header(out, record, key, config, header)
+            continue
+        if not isinstance(record, dict) or record.get("config_hash") != key or "id" not in record:
             found = record.get("config_hash") if isinstance(record, dict) else None
             raise BadValue(f"out={str(out)!r} is not allowed: line {number} was written by another configuration "
-                           f"(config_hash {found} ≠ {digest}); use a new file")
-        if record.get("record_sha256") != record_digest(record):
-            raise BadValue(f"out={str(out)!r} is not allowed: line {number} was edited after it was written (its "
-                           "record_sha256 does not match its content); use a new file")
-        if record.get("id") in done:
+                           f"(config_hash {found} ≠ {key}); use a new file")
+        _check_seal(out, record, number)
+        if record["id"] in done:
             raise BadValue(f"out={str(out)!r} is not allowed: sample {record['id']!r} is written twice (lines "
                            f"{lines[record['id']]} and {number}), so two runs wrote it at once; use a new file")
         done[record["id"]] = record
@@ -196,27 +187,60 @@ def _read_done(out: Path, digest: str) -> dict[str, dict]:
     return done
 
 
+def _check_header(out: Path, header: Any, key: str, config: dict, ours: Callable[[], dict]) -> None:
+    """A file's first line must be the header of this run's key; another key is refused naming what differs (the
+    model's files by name, from the inputs of both headers: `ours` makes this run's)."""
+    if not isinstance(header, dict) or header.get("header") != HEADER:
+        raise BadValue(f"out={str(out)!r} is not allowed: its first line is no run header (records format "
+                       f"{RECORD_FORMAT} starts each file with one), so nothing says what made its records: out must "
+                       "be a new file or one this run's configuration wrote (an older file: "
+                       "tools/migrate_eval_records.py)")
+    _check_seal(out, header, 1)
+    if header.get("config_hash") != key or header.get("config") != config:
+        changed = _differences(header.get("config"), config) or [f"config_hash: {header.get('config_hash')!r} there"]
+        if any(line.startswith("model.files:") for line in changed):
+            there, here = (header.get("inputs") or {}).get("model_files") or {}, ours()["inputs"]["model_files"]
+            changed.append(f"the model's files {sorted(n for n in set(there) | set(here) if there.get(n) != here.get(n))}")
+        changed = "; ".join(changed)
+        raise BadValue(f"out={str(out)!r} is not allowed: it was written by another configuration ({changed}); out "
+                       f"must be a new file or one written by this configuration (config_hash {key})")
+
+
+def _differences(recorded: Any, wanted: Any, path: str = "") -> list[str]:
+    """"<field>: <value there> there, <value here> here" for each field of two configs that differs (nested fields
+    dotted: model.dtype)."""
+    if isinstance(recorded, dict) and isinstance(wanted, dict):
+        return [line for name in sorted(set(recorded) | set(wanted))
+                for line in _differences(recorded.get(name), wanted.get(name), f"{path}{name}.")]
+    return [] if recorded == wanted else [f"{path[:-1] or 'config'}: {recorded!r} there, {wanted!r} here"]
+
+
+def _check_seal(out: Path, record: dict, number: int) -> None:
+    if record.get("record_sha256") != record_digest(record):
+        raise BadValue(f"out={str(out)!r} is not allowed: line {number} was edited after it was written (its "
+                       "record_sha256 does not match its content); use a new file")
+
+
 def record_digest(record: dict) -> str:
-    """sha256 of a record's canonical JSON without its own digest: a hand-edited record (a flipped `correct`) no
-    longer matches and is refused when the file is read back."""
-    body = {k: v for k, v in record.items() if k != "record_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=True).encode()).hexdigest()
+    """SHA-256 (all 64 hex digits) of a record's canonical JSON without its own digest: a hand-edited record (a
+    flipped `correct`) no longer matches and is refused when the file is read back."""
+    return digest({k: v for k, v in record.items() if k != "record_sha256"}, None)
 
 
 def _sealed(record: dict) -> dict:
     return {**record, "record_sha256": record_digest(record)}
 
 
-def repair_tail(out: Path, digest: str) -> None:
-    """Settle a last line without its newline: a complete record of this configuration keeps its place and gets
-    the newline; anything else is a line cut mid-write and is removed, so that sample runs again."""
+def repair_tail(out: Path, key: str) -> None:
+    """Settle a last line without its newline: a complete record (or header) of this configuration keeps its place
+    and gets the newline; anything else is a line cut mid-write and is removed, so that sample runs again."""
     data = out.read_bytes()
     if not data or data.endswith(b"\n"):
         return
     start = data.rfind(b"\n") + 1
     try:
         record = json.loads(data[start:])
-        complete = isinstance(record, dict) and record.get("config_hash") == digest and "id" in record
+        complete = isinstance(record, dict) and record.get("config_hash") == key and ("id" in record or "header" in record)
     except ValueError:
         complete = False
     with os.fdopen(os.open(out, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), "r+b") as handle:
@@ -231,10 +255,19 @@ def repair_tail(out: Path, digest: str) -> None:
 
 @dataclass
 class _Results:
-    """The open results file: its handle (locked for the whole run), and whether this run created it."""
+    """The open results file: its handle (locked for the whole run), whether this run created it and how many
+    sample records it wrote there."""
     handle: Any
     path: Path
     created: bool
+    records: int = 0
+
+    def append(self, line: dict, counted: bool = True) -> None:
+        """Write one record (or the header: not `counted`) as a line, on disk before the next is made."""
+        self.handle.write(json.dumps(line) + "\n")
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.records += counted
 
 
 def _lock(out: Path) -> _Results:
@@ -280,13 +313,13 @@ def _check_results_path(out: Path) -> None:
 
 
 def _close(results: _Results | None) -> None:
-    """Release the lock. A file this run created and never wrote to is removed (no empty results file) — only
-    that file: it must still be the very file this run opened."""
+    """Release the lock. A file this run created and wrote no record to (its header at most) is removed: no file
+    without results — only that file: it must still be the very file this run opened."""
     if results is None:
         return
     try:
         opened, there = os.fstat(results.handle.fileno()), os.lstat(results.path)
-        if results.created and opened.st_size == 0 and (opened.st_dev, opened.st_ino) == (there.st_dev, there.st_ino):
+        if results.created and not results.records and (opened.st_dev, opened.st_ino) == (there.st_dev, there.st_ino):
             results.path.unlink()  # while the lock is held: nobody else can be writing to it
     except OSError:
         pass
@@ -295,7 +328,7 @@ def _close(results: _Results | None) -> None:
 
 def batch_seed(seed: int, index: int) -> int:
     """The generation seed of batch `index` of a run with `seed`: distinct per batch, independent of resumes."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:7], "little")
+    return int.from_bytes(bytes.fromhex(text_digest(f"{seed}:{index}", 14)), "little")
 
 
 def _checked(model, task: "str | Task", intervention, allow_code_execution: bool, out):
@@ -335,18 +368,18 @@ def check_scorer(spec: Any, sample: Any) -> None:
                            f"numpy's); on the output {output!r} for sample {sample.id!r} it returned {scored!r}")
 
 
-def _open_results(out_path: Path | None, digest: str, config: dict, inputs: dict):
-    """(locked append handle or None, records already finished under this configuration by id, each checked to
-    come from this configuration and these inputs)."""
+def _open_results(out_path: Path | None, config: dict, header: Callable[[], dict]):
+    """(the locked file or None, the records already finished under this configuration by id, each checked to come
+    from it). A new (or empty) file gets its header first: header() makes it."""
     if out_path is None:
         return None, {}
     results = _lock(out_path)
     try:
-        repair_tail(out_path, digest)
-        done = _read_done(out_path, digest)  # every record this configuration's, each whole and written once
-        if done:  # records to resume: first what made them
-            check_resumable(out_path, digest, config, inputs)
-        write_provenance(out_path, digest, config, inputs)
+        key = config_hash(config)
+        repair_tail(out_path, key)
+        done = _read_done(out_path, key, config, header)  # every record this configuration's, each whole and written once
+        if out_path.stat().st_size == 0:
+            results.append(header(), counted=False)
         return results, done
     except BaseException:
         _close(results)
@@ -361,7 +394,7 @@ class _Run:
     spec: Any
     intervention: Any
     settings: Any  # the family's settings dataclass
-    digest: str
+    key: str  # the config_hash of its run_config
     seed: int
 
     def batch(self, index: int, batch: list, done: dict) -> Iterator[dict]:
@@ -378,7 +411,7 @@ class _Run:
                 yield {"id": sample.id, "prompt": sample.prompt, "target": sample.target, "output": trace.text,
                        **self._scored(trace.text, sample), "margin": smallest_margin(trace),
                        "seconds": round(seconds, 4), "forwards": trace.n_steps,
-                       "tokens": trace.tokens.shape[1] - trace.prompt_len, "config_hash": self.digest}
+                       "tokens": trace.tokens.shape[1] - trace.prompt_len, "config_hash": self.key}
 
 
     def _scored(self, output: str, sample) -> dict:
@@ -415,10 +448,11 @@ def evaluate(model: LoadedModel | str, task: "str | Task", settings: Any = None,
             resized to the task's generation length (GSM8K's 256 tokens, HumanEval's 512, as Table 1 runs them).
         intervention: a policy applied at every forward (sinklib.interventions), e.g. MaskSinks(k=1).
         batch_size: prompts per generation, part of the configuration.
-        out: a JSONL file written one record per sample as it finishes (id, prompt, output, extracted answers,
-            correct, margin: the generation's closest decision, seconds, forwards, tokens, config_hash); a rerun
-            resumes from it. Batches are fixed slices of the task with a seed of their own, so an interrupted and
-            resumed run writes the same records as an uninterrupted one, sampled decoding and MaskRandomKeys included.
+        out: a JSONL file: its header (the run's key, inputs and provenance: run_header), then one record per sample
+            as it finishes (id, prompt, output, extracted answers, correct, margin: the generation's closest
+            decision, seconds, forwards, tokens, config_hash); a rerun of the same key resumes from it. Batches
+            are fixed slices of the task with a seed of their own, so an interrupted and resumed run writes the
+            same records as an uninterrupted one, sampled decoding and MaskRandomKeys included.
         seed: the run's seed (each batch's own seed derives from it).
         progress: a progress bar over the samples.
         allow_code_execution: HumanEval runs the model's code: only with True (a real bool), each sample in its own
@@ -433,11 +467,10 @@ def evaluate(model: LoadedModel | str, task: "str | Task", settings: Any = None,
     """
     model, spec, samples = _checked(model, task, intervention, allow_code_execution, out)
     settings = model.settings_for(spec) if settings is None else model.runnable(settings)
-    config = run_config(model, spec, intervention, seed, batch_size, settings)
+    config = run_config(model, spec, intervention, seed, batch_size, settings, samples)
     run = _Run(model, spec, intervention, settings, config_hash(config), seed)
-    out_path = Path(out) if out is not None else None
-    results, done = _open_results(out_path, run.digest, config, run_inputs(model, spec, samples) if out_path else {})
-    handle = results.handle if results else None
+    results, done = _open_results(None if out is None else Path(out), config,
+                                  lambda: run_header(config, run_inputs(model, spec, samples)))
     # Batches are fixed slices of the task, each with its own seed, so a sample's output never depends on
     # which samples an interrupted run had finished: sampled decoding and random-key masking resume exactly.
     batches = [samples[start:start + batch_size] for start in range(0, len(samples), batch_size)]
@@ -448,10 +481,8 @@ def evaluate(model: LoadedModel | str, task: "str | Task", settings: Any = None,
                 for record in run.batch(index, batch, done):
                     record = _sealed(record)
                     done[record["id"]] = record
-                    if handle:
-                        handle.write(json.dumps(record) + "\n")
-                        handle.flush()
-                        os.fsync(handle.fileno())
+                    if results:
+                        results.append(record)
                     bar.update(1)
     finally:
         _close(results)

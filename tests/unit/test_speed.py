@@ -70,6 +70,29 @@ def test_frontier_counts_accuracy_intervals_and_the_paired_test_by_hand(tmp_path
     assert row["tokens_per_second"] == pytest.approx(28 * 3 / 1.5)
 
 
+def test_frontier_reads_a_run_file_with_its_header_as_one_run(tmp_path):
+    """A run file of records format 4 starts with its header (evaluation.runner): not a problem of the frontier."""
+    tiny = sinklib.load("tiny-llada")
+    path = speed.results_path(tmp_path, "tiny-llada", "plain")
+    sinklib.evaluate(tiny, sinklib.get_task("arithmetic", limit=3), speed.policy_settings(tiny, "plain"), batch_size=1,
+                     out=path, progress=False)
+    assert json.loads(path.read_text().splitlines()[0])["header"]
+    row = speed.frontier(tmp_path).iloc[0]
+    assert (row["model"], row["policy"], row["n"]) == ("tiny-llada", "plain", 3)
+
+
+def test_the_committed_speed_runs_are_one_file_each_read_whole():
+    """data/results/fast-sampling: every (model, policy) run is one file (its header, then its 200 records)."""
+    from sinklib.evaluation.runner import read_run
+    from sinklib.paths import DATA_DIR
+
+    store = DATA_DIR / "results" / "fast-sampling"
+    table = speed.frontier(store)
+    assert len(table) and set(table["n"]) == {200}
+    assert not list(store.rglob("*.provenance.json")) and not list(store.rglob("*.checks.json"))
+    assert all(read_run(path)[0] is not None for path in store.rglob("*.jsonl"))
+
+
 def test_timing_made_for_other_jobs_is_refused_never_reused(tmp_path):
     tiny = {"tiny-llada": sinklib.load("tiny-llada")}
     task_of = {"tiny-llada": "arithmetic"}

@@ -85,14 +85,12 @@ def test_bad_input(models):
         masking_table(models, conditions="sinks")
 
 
-def test_each_row_carries_its_audits_closest_margin_and_a_checks_file_without_it_is_made_again(models, tmp_path):
+def test_each_row_carries_its_audits_closest_margin_and_checks_without_it_are_made_again(models, tmp_path):
     """The audit (evaluation.checks.mass_dropped) keeps its generation's closest decision margin, what a rerun
     elsewhere needs to know whether the audit may take another path: equal to the margin of the same generation made
-    by hand (the task's first sample, the row's policy). A checks file written before that column existed is this
-    run's own and is made again, with the same counts."""
-    import json
-
-    from sinklib.evaluation.tasks import get_task
+    by hand (the task's first sample, the row's policy). Checks written before that column existed (in the run's
+    header) are this run's own and are made again, with the same counts."""
+    from sinklib.evaluation.runner import read_run, write_checks
     from sinklib.ties import smallest_margin
 
     llada = models[0]
@@ -103,10 +101,102 @@ def test_each_row_carries_its_audits_closest_margin_and_a_checks_file_without_it
     by_hand = sinklib.generate(llada, task.samples()[0].prompt, llada.settings_for(task), chat=task.chat,
                                progress=False, keep_scores=False, intervention=MaskSinks(top_k=1))
     assert row.audit_margin == smallest_margin(by_hand) and row.masked_entries > 0 and row.kept_share < 1e-6
-    stored = next(tmp_path.glob("*.checks.json"))
-    older = json.loads(stored.read_text())
+    [run] = tmp_path.glob("*.jsonl")
+    assert [p.name for p in tmp_path.iterdir()] == [run.name], "the checks are in the run's header, not beside it"
+    older = dict(read_run(run)[0]["checks"])
     del older["audit_margin"]
-    stored.write_text(json.dumps(older))
+    write_checks(run, older)
     again = masking_table([llada], task=get_task("arithmetic", limit=2), conditions=["sinks"], ks=[1], batch_size=2,
                           out_dir=tmp_path, progress=False)
-    assert again.frame.equals(table.frame) and json.loads(stored.read_text())["audit_margin"] == row.audit_margin
+    assert again.frame.equals(table.frame) and read_run(run)[0]["checks"]["audit_margin"] == row.audit_margin
+
+
+def _forwards(models):
+    """Count the forwards of `models` while the block runs: (calls, hooks to remove)."""
+    calls = []
+    return calls, [m.model.register_forward_hook(lambda *a: calls.append(1)) for m in models]
+
+
+def _as_format_3(run, loaded, task, intervention, seed, batch_size, settings):
+    """A run file of records format 3 made from a format-4 one, as the runner before issue 67 wrote it: its records
+    under the old key, NAME.jsonl.provenance.json (config, inputs, versions, machine, code) and NAME.jsonl.checks.json."""
+    import json
+
+    from sinklib.digest import digest
+    from sinklib.evaluation.runner import read_run, record_digest
+
+    migration = _migration_tool()
+    header, records = read_run(run)
+    config = migration.old_config(loaded, task, intervention, seed, batch_size, settings)
+    key = digest(config)
+    old = run.with_name(run.name.replace(header["config_hash"], key))
+    lines = [{**{k: v for k, v in r.items() if k != "record_sha256"}, "config_hash": key} for r in records]
+    old.write_text("".join(json.dumps({**r, "record_sha256": record_digest(r)}) + "\n" for r in lines))
+    entry = {"config": config, "inputs": migration.old_inputs(loaded, task, task.samples()), "seed": seed,
+             **header["provenance"]}
+    old.with_name(old.name + ".provenance.json").write_text(json.dumps({key: entry}))
+    old.with_name(old.name + ".checks.json").write_text(json.dumps(header["checks"]))
+    run.unlink()
+    return old
+
+
+def _migration_tool():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "migrate_eval_records.py"
+    spec = importlib.util.spec_from_file_location("migrate_eval_records", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+def test_a_migrated_run_is_read_by_masking_table_without_generating(models, tmp_path):
+    """tools/migrate_eval_records.py: a format-3 run (three files, the old key) becomes one file under the new key,
+    its records and checks unchanged, its first batch re-generated and found equal; masking_table then reads it
+    without a forward, and the migration removed exactly the files it replaced."""
+    from sinklib.evaluation.runner import read_run
+
+    arm = models[1]
+    task, settings = get_task("arithmetic", limit=4), arm.settings_for()
+    first = masking_table([arm], task=task, conditions=["random keys"], ks=[1], batch_size=2, out_dir=tmp_path,
+                          progress=False)
+    [run] = tmp_path.glob("*.jsonl")
+    made = read_run(run)
+    old = _as_format_3(run, arm, task, MaskRandomKeys(k=1, seed=0), 0, 2, settings)
+    (tmp_path / "unrelated.txt").write_text("not a run")
+    assert _migration_tool().main([str(tmp_path), "--report", str(tmp_path / "report.jsonl")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([run.name, "unrelated.txt", "report.jsonl"])
+    assert not old.exists() and read_run(run)[1] == made[1] and read_run(run)[0]["checks"] == made[0]["checks"]
+    calls, hooks = _forwards([arm])
+    try:
+        again = masking_table([arm], task=task, conditions=["random keys"], ks=[1], batch_size=2, out_dir=tmp_path,
+                              progress=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls == [] and again.frame.equals(first.frame)
+
+
+def test_the_committed_tiny_zoo_runs_are_read_without_generating(models, tmp_path):
+    """The committed Table 1 runs of the tiny zoo (data/results/table1-arithmetic, as notebook 07's dose-response
+    makes them: n = 20, batches of 20) are found under this checkout's keys: read back, not generated again (read
+    from a copy: a key that moved would otherwise write new runs into the committed store)."""
+    import shutil
+
+    from sinklib.paths import DATA_DIR
+
+    store = shutil.copytree(DATA_DIR / "results" / "table1-arithmetic", tmp_path / "store")
+    calls, hooks = _forwards(models)
+    try:
+        table = masking_table(models, task=get_task("arithmetic", limit=20), ks=[0, 1, 2, 5, 10, 20], batch_size=20,
+                              out_dir=store, progress=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls == [], "every run and its checks are read from the committed store"
+    assert set(table.frame["n"]) == {20} and len(table.frame) == 2 * 11
+    assert sorted(p.name for p in store.iterdir()) == sorted(p.name for p in (DATA_DIR / "results" /
+                                                                                "table1-arithmetic").iterdir())
