@@ -18,9 +18,9 @@ from sinklib.loading import load_models
 from sinklib import speed
 from sinklib.evaluation.tasks import TRACE_TASKS
 from sinklib.paths import DATA_DIR
-from sinklib.runs import FAST_SAMPLING, SPEED_MODELS
+from sinklib.lab.runs import FAST_SAMPLING, SPEED_MODELS
 
-OUT = DATA_DIR / "results" / FAST_SAMPLING  # where notebook 08 reads them (sinklib.runs.SpeedRun)
+OUT = DATA_DIR / "results" / FAST_SAMPLING  # where notebook 08 reads them (sinklib.lab.nb08_sinks_for_speed.SpeedRun)
 
 
 def cpu_name() -> str:

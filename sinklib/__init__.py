@@ -2,7 +2,7 @@
 
 The names here are what a user does: load a model, generate with a trace (or capture any forward), find the sinks,
 intervene with a policy, evaluate and make Table 1. Extending sinklib (families, tasks, policies, Table 1 conditions,
-notebooks) is `sinklib.extend`; the notebooks' layer is `sinklib.runs` and `sinklib.analyses`. No name here shadows a
+notebooks) is `sinklib.extend`; the notebooks' layer is `sinklib.lab`, one module per notebook. No name here shadows a
 module: `import sinklib.generation` is the module, `sinklib.generate` its verb.
 """
 from sinklib.capturing import CaptureError, capture

@@ -23,13 +23,13 @@ from sinklib.validation import BadValue, check_choice
 
 __all__ = ["REGISTRIES", "register", "register_family", "register_task", "registry"]
 
-# each kind's registry, as "module:attribute": the notebook layer (sinklib.runs) is imported only to register there
+# each kind's registry, as "module:attribute": the notebook layer (sinklib.lab.runs) is imported only to register there
 REGISTRIES = {
     "family": "sinklib.families.base:FAMILIES",
     "task": "sinklib.evaluation.tasks:TASKS",
     "policy": "sinklib.interventions:POLICIES",
     "condition": "sinklib.evaluation.table1:CONDITIONS",
-    "notebook": "sinklib.runs:RUNS",
+    "notebook": "sinklib.lab.runs:RUNS",
 }
 
 

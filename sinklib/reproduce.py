@@ -39,7 +39,7 @@ try:  # the notebooks extra: papermill runs them (nbformat, a dependency of it, 
 
     from tqdm.auto import tqdm
 
-    from sinklib.runs import FAST_SAMPLING, LONG_TRACES, PICKS, run_for
+    from sinklib.lab.runs import FAST_SAMPLING, LONG_TRACES, PICKS, run_for
 except ModuleNotFoundError as missing:
     raise ImportError(f"sinklib.reproduce runs the notebooks, which need the notebooks extra ({missing.name} is "
                       "missing): pip install -e '.[notebooks]'") from missing
@@ -72,7 +72,7 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
 
 
 def declared_parameters(paths: list[Path]) -> dict[str, Any]:
-    """name → default over the notebooks' run configs (sinklib.runs: a config's fields are its notebook's
+    """name → default over the notebooks' run configs (sinklib.lab.runs: a config's fields are its notebook's
     parameters, their defaults read from its parameters cell)."""
     declared: dict[str, Any] = {}
     for path in paths:
@@ -86,7 +86,7 @@ def check_parameters(given: dict[str, Any], paths: list[Path]) -> None:
     """Refuse, before anything runs, a key no notebook declares; say on stderr which keys none of the selected
     notebooks declares (a parameter file for every notebook may be run with --only, but `--params {eps: 2.0}
     --only 03` changes nothing: notebook 03 sweeps eps_values); then build each selected notebook's run config from
-    the given values: its declared types, ranges and cross-field rules (sinklib.runs) refuse a bad value naming it."""
+    the given values: its declared types, ranges and cross-field rules (sinklib.lab) refuse a bad value naming it."""
     every = notebook_paths()
     declared = declared_parameters(every)
     selected = declared_parameters(paths)

@@ -16,7 +16,8 @@ import pytest
 import torch
 import transformers
 
-from sinklib import analyses, derived, runs, trace_store
+from sinklib import derived, trace_store
+from sinklib.lab import nb01_attention_distributions as nb01, runs
 from sinklib.agreement import FLOAT_TOLERANCE
 from sinklib.paths import DATA_DIR
 from sinklib.ties import is_near_tie
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.slow,
                                  reason="the committed stores were made on transformers 5 (a named model's conversion "
                                         "differs on 4.x, so its keys do: nothing committed to compare with)")]
 ZOO = ("tiny-llada", "tiny-dream", "tiny-arm")
-PICKS = (analyses.pick_layer_heads, analyses.pick_score_summary)
+PICKS = (nb01.pick_layer_heads, nb01.pick_score_summary)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def committed(tmp_path_factory):
     """(run, loaded models, their traces): notebook 01's default run over a copy of the committed light records."""
     results = tmp_path_factory.mktemp("golden")
     shutil.copytree(DATA_DIR / "results" / "traces", results / "traces")
-    run = runs.TracesRun(results_dir=str(results), figures_dir=str(results), progress=False)
+    run = nb01.TracesRun(results_dir=str(results), figures_dir=str(results), progress=False)
     loaded, traces = run.collect()
     return run, loaded, traces
 

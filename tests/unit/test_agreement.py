@@ -20,7 +20,7 @@ def _generations(canvases: dict[tuple[str, int], list[list[int]]], margins: dict
     return pd.DataFrame(rows)
 
 
-# the layouts the producers declare (sinklib.analyses, evaluation.table1): each table carries its own
+# the layouts the producers declare (sinklib.lab, evaluation.table1): each table carries its own
 LAYOUTS = {"moving_sink_events": Layout(("model", "trace", "step", "layer", "head"), "trace"),
            "sink_dynamics": Layout(("model", "trace"), "trace"), "fig05_layer_head": Layout(("model", "layer", "head")),
            "generations": Layout(("model", "trace", "step"), "trace"), "table1_masking_arithmetic": EVALUATION,

@@ -1,4 +1,4 @@
-"""The notebooks' picks (sinklib.analyses.pick_…), each against numbers worked by hand on hand-built traces, and the
+"""The notebooks' picks (sinklib.lab.nbNN_….pick_…), each against numbers worked by hand on hand-built traces, and the
 verdicts a notebook's "what this run shows" is written from (do_sinks_move), each rule both ways and undecided."""
 from types import SimpleNamespace
 
@@ -7,9 +7,14 @@ import pandas as pd
 import pytest
 import torch
 
-pytest.importorskip("matplotlib")  # sinklib.analyses draws the notebooks' figures (the notebooks' extra)
+pytest.importorskip("matplotlib")  # sinklib.lab draws the notebooks' figures (the notebooks' extra)
 
-from sinklib import analyses  # noqa: E402
+from sinklib.lab import nb01_attention_distributions as nb01  # noqa: E402
+from sinklib.lab import nb02_moving_sinks as nb02  # noqa: E402
+from sinklib.lab import nb03_threshold_sweep as nb03  # noqa: E402
+from sinklib.lab import nb07_what_sinks_carry as nb07  # noqa: E402
+from sinklib.lab import nb08_sinks_for_speed as nb08  # noqa: E402
+from sinklib.lab import verdicts  # noqa: E402
 from sinklib.summary import Verdicts  # noqa: E402
 from sinklib.trace import Trace  # noqa: E402
 
@@ -42,11 +47,11 @@ def build_trace(sinks_by_head, model="toy", margins=None):
 
 def test_pick_score_histograms_count_every_score_once_and_the_summary_describes_them():
     traces = {"toy": [build_trace([[0, 0], [None, 5]])]}
-    histograms = analyses.pick_score_histograms(traces, bins=10)
+    histograms = nb01.pick_score_histograms(traces, bins=10)
     assert len(histograms) == 10 and histograms["count"].sum() == 2 * 2 * SEQ  # steps × heads × keys
     assert histograms["left"].iloc[0] == 0 or histograms["left"].iloc[0] < 1 and histograms["right"].iloc[-1] == SINK
     assert histograms["count"].iloc[-1] == 3, "the three sink scores fall in the last bin"
-    summary = analyses.pick_score_summary(traces)
+    summary = nb01.pick_score_summary(traces)
     assert summary.loc["toy", "count"] == 2 * 2 * SEQ and summary.loc["toy", "mean"] == pytest.approx(1.0)
     assert summary.loc["toy", "max"] == SINK
 
@@ -54,69 +59,69 @@ def test_pick_score_histograms_count_every_score_once_and_the_summary_describes_
 def test_pick_strongest_heads_takes_the_head_with_the_strongest_sink_over_the_steps():
     traces = {"a": [build_trace([[None, None, None], [4, 4, None]])],  # head 1: (6 + 6 + 1) / 3 against head 0's 1
               "b": [build_trace([[0, None, None], [None, None, None]])]}  # head 0: 8 / 3
-    heads = analyses.pick_strongest_heads(traces)
+    heads = nb01.pick_strongest_heads(traces)
     assert heads["model"].tolist() == ["a", "b"] and heads["layer"].tolist() == [0, 0]
     assert heads["head"].tolist() == [1, 0]
 
 
 def test_pick_layer_heads_averages_the_main_sink_over_steps_then_generations():
     traces = {"toy": [build_trace([[0, 0], [None, None]]), build_trace([[None, None], [5, None]])]}
-    table = analyses.pick_layer_heads(traces)
+    table = nb01.pick_layer_heads(traces)
     # head 0: (6 + 6) / 2 = 6 in the first generation, 1 in the second; head 1: 1, then (6 + 1) / 2 = 3.5
     assert table.set_index("head")["score"].to_dict() == pytest.approx({0: (6 + 1) / 2, 1: (1 + 3.5) / 2})
     assert table["model"].tolist() == ["toy", "toy"] and table["layer"].tolist() == [0, 0]
 
 
 def test_pick_generations_gives_each_steps_canvas_and_margin():
-    table = analyses.pick_generations({"toy": [build_trace([[0, 0]], margins=[0.5, 1e-4])]})
+    table = nb01.pick_generations({"toy": [build_trace([[0, 0]], margins=[0.5, 1e-4])]})
     assert table[["step", "margin"]].values.tolist() == [[0, 0.5], [1, 1e-4]]
     assert table["canvas"].tolist() == [[1, 2, 3, 4, MASK, MASK, MASK, MASK], [1, 2, 3, 4, 5, MASK, MASK, MASK]]
-    assert analyses.report_generations(table, {"toy": []}).shown.table.loc["toy", "within_float_rounding"] == 1
+    assert nb01.report_generations(table, {"toy": []}).shown.table.loc["toy", "within_float_rounding"] == 1
 
 
 def test_pick_sink_tokens_counts_detections_per_token():
     # head 0 on [BOS] at steps 0-2; head 1 on the masked position 5 at steps 0, 1 and on 'a' (position 3) at step 2
-    table = analyses.pick_sink_tokens({"toy": [build_trace([[0, 0, 0], [5, 5, 3]])]}, eps=3.0)
+    table = nb02.pick_sink_tokens({"toy": [build_trace([[0, 0, 0], [5, 5, 3]])]}, eps=3.0)
     assert table.values.tolist() == [["toy", "[BOS]", 3, 0.5], ["toy", "[MASK]", 2, 2 / 6], ["toy", "a", 1, 1 / 6]]
 
 
 def test_pick_sink_dynamics_moves_and_lifetimes():
     # one head: sink at 0, 0, 5, 5, then none — one move of three pairs with a sink at both steps; runs 0×2, 5×2
-    row = analyses.pick_sink_dynamics({"toy": [build_trace([[0, 0, 5, 5, None]])]}, eps=3.0).iloc[0]
+    row = nb02.pick_sink_dynamics({"toy": [build_trace([[0, 0, 5, 5, None]])]}, eps=3.0).iloc[0]
     assert row["move_rate"] == pytest.approx(1 / 3) and row["mean_lifetime"] == 2
     assert row["share_heads_with_sink"] == pytest.approx(4 / 5) and row["model"] == "toy"
 
 
 def test_pick_moving_events_keeps_the_diffusion_models_only():
     traces = {"diff": [build_trace([[0, 0, 5, 2]])], "arm": [build_trace([[0, 4, 4, 4]])]}
-    events = analyses.pick_moving_events({"diff": DIFFUSION, "arm": AUTOREGRESSIVE}, traces, eps=3.0)
+    events = nb02.pick_moving_events({"diff": DIFFUSION, "arm": AUTOREGRESSIVE}, traces, eps=3.0)
     assert events[["model", "trace", "step", "position_before", "position"]].values.tolist() == [
         ["diff", 0, 2, 0, 5], ["diff", 0, 3, 5, 2]]
 
 
 def test_pick_query_splits_has_no_row_for_an_autoregressive_model():
-    splits = analyses.pick_query_splits({"arm": AUTOREGRESSIVE}, {"arm": [build_trace([[0, 0]])]}, eps=3.0)
+    splits = nb02.pick_query_splits({"arm": AUTOREGRESSIVE}, {"arm": [build_trace([[0, 0]])]}, eps=3.0)
     assert splits.empty and list(splits.columns) == ["model", "step", "layer", "head"]
-    result = analyses.report_query_splits(splits, {}, {"diff": DIFFUSION}, {"diff": []})
+    result = nb02.report_query_splits(splits, {}, {"diff": DIFFUSION}, {"diff": []})
     assert result.shown == "diff: no step with masked and unmasked queries and two sinks in one head"
 
 
 def test_pick_transient_finds_a_sink_that_lives_one_step():
-    events = analyses.pick_transient({"toy": [build_trace([[None, 4, None, 0, 0]])]}, eps=3.0)
+    events = nb02.pick_transient({"toy": [build_trace([[None, 4, None, 0, 0]])]}, eps=3.0)
     assert events[["model", "trace", "step", "layer", "head", "position"]].values.tolist() == [["toy", 0, 1, 0, 0, 4]]
 
 
 def test_pick_greatest_sinks_follows_the_busiest_head():
     # head 1 has a sink at 3 steps, head 0 at 1: Fig. 7 follows head 1
-    frame = analyses.pick_greatest_sinks({"toy": [build_trace([[0, None, None], [5, 5, 6]])]}, eps=3.0)
+    frame = nb02.pick_greatest_sinks({"toy": [build_trace([[0, None, None], [5, 5, 6]])]}, eps=3.0)
     assert frame["head"].unique().tolist() == [1] and frame["position"].tolist() == [5, 5, 6]
     assert frame["frontier"].tolist() == [3, 4, 5]  # the first still-masked position at each step
-    panels = analyses.head_panels(frame)
+    panels = nb02.head_panels(frame)
     assert list(panels) == ["toy — layer 0, head 1"] and "model" not in panels["toy — layer 0, head 1"]
 
 
 def test_pick_stability_by_key_type_measures_moves_on_all_keys():
-    stability = analyses.pick_stability_by_key_type({"toy": [build_trace([[0, 0, 5, 5]])]}, k=1, eps=3.0)
+    stability = nb02.pick_stability_by_key_type({"toy": [build_trace([[0, 0, 5, 5]])]}, k=1, eps=3.0)
     everything = stability.set_index("key_type").loc["all"]
     # three step pairs, each with a sink at both steps; the sink moved in one; the top-1 key changed in the same one
     assert everything["pairs_with_sinks"] == 3 and everything["move_rate"] == pytest.approx(1 / 3)
@@ -125,7 +130,7 @@ def test_pick_stability_by_key_type_measures_moves_on_all_keys():
 
 def test_pick_threshold_sweep_shares_of_entries_eq3_selects():
     traces = {"diff": [build_trace([[0, 0], [None, 5]])]}
-    sweep = analyses.pick_threshold_sweep({"diff": DIFFUSION}, traces, [0.0, 3.0, 10.0]).set_index("eps")
+    sweep = nb03.pick_threshold_sweep({"diff": DIFFUSION}, traces, [0.0, 3.0, 10.0]).set_index("eps")
     # 32 entries; the 3 sinks pass 6 − 2/7 > 3 (not 10); at eps = 0 nothing else passes (uniform rows: margin 0)
     assert sweep["share"].to_dict() == pytest.approx({0.0: 3 / 32, 3.0: 3 / 32, 10.0: 0.0})
     assert sweep["tokens"].tolist() == [32, 32, 32]
@@ -133,34 +138,34 @@ def test_pick_threshold_sweep_shares_of_entries_eq3_selects():
 
 def test_pick_uniform_sweep_is_uniform_causal_attention_at_each_autoregressive_length():
     traces = {"arm": [build_trace([[0, 0]])], "diff": [build_trace([[0, 0]])]}
-    uniform = analyses.pick_uniform_sweep({"arm": AUTOREGRESSIVE, "diff": DIFFUSION}, traces, [0.0, 1.0, 1.5])
+    uniform = nb03.pick_uniform_sweep({"arm": AUTOREGRESSIVE, "diff": DIFFUSION}, traces, [0.0, 1.0, 1.5])
     # 8 keys under uniform causal attention: key j receives Σ_{i≥j} 1/(i+1) = H_8 − H_j
     received = np.array([sum(1 / (i + 1) for i in range(j, SEQ)) for j in range(SEQ)])
     margins = np.array([received[j] - np.delete(received, j).mean() for j in range(SEQ)])
     by_hand = {eps: float((margins > eps).mean()) for eps in (0.0, 1.0, 1.5)}
     assert uniform["model"].unique().tolist() == ["uniform causal attention (arm's lengths)"]
     assert uniform.set_index("eps")["share"].to_dict() == pytest.approx(by_hand)
-    assert analyses.pick_uniform_sweep({"diff": DIFFUSION}, {"diff": traces["diff"]}, [1.0]).empty
+    assert nb03.pick_uniform_sweep({"diff": DIFFUSION}, {"diff": traces["diff"]}, [1.0]).empty
 
 
 @pytest.mark.parametrize("low, high, verdict", [(0.06, 0.2, "supports"), (0.001, 0.049, "contradicts"),
                                                 (0.03, 0.09, "cannot decide"), (0.01, 0.05, "cannot decide"),
                                                 (0.05, 0.09, "supports"), (float("nan"), float("nan"), "cannot decide")])
 def test_judged_compares_an_interval_with_its_threshold(low, high, verdict):
-    assert analyses.judged(low, high, analyses.MOVES_OFTEN) == verdict
+    assert verdicts.judged(low, high, nb02.MOVES_OFTEN) == verdict
 
 
 def test_generation_bootstrap_resamples_whole_generations():
     """The pooled share, and an interval from resampling generations: none with fewer than MIN_GENERATIONS, a
     degenerate one when every generation agrees, a wide one when they disagree however many pairs each holds."""
-    same = analyses.generation_bootstrap([(0, 500), (0, 500), (0, 500)], analyses._share)
+    same = verdicts.generation_bootstrap([(0, 500), (0, 500), (0, 500)], verdicts._share)
     assert same == (0.0, (0.0, 0.0))
-    point, (low, high) = analyses.generation_bootstrap([(500, 500), (0, 500), (0, 500)], analyses._share)
+    point, (low, high) = verdicts.generation_bootstrap([(500, 500), (0, 500), (0, 500)], verdicts._share)
     assert point == pytest.approx(1 / 3) and low == 0.0 and high == 1.0  # 3 generations: a draw of 0, 1, 2 or 3 movers
-    assert np.isnan(analyses.generation_bootstrap([(1, 1000), (900, 1000)], analyses._share)[1]).all()
-    assert np.isnan(analyses.generation_bootstrap([(0, 0)] * 4, analyses._share)[1]).all()  # nothing to share
-    again = analyses.generation_bootstrap([(5, 9), (1, 7), (3, 3), (0, 4)], analyses._share)
-    assert again == analyses.generation_bootstrap([(5, 9), (1, 7), (3, 3), (0, 4)], analyses._share)  # seeded
+    assert np.isnan(verdicts.generation_bootstrap([(1, 1000), (900, 1000)], verdicts._share)[1]).all()
+    assert np.isnan(verdicts.generation_bootstrap([(0, 0)] * 4, verdicts._share)[1]).all()  # nothing to share
+    again = verdicts.generation_bootstrap([(5, 9), (1, 7), (3, 3), (0, 4)], verdicts._share)
+    assert again == verdicts.generation_bootstrap([(5, 9), (1, 7), (3, 3), (0, 4)], verdicts._share)  # seeded
 
 
 def test_do_sinks_move_judges_each_measure_over_generations_both_ways():
@@ -172,7 +177,7 @@ def test_do_sinks_move_judges_each_measure_over_generations_both_ways():
     models = {name: DIFFUSION for name in traces} | {"arm": AUTOREGRESSIVE}
     layouts = {"rides": [build_trace([[7] * 3]) for _ in range(3)],  # position 7: masked until the last step
                "stays put": [build_trace([[0] * 3]) for _ in range(3)], "one": [build_trace([[7] * 3])]}
-    shown = analyses.do_sinks_move(models, traces, layouts, k=1, eps=3.0)
+    shown = nb02.do_sinks_move(models, traces, layouts, k=1, eps=3.0)
     assert isinstance(shown, Verdicts)
     table = shown.table.set_index(["model", "claim"])
     verdict = table["verdict"]
@@ -198,10 +203,10 @@ def test_does_a_fast_sampler_lean_on_sinks_judges_each_difference_both_ways():
     differences = pd.DataFrame({"model": ["dlm"] * 3, "sampler": ["fast"] * 3, "column": ["top-1", "random-1", "top-5"],
                                 "n": [200] * 3, "difference": [-0.17, 0.0, -0.02], "low": [-0.26, -0.02, -0.09],
                                 "high": [-0.08, 0.02, 0.05], "p": [0.001, 1.0, 0.5]})
-    verdicts = analyses.does_a_fast_sampler_lean_on_sinks(differences).table
+    rows = nb08.does_a_fast_sampler_lean_on_sinks(differences).table
     # below 0: costs more; [−0.02, 0.02] excludes a cost of 0.05; [−0.09, 0.05] holds both 0 and −0.05
-    assert verdicts["verdict"].tolist() == ["supports", "contradicts", "cannot decide"]
-    assert verdicts["model"].tolist() == ["dlm (fast)"] * 3 and verdicts["n"].tolist() == [200] * 3
+    assert rows["verdict"].tolist() == ["supports", "contradicts", "cannot decide"]
+    assert rows["model"].tolist() == ["dlm (fast)"] * 3 and rows["n"].tolist() == [200] * 3
 
 
 def test_does_evicting_the_oldest_cost_reads_each_paired_change():
@@ -209,9 +214,9 @@ def test_does_evicting_the_oldest_cost_reads_each_paired_change():
                           "column": ["unmasked", "oldest-1", "oldest-3", "oldest-5"], "n": [200] * 4,
                           "change": [np.nan, -0.005, -0.5, -0.04], "change_low": [np.nan, -0.03, -0.6, -0.10],
                           "change_high": [np.nan, 0.01, -0.4, 0.02]})
-    verdicts = analyses.does_evicting_the_oldest_cost(frame).table
-    assert verdicts["claim"].str.startswith("with its oldest").all() and len(verdicts) == 3  # not the unmasked row
-    assert verdicts["verdict"].tolist() == ["contradicts", "supports", "cannot decide"]
+    rows = nb08.does_evicting_the_oldest_cost(frame).table
+    assert rows["claim"].str.startswith("with its oldest").all() and len(rows) == 3  # not the unmasked row
+    assert rows["verdict"].tolist() == ["contradicts", "supports", "cannot decide"]
 
 
 def test_table_1s_result_saves_the_figure_the_notebook_drew():
@@ -241,13 +246,13 @@ def test_does_a_sink_store_its_token_compares_first_correct_layers_over_generati
                        cases("same", [([28.0, 29], [28.0, 29])] * 3),  # 0 in every generation: below 1 layer
                        cases("unsure", [([20.0], [29.0]), ([29.0], [29.0]), ([30.0], [29.0])]),  # 9, 0 and −1
                        cases("two", [([20.0], [29.0])] * 2)], ignore_index=True)
-    verdicts = analyses.does_a_sink_store_its_token(frame).table.set_index("model")
-    assert verdicts["verdict"].to_dict() == {"early": "supports", "same": "contradicts", "unsure": "cannot decide",
+    rows = nb07.does_a_sink_store_its_token(frame).table.set_index("model")
+    assert rows["verdict"].to_dict() == {"early": "supports", "same": "contradicts", "unsure": "cannot decide",
                                              "two": "cannot decide"}
     # pooled over the cases that ever name it: others (28+29+30+28+29+30)/6 = 29, sinks (20+21+22+21)/4 = 21
-    assert verdicts.loc["early", "n"] == 3 and verdicts.loc["early", "estimate"] == pytest.approx(8.0)
-    assert verdicts.loc["unsure", "estimate"] == pytest.approx(29 - 79 / 3)
-    assert "at least 1 layer earlier" in verdicts.loc["early", "claim"]
+    assert rows.loc["early", "n"] == 3 and rows.loc["early", "estimate"] == pytest.approx(8.0)
+    assert rows.loc["unsure", "estimate"] == pytest.approx(29 - 79 / 3)
+    assert "at least 1 layer earlier" in rows.loc["early", "claim"]
 
 
 @pytest.fixture(scope="module")
@@ -269,32 +274,32 @@ def test_the_lens_picks_agree_with_the_lens_modules_own_summary_and_with_shares_
     from sinklib import lens
 
     models, traces = lens_run
-    reads = analyses.pick_lens_reads(models, traces, 3.0, ["tiny-dream"], n_traces=2)
-    cases = analyses.pick_lens_cases(models, traces, 3.0, ["tiny-dream"], n_traces=2)
+    reads = nb07.pick_lens_reads(models, traces, 3.0, ["tiny-dream"], n_traces=2)
+    cases = nb07.pick_lens_cases(models, traces, 3.0, ["tiny-dream"], n_traces=2)
     reference = lens.sink_vs_other_masked(models["tiny-dream"], traces["tiny-dream"], 3.0)
-    pd.testing.assert_frame_equal(analyses.lens_groups(cases).drop(columns="model"), reference)
-    curve = analyses.share_final_by_layer(reads)
+    pd.testing.assert_frame_equal(nb07.lens_groups(cases).drop(columns="model"), reference)
+    curve = nb07.share_final_by_layer(reads)
     per_layer = curve.groupby("layer")["n"].sum()
     assert per_layer.nunique() == 1 and per_layer.sum() == len(reads) > 0  # each layer reads the same positions
     assert {"masked sink", "other masked"} <= set(curve["group"])
     for row in curve.itertuples():
         mine = reads[(reads["group"] == row.group) & (reads["layer"] == row.layer)]["top_is_final"].tolist()
         assert row.n == len(mine) and row.share_final == pytest.approx(sum(mine) / len(mine))
-    result = analyses.report_lens(reads, cases, figure=None)
+    result = nb07.report_lens(reads, cases, figure=None)
     assert set(result.tables) == {"what_sinks_store", "what_sinks_store_by_layer"}
     assert "tiny-dream: masked sinks name their final token" in str(result.shown)
 
 
 def test_an_empty_lens_section_says_so():
-    reads = analyses.pick_lens_reads({}, {}, 3.0, [])
-    assert reads.empty and list(reads.columns) == analyses.LENS_READ_COLUMNS
-    assert analyses.report_lens(reads, reads, None).shown == "lens_models is empty: no model was read by the logit lens."
+    reads = nb07.pick_lens_reads({}, {}, 3.0, [])
+    assert reads.empty and list(reads.columns) == nb07.LENS_READ_COLUMNS
+    assert nb07.report_lens(reads, reads, None).shown == "lens_models is empty: no model was read by the logit lens."
 
 
 def test_a_run_without_paper_layouts_says_so():
     """Notebook 02 on autoregressive models alone has no long canvas: its layout section picks empty frames."""
-    heads = analyses.pick_paper_layout_heads({}, 3.0)
-    assert heads.empty and "layout" in heads.columns and analyses.head_panels(heads, by="layout") == {}
-    table = analyses.pick_paper_layout({}, 3.0)
-    assert analyses.report_paper_layout(table, heads, None).shown == \
+    heads = nb02.pick_paper_layout_heads({}, 3.0)
+    assert heads.empty and "layout" in heads.columns and nb02.head_panels(heads, by="layout") == {}
+    table = nb02.pick_paper_layout({}, 3.0)
+    assert nb02.report_paper_layout(table, heads, None).shown == \
         "paper_layouts is empty: no long canvas was generated."

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -432,29 +433,29 @@ CASES_26 = [
          ValueError, "allow_code_execution"),
     Case("condition eps nan", lambda t: CONDITIONS.get("sinks").at(float("nan")), ValueError, "eps"),
     Case("settings_for steps negative", lambda t: model("tiny-arm").settings_for(steps=-2), ValueError, "steps"),
-    Case("TracesRun n_prompts -1", lambda t: __import__("sinklib.runs").runs.TracesRun(n_prompts=-1), ValueError, "n_prompts"),
-    Case("TracesRun n_prompts 2.5", lambda t: __import__("sinklib.runs").runs.TracesRun(n_prompts=2.5), ValueError, "n_prompts"),
-    Case("TracesRun models a string", lambda t: __import__("sinklib.runs").runs.TracesRun(models="tiny-llada"),
+    Case("TracesRun n_prompts -1", lambda t: _runs().TracesRun(n_prompts=-1), ValueError, "n_prompts"),
+    Case("TracesRun n_prompts 2.5", lambda t: _runs().TracesRun(n_prompts=2.5), ValueError, "n_prompts"),
+    Case("TracesRun models a string", lambda t: _runs().TracesRun(models="tiny-llada"),
          ValueError, "models"),
-    Case("TracesRun models empty", lambda t: __import__("sinklib.runs").runs.TracesRun(models=[]), ValueError, "models"),
+    Case("TracesRun models empty", lambda t: _runs().TracesRun(models=[]), ValueError, "models"),
     Case("TracesRun gen_length not a multiple",
-         lambda t: __import__("sinklib.runs").runs.TracesRun(gen_length=10, block_length=4),
+         lambda t: _runs().TracesRun(gen_length=10, block_length=4),
          ValueError, "gen_length"),
-    Case("TracesRun steps negative", lambda t: __import__("sinklib.runs").runs.TracesRun(steps=-1), ValueError, "steps"),
-    Case("TracesRun trust_remote_code 'no'", lambda t: __import__("sinklib.runs").runs.TracesRun(trust_remote_code="no"),
+    Case("TracesRun steps negative", lambda t: _runs().TracesRun(steps=-1), ValueError, "steps"),
+    Case("TracesRun trust_remote_code 'no'", lambda t: _runs().TracesRun(trust_remote_code="no"),
          ValueError, "trust_remote_code"),
-    Case("MaskingRun ks float", lambda t: __import__("sinklib.runs").runs.MaskingRun(ks=[0, 1.5]), ValueError, "ks"),
-    Case("MaskingRun ks empty", lambda t: __import__("sinklib.runs").runs.MaskingRun(ks=[]), ValueError, "ks"),
-    Case("MaskingRun batch_size 0", lambda t: __import__("sinklib.runs").runs.MaskingRun(batch_size=0), ValueError, "batch_size"),
+    Case("MaskingRun ks float", lambda t: _runs().MaskingRun(ks=[0, 1.5]), ValueError, "ks"),
+    Case("MaskingRun ks empty", lambda t: _runs().MaskingRun(ks=[]), ValueError, "ks"),
+    Case("MaskingRun batch_size 0", lambda t: _runs().MaskingRun(batch_size=0), ValueError, "batch_size"),
     Case("MaskingRun allow_code_execution 'true'",
-         lambda t: __import__("sinklib.runs").runs.MaskingRun(allow_code_execution="true"),
+         lambda t: _runs().MaskingRun(allow_code_execution="true"),
          ValueError, "allow_code_execution"),
-    Case("ThresholdSweepRun eps_values empty", lambda t: __import__("sinklib.runs").runs.ThresholdSweepRun(eps_values=[]),
+    Case("ThresholdSweepRun eps_values empty", lambda t: _runs().ThresholdSweepRun(eps_values=[]),
          ValueError, "eps_values"),
     Case("ThresholdSweepRun eps_values negative",
-         lambda t: __import__("sinklib.runs").runs.ThresholdSweepRun(eps_values=[1.0, -1.0]),
+         lambda t: _runs().ThresholdSweepRun(eps_values=[1.0, -1.0]),
          ValueError, "eps_values"),
-    Case("ExplorerRun prompt empty", lambda t: __import__("sinklib.runs").runs.ExplorerRun(prompt=" "), ValueError, "prompt"),
+    Case("ExplorerRun prompt empty", lambda t: _runs().ExplorerRun(prompt=" "), ValueError, "prompt"),
     Case("page max_mb nan", lambda t: _page(t, max_mb=float("nan")), ValueError, "max_mb"),
     Case("page max_mb inf", lambda t: _page(t, max_mb=float("inf")), ValueError, "max_mb"),
     Case("page max_mb text", lambda t: _page(t, max_mb="25"), ValueError, "max_mb"),
@@ -547,9 +548,9 @@ def test_numbers_are_accepted_in_every_numeric_form_users_pass():
 
 def test_the_notebooks_run_configs_take_numpy_numbers_as_python_numbers():
     pytest.importorskip("matplotlib")  # the run configs belong to the notebooks (their extra)
-    from sinklib import runs
+    from sinklib.lab import nb04_masking_ablation as nb04
 
-    config = runs.MaskingRun(ks=[np.int64(0), np.int64(1)], n_problems=np.int32(5), eps=np.float64(2.5))
+    config = nb04.MaskingRun(ks=[np.int64(0), np.int64(1)], n_problems=np.int32(5), eps=np.float64(2.5))
     assert config.ks == [0, 1] and type(config.n_problems) is int and type(config.eps) is float
 
 
@@ -562,19 +563,14 @@ def test_the_notebooks_run_configs_take_numpy_numbers_as_python_numbers():
 ])
 def test_masking_run_settings_are_refused_where_the_config_is_made(given, message):
     pytest.importorskip("papermill")  # run configs read their notebooks' parameters with it (the notebooks extra)
-    from sinklib import runs
+    from sinklib.lab import nb04_masking_ablation as nb04
 
     with pytest.raises(ValueError, match=message):
-        runs.MaskingRun(**given)
+        nb04.MaskingRun(**given)
 
 
 def _adapt():
     return __import__("sinklib.zoo.adapt").zoo.adapt
-
-
-def _runs():
-    pytest.importorskip("papermill")  # the run configs read the notebooks' parameters cells with it
-    return __import__("sinklib.runs").runs
 
 
 @pytest.mark.parametrize("call, message", [
@@ -648,10 +644,16 @@ def test_a_numpy_seed_is_taken_as_its_integer():
 
 
 # --- issue 52: values that were silently taken for something else ----------------------------------------------------
-def _runs():
-    import sinklib.runs  # noqa: PLC0415  (the notebooks extra: the transformers-4.56 tier has none)
+NOTEBOOKS_WITH_CONFIGS = ("01_attention_distributions", "03_threshold_sweep", "04_masking_ablation", "05_explorer",
+                          "06_sinks_over_training", "07_what_sinks_carry")
 
-    return sinklib.runs
+
+def _runs() -> types.SimpleNamespace:
+    """sinklib.lab.runs' names and the run configs of the notebooks above, by class name (the notebooks extra: the
+    transformers-4.56 tier has none)."""
+    runs = importlib.import_module("sinklib.lab.runs")
+    configs = {config.__name__: config for config in map(runs.run_for, NOTEBOOKS_WITH_CONFIGS)}
+    return types.SimpleNamespace(**vars(runs), **configs)
 
 
 def _task(**changes):

@@ -109,7 +109,7 @@ def test_autoregressive_rows_are_scaled_to_key_units_before_eq3():
     assert dynamics.sink_mask(trace, 2.0)[:, 0, 0, 0].tolist() == [False, True, False]
 
 
-# -- what the notebooks pick to draw (sinklib.analyses), against brute force ---------------------------------
+# -- what the notebooks pick to draw (sinklib.lab), against brute force ---------------------------------
 def _random_trace(seed: int, steps=4, layers=2, heads=3, seq=8) -> Trace:
     generator = torch.Generator().manual_seed(seed)
     scores = torch.rand((steps, layers, heads, seq), generator=generator) ** 4 * seq

@@ -6,7 +6,7 @@ registry call (sinklib/ is not edited; the family's own proof is tests/unit/test
 - a Table 1 condition: a Condition registered in sinklib.evaluation.table1.CONDITIONS, a column of masking_table
   by name beside the paper's;
 - a task: a Task registered with register_task, evaluated and masked by name (no family needs a preset for it);
-- a notebook: the .ipynb and one module holding its run config (which registers itself in sinklib.runs.RUNS) and
+- a notebook: the .ipynb and one module holding its run config (which registers itself in sinklib.lab.runs.RUNS) and
   its section, executed by papermill from a folder outside the package.
 """
 from __future__ import annotations
@@ -140,7 +140,7 @@ import pandas as pd
 from sinklib import dynamics
 from sinklib.evaluation.tasks import trace_prompts
 from sinklib.trace_store import collect_traces
-from sinklib.runs import ModelsPart, OutputsPart, RunConfig, SamplingPart, default_copy
+from sinklib.lab.runs import ModelsPart, OutputsPart, RunConfig, SamplingPart, default_copy
 from sinklib.summary import Layout, Result
 from sinklib.validation import Count, Folder, ModelNames, validated
 
@@ -180,7 +180,8 @@ def test_a_notebook_defined_here_runs_under_papermill_with_one_other_file(tmp_pa
 
     import nbformat
 
-    from sinklib import provenance, runs
+    from sinklib import provenance
+    from sinklib.lab import runs
 
     (tmp_path / "toy_notebook.py").write_text(TOY_MODULE)
     parameters = nbformat.v4.new_code_cell(

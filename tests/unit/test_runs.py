@@ -12,8 +12,15 @@ import torch
 
 papermill = pytest.importorskip("papermill")  # the run configs belong to the notebooks (their extra)
 
-from sinklib import keys, provenance, runs  # noqa: E402
-from sinklib.summary import Layout  # noqa: E402
+from sinklib import keys, provenance  # noqa: E402
+from sinklib.lab import nb01_attention_distributions as nb01  # noqa: E402
+from sinklib.lab import nb02_moving_sinks as nb02  # noqa: E402
+from sinklib.lab import nb04_masking_ablation as nb04  # noqa: E402
+from sinklib.lab import nb05_explorer as nb05  # noqa: E402
+from sinklib.lab import nb07_what_sinks_carry as nb07  # noqa: E402
+from sinklib.lab import nb08_sinks_for_speed as nb08  # noqa: E402
+from sinklib.lab import runs  # noqa: E402
+from sinklib.summary import Layout, Result  # noqa: E402
 from sinklib.reproduce import NOTEBOOKS, notebook_paths  # noqa: E402
 
 
@@ -58,7 +65,7 @@ def test_a_notebook_that_disagrees_with_its_config_is_named_line_by_line(tmp_pat
     cell = next(c for c in json.loads(source)["cells"] if "parameters" in c["metadata"].get("tags", []))
     changed = "".join(cell["source"]).replace("n_prompts = 6", "n_prompts = 9").replace("seed = 0\n", "")
     path = _notebook_with_parameters(tmp_path, "edited", changed + "\nsurprise = 1\n")
-    assert runs.agreement_with_notebook(runs.MovingSinksRun, path) == [
+    assert runs.agreement_with_notebook(nb02.MovingSinksRun, path) == [
         "parameter 'surprise' has no field in MovingSinksRun",
         "field 'seed' of MovingSinksRun is not a parameter of edited.ipynb",
         "n_prompts: edited.ipynb says 9, MovingSinksRun 6"]
@@ -66,11 +73,12 @@ def test_a_notebook_that_disagrees_with_its_config_is_named_line_by_line(tmp_pat
 
 @pytest.mark.process
 def test_the_run_configs_import_without_the_notebooks(tmp_path):
-    """A config declares its defaults: sinklib.runs imports (and a config is made) where no notebooks/ exists."""
+    """A config declares its defaults: sinklib.lab imports (and a config is made) where no notebooks/ exists."""
     import subprocess
     import sys
     script = ("import sinklib.paths as p, pathlib; p.NOTEBOOKS = pathlib.Path('/nonexistent');"
-              "from sinklib import runs; print(runs.CarryRun().n_prompts, runs.MaskingRun().ks)")
+              "from sinklib.lab import nb04_masking_ablation as nb04, nb07_what_sinks_carry as nb07;"
+              "print(nb07.CarryRun().n_prompts, nb04.MaskingRun().ks)")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=True)
     assert out.stdout.split() == ["4", "[0,", "1,", "5,", "10]"]
 
@@ -86,10 +94,10 @@ def test_each_notebook_section_shows_at_most_eight_lines_of_calls(path):
 def test_unknown_keys_are_refused_with_a_hint_and_a_namespace_gives_the_config():
     with pytest.raises(ValueError, match=r"parameter 'n_prompt' is not allowed: TracesRun has no such field "
                                          r"\(did you mean 'n_prompts'\?\)"):
-        runs.TracesRun.check_keys({"n_prompt": 3})
-    namespace = {f.name: getattr(runs.MovingSinksRun(), f.name) for f in dataclasses.fields(runs.MovingSinksRun)}
+        nb01.TracesRun.check_keys({"n_prompt": 3})
+    namespace = {f.name: getattr(nb02.MovingSinksRun(), f.name) for f in dataclasses.fields(nb02.MovingSinksRun)}
     namespace.update(eps=1.5, unrelated=object())
-    assert runs.MovingSinksRun.from_namespace(namespace) == runs.MovingSinksRun(eps=1.5)
+    assert nb02.MovingSinksRun.from_namespace(namespace) == nb02.MovingSinksRun(eps=1.5)
     with pytest.raises(ValueError, match=r"notebook='06_nope' is not allowed"):
         runs.run_for("06_nope.ipynb")
 
@@ -102,10 +110,10 @@ def test_saved_artifacts_carry_the_resolved_config_and_the_same_bytes_every_time
     import pandas as pd
 
     def save(folder: Path) -> dict[str, bytes]:
-        run = runs.MovingSinksRun(models=["tiny-llada"], eps=1.5, figures_dir=str(folder), results_dir=str(folder))
+        run = nb02.MovingSinksRun(models=["tiny-llada"], eps=1.5, figures_dir=str(folder), results_dir=str(folder))
         fig, ax = plt.subplots()
         ax.plot([0, 1], [1, 0])
-        run.save(runs.Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1, 2]})},
+        run.save(Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1, 2]})},
                              layouts={"table": Layout(("k",))}, texts={"t.md": "x"}))
         plt.close(fig)
         return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
@@ -134,9 +142,9 @@ def test_saved_artifacts_carry_the_resolved_config_and_the_same_bytes_every_time
 def test_a_table_without_a_layout_is_refused_before_anything_is_written(tmp_path):
     import pandas as pd
 
-    run = runs.MovingSinksRun(models=["tiny-llada"], figures_dir=str(tmp_path), results_dir=str(tmp_path))
+    run = nb02.MovingSinksRun(models=["tiny-llada"], figures_dir=str(tmp_path), results_dir=str(tmp_path))
     with pytest.raises(ValueError, match=r"result.tables=\['table'\] is not allowed: every table needs a summary.Layout"):
-        run.save(runs.Result(tables={"table": pd.DataFrame({"k": [1]})}))
+        run.save(Result(tables={"table": pd.DataFrame({"k": [1]})}))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -145,10 +153,10 @@ def test_the_same_bytes_made_again_elsewhere_change_nothing_not_even_the_manifes
     import pandas as pd
 
     def save(folder: Path) -> dict[str, bytes]:
-        run = runs.TracesRun(models=["tiny-arm"], figures_dir=str(folder), results_dir=str(folder))
+        run = nb01.TracesRun(models=["tiny-arm"], figures_dir=str(folder), results_dir=str(folder))
         fig, ax = plt.subplots()
         ax.plot([0, 1], [1, 0])
-        run.save(runs.Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1.5]})},
+        run.save(Result(figures={"fig": fig}, tables={"table": pd.DataFrame({"k": [1.5]})},
                              layouts={"table": Layout(("k",))}))
         plt.close(fig)
         return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
@@ -167,12 +175,12 @@ def test_the_same_bytes_made_again_elsewhere_change_nothing_not_even_the_manifes
 def test_the_manifest_writes_each_environment_once_and_refuses_an_old_format(tmp_path):
     import matplotlib.pyplot as plt
 
-    run = runs.TracesRun(models=["tiny-arm"], figures_dir=str(tmp_path), results_dir=str(tmp_path))
+    run = nb01.TracesRun(models=["tiny-arm"], figures_dir=str(tmp_path), results_dir=str(tmp_path))
     figures = {}
     for name in ("one", "two", "three"):
         figures[name], ax = plt.subplots()
         ax.plot([0, 1], [1, 0])
-    run.save(runs.Result(figures=figures))
+    run.save(Result(figures=figures))
     for fig in figures.values():
         plt.close(fig)
     raw = json.loads((tmp_path / "PROVENANCE.json").read_text())
@@ -206,7 +214,7 @@ def test_the_code_identity_is_a_hash_of_the_sources_not_a_commit_or_a_time(tmp_p
     assert provenance.code_identity() == provenance.source_hash(provenance.PACKAGE)
 
 
-@pytest.mark.parametrize("config", [runs.MovingSinksRun, runs.ExplorerRun])
+@pytest.mark.parametrize("config", [nb02.MovingSinksRun, nb05.ExplorerRun])
 def test_a_run_with_a_bad_eps_is_refused_before_any_model_loads(config):
     with pytest.raises(ValueError, match=r"eps=-2.0 is not allowed: eps must be a finite number >= 0"):
         config(models=["no-such-model"], eps=-2.0)
@@ -258,7 +266,7 @@ def test_notebook_04_evaluates_one_model_as_its_table_does():
     from sinklib.paths import DATA_DIR
 
     task_file = str(DATA_DIR / "arithmetic_test.jsonl")
-    run = runs.MaskingRun(models=["tiny-llada", "smollm2-135m-instruct"], task_path=task_file, steps=32, seed=3,
+    run = nb04.MaskingRun(models=["tiny-llada", "smollm2-135m-instruct"], task_path=task_file, steps=32, seed=3,
                           tasks={"smollm2-135m-instruct": "capitals"})
     loaded = run.load()
     own, other = run.evaluation_of(loaded["tiny-llada"]), run.evaluation_of(loaded["smollm2-135m-instruct"])
@@ -276,7 +284,7 @@ def test_notebook_07s_dose_response_samples_with_the_runs_layout_as_notebook_04s
 
     import sinklib
 
-    run = runs.CarryRun(models=["tiny-llada"], gen_length=8, steps=4, block_length=4, n_problems=2, ks=[0, 1],
+    run = nb07.CarryRun(models=["tiny-llada"], gen_length=8, steps=4, block_length=4, n_problems=2, ks=[0, 1],
                         results_dir=str(tmp_path), figures_dir=str(tmp_path), progress=False)
     run.dose_response({"tiny-llada": sinklib.load("tiny-llada")})
     [config] = [next(iter(json.loads(p.read_text()).values()))["config"]
@@ -294,7 +302,7 @@ def test_notebook_08s_masking_sections_run_each_model_under_its_samplers_where_t
 
     import sinklib
 
-    run = runs.SpeedRun(models=["tiny-llada", "tiny-arm"], n_problems=2, masking_batch_size=2, evicted=[1],
+    run = nb08.SpeedRun(models=["tiny-llada", "tiny-arm"], n_problems=2, masking_batch_size=2, evicted=[1],
                         results_dir=str(tmp_path), figures_dir=str(tmp_path), progress=False)
     loaded = {name: sinklib.load(name) for name in run.models}
     masking, eviction = run.collect_masking(loaded), run.collect_eviction(loaded)
@@ -345,12 +353,12 @@ def test_notebooks_04_and_07_resolve_the_same_settings_from_every_parameter_file
                                     for model in models})
         return masking_table
 
-    masking = runs.MaskingRun(**{k: v for k, v in given.items() if k in runs.MaskingRun.parameter_names()})
-    carry = runs.CarryRun(**{k: v for k, v in given.items() if k in runs.CarryRun.parameter_names()})
+    masking = nb04.MaskingRun(**{k: v for k, v in given.items() if k in nb04.MaskingRun.parameter_names()})
+    carry = nb07.CarryRun(**{k: v for k, v in given.items() if k in nb07.CarryRun.parameter_names()})
     monkeypatch.setattr(runs, "load_models", lambda names, **kw: {name: loaded[name] for name in names})
-    monkeypatch.setattr(runs, "masking_table", recording("04"))
+    monkeypatch.setattr(nb04, "masking_table", recording("04"))
     masking.collect()
-    monkeypatch.setattr(runs, "masking_table", recording("07"))
+    monkeypatch.setattr(nb07, "masking_table", recording("07"))
     carry.dose_response(loaded)
     assert asked["04"] and asked["04"] == asked["07"]
     for settings in asked["04"].values():  # the parameter file's layout, fitted to the family
@@ -367,7 +375,7 @@ def test_steps_walks_from_a_notebooks_parameters_to_the_sampler_in_six_hops_and_
 
     from sinklib.families import llada
 
-    run = runs.TracesRun(models=["tiny-llada"], n_prompts=1, steps=8, gen_length=8, block_length=4, progress=False,
+    run = nb01.TracesRun(models=["tiny-llada"], n_prompts=1, steps=8, gen_length=8, block_length=4, progress=False,
                          results_dir=str(tmp_path), figures_dir=str(tmp_path))
     built, sampled = [], []
 

@@ -1,11 +1,11 @@
-"""Notebook 04's "what this run shows", written from the run's own tables (analyses.sink_reliance): each verdict
+"""Notebook 04's "what this run shows", written from the run's own tables (nb04.sink_reliance): each verdict
 against the rule worked by hand on made-up answers, whichever way a model comes out."""
 import pandas as pd
 import pytest
 
-pytest.importorskip("matplotlib")  # sinklib.analyses draws the notebooks' figures (the notebooks' extra)
+pytest.importorskip("matplotlib")  # sinklib.lab draws the notebooks' figures (the notebooks' extra)
 
-from sinklib import analyses  # noqa: E402
+from sinklib.lab import nb04_masking_ablation as nb04  # noqa: E402
 from sinklib.evaluation.table1 import ITEM_COLUMNS, MaskingTable, accuracy_rows  # noqa: E402
 
 
@@ -22,7 +22,7 @@ def test_each_verdict_follows_the_paired_intervals_and_the_papers_kind():
         + _items("tiny-arm", {("sinks", 0): 40, ("sinks", 1): 4, ("random keys", 1): 39})       # 40 → 4: collapses
         + _items("tiny-dream", {("sinks", 0): 40, ("sinks", 1): 28, ("random keys", 1): 28}),   # loses, as random keys
         columns=ITEM_COLUMNS)
-    shown = analyses.sink_reliance({"arithmetic": MaskingTable(accuracy_rows(items), "arithmetic", items)})
+    shown = nb04.sink_reliance({"arithmetic": MaskingTable(accuracy_rows(items), "arithmetic", items)})
     verdicts = dict(zip(["tiny-llada", "tiny-arm", "tiny-dream"], shown.findings))
     # 1 lost of 40: the paired interval holds 0 — the paper's diffusion models' answer
     assert "it barely notices (0.90 → 0.88" in verdicts["tiny-llada"]

@@ -14,7 +14,7 @@ from sinklib.stats import mcnemar_exact, wilson_interval
 from tests.models import MASK_ID, diffusion_llama
 
 # the notebooks extra (matplotlib): absent from the transformers-4.56 tier's environment, which runs none of these
-analyses = pytest.importorskip("sinklib.analyses", reason="the notebooks extra (its figures) is not installed")
+nb08 = pytest.importorskip("sinklib.lab.nb08_sinks_for_speed", reason="the notebooks extra (its figures) is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +138,8 @@ def test_the_sampler_and_eviction_analyses_count_changes_by_hand():
                          ("oldest keys", 1): [False] * 10, ("oldest keys", 3): [False] * 10})
     tables = {("dlm", "plain"): plain, ("dlm", "fast"): fast, ("arm", "KV cache"): arm}
 
-    by_sampler = analyses.pick_columns_by_sampler(tables)
-    reliance = analyses.report_sink_reliance_by_sampler(by_sampler, analyses.pick_sampler_differences(tables), None)
+    by_sampler = nb08.pick_columns_by_sampler(tables)
+    reliance = nb08.report_sink_reliance_by_sampler(by_sampler, nb08.pick_sampler_differences(tables), None)
     rows = reliance.tables["masked_by_sampler"].set_index(["model", "sampler", "column"])
     assert rows.loc[("dlm", "plain", "top-1"), "change"] == pytest.approx(-0.2)
     assert rows.loc[("dlm", "fast", "top-1"), "change"] == pytest.approx(-0.6)
@@ -149,9 +149,9 @@ def test_the_sampler_and_eviction_analyses_count_changes_by_hand():
     assert difference.loc[("dlm", "fast", "random-1"), "difference"] == 0
     assert "dlm, with its top-1 sink masked: plain 0.800" in reliance.shown.findings[0]
 
-    columns = analyses.eviction_columns([1, 3])
-    evicted = analyses.report_oldest_context_evicted(analyses.pick_columns_by_sampler(tables, columns),
-                                                     analyses.pick_eviction_differences(tables, [1, 3]), None)
+    columns = nb08.eviction_columns([1, 3])
+    evicted = nb08.report_oldest_context_evicted(nb08.pick_columns_by_sampler(tables, columns),
+                                                     nb08.pick_eviction_differences(tables, [1, 3]), None)
     rows = evicted.tables["oldest_context_evicted"].set_index(["model", "sampler", "column"])
     assert set(rows.index.get_level_values("column")) == {"unmasked", "oldest-1", "oldest-3"}  # no top-1 here
     assert rows.loc[("arm", "KV cache", "oldest-1"), "change"] == pytest.approx(-1.0)

@@ -59,7 +59,7 @@ def test_the_key_holds_what_shapes_the_numbers_and_no_version(llada):
     assert not {"sinklib", "transformers", "torch"} & set(key), "versions are the lock's and the provenance's"
     assert "sinklib.families.dream" in keys.module_files(keys.NUMERIC_MODULES)
     assert not {"sinklib.validation", "sinklib.loading", "sinklib.cache_manifest", "sinklib.named", "sinklib.trace_store",
-                "sinklib.plots", "sinklib.runs"} & set(keys.module_files(keys.NUMERIC_MODULES))
+                "sinklib.plots", "sinklib.lab.runs"} & set(keys.module_files(keys.NUMERIC_MODULES))
 
 
 @pytest.mark.parametrize("edit, rekeys", [("function in validation, cache_manifest and named", False),
@@ -152,15 +152,16 @@ def test_a_measurement_of_a_stored_trace_is_kept_beside_it_and_read_back(llada, 
 def test_pick_carry_keeps_its_forwards_beside_the_stored_traces_and_reads_them_back(llada, tmp_path):
     """Notebook 07's carry costs one forward per step: with the store, a second run reads what the first measured
     (equal to measuring afresh), and another ε is another measurement."""
-    analyses = pytest.importorskip("sinklib.analyses", reason="the notebooks extra (its figures) is not installed")
+    nb07 = pytest.importorskip("sinklib.lab.nb07_what_sinks_carry",
+                               reason="the notebooks extra (its figures) is not installed")
     traces = {"tiny-llada": trace_store.stored_traces(llada, PROMPTS[:1], tmp_path, progress=False,
                                                      settings=llada.settings_for())}
-    first = analyses.pick_carry({"tiny-llada": llada}, traces, 3.0, store=tmp_path)
+    first = nb07.pick_carry({"tiny-llada": llada}, traces, 3.0, store=tmp_path)
     [kept] = (tmp_path / _folders(tmp_path)[0] / "measured").glob("sink_carry-*.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(kept), carry.sink_carry(llada, traces["tiny-llada"][0], 3.0))
-    again = analyses.pick_carry({"tiny-llada": None}, traces, 3.0, store=tmp_path)  # no model: read only
+    again = nb07.pick_carry({"tiny-llada": None}, traces, 3.0, store=tmp_path)  # no model: read only
     pd.testing.assert_frame_equal(first, again)
-    analyses.pick_carry({"tiny-llada": llada}, traces, 2.0, store=tmp_path)
+    nb07.pick_carry({"tiny-llada": llada}, traces, 2.0, store=tmp_path)
     assert len(list(kept.parent.glob("sink_carry-*.parquet"))) == 2
 
 

@@ -263,9 +263,9 @@ def test_the_committed_measurements_cover_every_checkpoint_and_the_shipped_model
 
 
 def test_the_notebook_measures_as_the_command_line_does():
-    from sinklib import runs
+    from sinklib.lab import nb06_sinks_over_training as nb06
 
-    assert runs.TrainingDynamicsRun().measurement == over_training.Measurement()
+    assert nb06.TrainingDynamicsRun().measurement == over_training.Measurement()
 
 
 def test_measurements_of_two_models_running_at_once_keep_each_others_rows(tmp_path):
