@@ -8,11 +8,11 @@ with ATEN_CPU_CAPABILITY=default (torch's portable kernels: another CPU's float3
 per model, the largest difference of the first forward's logits (relative to 1 + |logit|), how many generations
 parted from each other, whether each parting step was marked a near-tie (margin in (0, NEAR_TIE]) in both runs,
 and how many generations carry a near-tie at all (what notebook 04 counts). ties.NEAR_TIE must stay above
-every measured parting margin; sinklib/agreement.py quotes this script's numbers. --mask-top K generates under
+every measured parting margin; sinklib/lab/agreement.py quotes this script's numbers. --mask-top K generates under
 Table 1's top-K sink masking (evaluation.table1.paper_masking), whose answers --check bounds as well, or with
 --condition another of Table 1's conditions at K (evaluation.table1.CONDITIONS: "random keys", "sink values (mean)",
 …, as notebook 07's dose-response runs them). Each row names its condition and k as Table 1's items tables do
-("unmasked" at k = 0), the key agreement.CROSS_KERNEL_ANSWERS quotes the row under.
+("unmasked" at k = 0), the key agreement_answers.CROSS_KERNEL_ANSWERS quotes the row under.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import sys
 import torch
 
 import sinklib
-from sinklib.agreement import UNMASKED
+from sinklib.lab.agreement_rows import UNMASKED
 from sinklib.ties import NEAR_TIE, is_near_tie
 from sinklib.ties import LANE_SHARE, LOGIT_ROUNDING
 from sinklib.evaluation.table1 import CONDITIONS
@@ -90,7 +90,7 @@ def compare(name: str, n: int, capability: str, mask_top: int = 0, condition: st
         named += all(is_near_tie(m) for m in margins)
         worst = max([worst] + [m for m in margins if m is not None])
     flagged = sum(any(is_near_tie(m) for m in (row["margins"] or [])) for row in native["rows"])
-    # the condition's name and k as Table 1's items tables write them (agreement.CROSS_KERNEL_ANSWERS is keyed so)
+    # the condition's name and k as Table 1's items tables write them (agreement_answers.CROSS_KERNEL_ANSWERS is keyed so)
     label = condition if mask_top else UNMASKED
     return (f"| {name} | {capability} | {label} | {mask_top} | {n} | {logit_bound:.2g} | {parted} | {answers} | "
             f"{named} of {parted} | {worst:.2g} | {flagged} ({flagged / n:.0%}) |")

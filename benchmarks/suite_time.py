@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from sinklib import reproduce
+from sinklib.lab import reproduce, stores
 from sinklib.paths import NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,8 +85,8 @@ def time_notebooks() -> tuple[list[tuple[str, float, float]], dict[str, float]]:
         with tempfile.TemporaryDirectory(prefix="suite-time-") as scratch:
             for mode in ("read", "regenerated"):
                 results, figures = Path(scratch) / mode / "results", Path(scratch) / mode / "figures"
-                names = reproduce.COMMITTED_RUNS + (reproduce.STORED if mode == "read" else ())
-                reproduce.seed_committed_runs(results, names=names)
+                names = stores.COMMITTED_RUNS + (stores.STORED if mode == "read" else ())
+                stores.seed_committed_runs(results, names=names)
                 runs = []
                 for path in paths:
                     params = {} if path == reproduce.TUTORIAL else {

@@ -34,7 +34,7 @@ from sinklib.validation import BadValue
 
 PACKAGE = Path(__file__).resolve().parent
 KEY = "sinklib"  # the metadata key in parquet schemas and PNG text chunks; the PDF Subject holds the same JSON
-LAYOUT_KEY = "sinklib.layout"  # a results table's comparison layout, in its parquet schema (sinklib.agreement)
+LAYOUT_KEY = "sinklib.layout"  # a results table's comparison layout, in its parquet schema (sinklib.lab.agreement)
 MANIFEST = "PROVENANCE.json"
 _CONTENT = ("config", "seed", "notebook")  # the part of a record written inside the artifact
 _SOURCES = ("*.py", "*.js", "*.css", "*.yaml")

@@ -112,7 +112,7 @@ def caption(trace) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """How a rerun of one results table is compared with the committed one (sinklib.agreement): the columns that
+    """How a rerun of one results table is compared with the committed one (sinklib.lab.agreement): the columns that
     identify a row, and which generation a row comes from. A table carries its layout in its parquet metadata.
 
     scope: "trace" (rows carry model and trace columns), "first" (rows come from each model's first generation),

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import nbval.plugin
 
-# sinklib/notebook_outputs.py read as a file of its own (it imports only the standard library): `import
-# sinklib.notebook_outputs` would run the package's __init__, torch and transformers with it, 3 s in each of nbval's
+# sinklib/lab/notebook_outputs.py read as a file of its own (it imports only the standard library): `import
+# sinklib.lab.notebook_outputs` would run the package's __init__, torch and transformers with it, 3 s in each of nbval's
 # three processes before the first kernel starts
 _spec = importlib.util.spec_from_file_location("sinklib_notebook_outputs",
-                                               Path(__file__).resolve().parents[2] / "sinklib" / "notebook_outputs.py")
+                                               Path(__file__).resolve().parents[2] / "sinklib" / "lab" / "notebook_outputs.py")
 _outputs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_outputs)
 is_progress_bar = _outputs.is_progress_bar

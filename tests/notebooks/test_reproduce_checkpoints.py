@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sinklib import reproduce
+from sinklib.lab import reproduce
 from tests.notebooks.reproduce_run import ROOT, run_notebooks_01_to_04_on_hub_style_checkpoints
 
 pytest.importorskip("papermill")

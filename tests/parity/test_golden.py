@@ -18,7 +18,7 @@ import transformers
 
 from sinklib import derived, trace_store
 from sinklib.lab import nb01_attention_distributions as nb01, runs
-from sinklib.agreement import FLOAT_TOLERANCE
+from sinklib.lab.agreement_rows import FLOAT_TOLERANCE
 from sinklib.paths import DATA_DIR
 from sinklib.ties import is_near_tie
 

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sinklib import agreement
-from sinklib.agreement import DIFFERS, FLOAT_TOLERANCE, IDENTICAL, NEAR, WITHIN
+from sinklib.lab import agreement, agreement_answers, agreement_rows
+from sinklib.lab.agreement_rows import DIFFERS, FLOAT_TOLERANCE, IDENTICAL, NEAR, WITHIN
 from sinklib.provenance import write_parquet
 from sinklib.summary import EVALUATION, EVALUATION_ITEMS, Layout
 from sinklib.ties import NEAR_TIE
@@ -258,7 +258,7 @@ def test_a_row_one_side_only_is_rounding_only_where_its_threshold_test_was_withi
 
 
 def test_a_rerun_that_compared_nothing_does_not_agree_and_says_so(tmp_path):
-    from sinklib import agreement
+    from sinklib.lab import agreement
 
     (tmp_path / "committed").mkdir()
     (tmp_path / "rerun").mkdir()
@@ -392,7 +392,7 @@ def test_a_run_accuracy_moves_only_as_far_as_its_parted_answers(tmp_path):
 def _model_a_measured_to_change_answers(monkeypatch):
     """The hand-built tables' model "a" measured as changing one answer of two between kernels: the bound lets one
     answer of a two-sample run part at a near-tie (tiny-llada's measured 0 of 200 would not)."""
-    monkeypatch.setitem(agreement.CROSS_KERNEL_ANSWERS, "a", {(agreement.UNMASKED, 0): (1, 2)})
+    monkeypatch.setitem(agreement_answers.CROSS_KERNEL_ANSWERS, "a", {(agreement_rows.UNMASKED, 0): (1, 2)})
 
 
 def _many_answers(tmp_path, side, rewritten: int, model="tiny-llada", n=100):
@@ -412,7 +412,7 @@ def test_answers_changed_at_near_ties_are_bounded_by_what_another_cpu_measurably
     """tiny-llada with its top-1 sink masked: 4 of 600 final canvases changed between kernels, so at most the 99.9 %
     upper bound (2.44 %) of a 100-answer run may part at near-ties: 3, 10 or 47 rewritten, accuracy row kept
     consistent, no longer agree."""
-    assert agreement.answers_allowed("tiny-llada", {("sinks", 1): 100}) == 2
+    assert agreement_answers.answers_allowed("tiny-llada", {("sinks", 1): 100}) == 2
     _many_answers(tmp_path, "c", rewritten)
     _many_answers(tmp_path, "r", 0)
     report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
@@ -449,7 +449,7 @@ def test_rewritten_answers_of_the_committed_zoo_tables_agree_only_as_far_as_anot
     table = pd.read_parquet(tmp_path / "c" / f"{name}.parquet")
     ours = items[items["model"] == "tiny-llada"]
     runs = {(c, int(k)): int(n) for (c, k), n in ours.groupby(["condition", "k"]).size().items()}
-    allowed = agreement.answers_allowed("tiny-llada", runs)
+    allowed = agreement_answers.answers_allowed("tiny-llada", runs)
     assert allowed == ZOO_ANSWERS_ALLOWED[name]
     rewritten = allowed + beyond
     chosen = ours.index[:rewritten]
@@ -483,22 +483,23 @@ def test_the_measured_cross_kernel_counts_are_the_benchmarks():
         model, against, condition, k, generations, differed = (cells[i].strip() for i in (0, 1, 2, 3, 4, 7))
         if against.startswith("threads="):
             continue
-        key = agreement.run_key(condition, int(k))
+        key = agreement_answers.run_key(condition, int(k))
         before = measured.setdefault(model, {}).get(key, (0, 0))
         measured[model][key] = (before[0] + int(differed), before[1] + int(generations))
-    assert measured == {model: runs for model, runs in agreement.CROSS_KERNEL_ANSWERS.items() if model != "a"}
+    assert measured == {model: runs for model, runs in agreement_answers.CROSS_KERNEL_ANSWERS.items() if model != "a"}
 
 
 def test_a_run_not_measured_takes_its_models_pooled_count_and_a_model_never_measured_every_models(monkeypatch):
-    monkeypatch.delitem(agreement.CROSS_KERNEL_ANSWERS, "a")  # the hand-built model: not a measurement
-    monkeypatch.setitem(agreement.CROSS_KERNEL_ANSWERS, "m", {(agreement.UNMASKED, 0): (0, 300), ("sinks", 1): (3, 100)})
-    pooled = agreement.upper_bound(3, 400)
-    assert agreement.answers_allowed("m", {("sinks", 7): 1000}) == int(pooled * 1000)
-    assert agreement.answers_allowed("m", {("sinks", 0): 1000, ("random keys", 0): 1000}) == \
-        int(agreement.upper_bound(0, 300) * 2000)  # k = 0 is the unmasked run, whatever its condition's name
-    every = [counts for runs in agreement.CROSS_KERNEL_ANSWERS.values() for counts in runs.values()]
-    assert agreement.answers_allowed("never-measured", {("sinks", 1): 1000}) == int(
-        agreement.upper_bound(sum(c for c, _ in every), sum(n for _, n in every)) * 1000)
+    monkeypatch.delitem(agreement_answers.CROSS_KERNEL_ANSWERS, "a")  # the hand-built model: not a measurement
+    monkeypatch.setitem(agreement_answers.CROSS_KERNEL_ANSWERS, "m",
+                        {(agreement_rows.UNMASKED, 0): (0, 300), ("sinks", 1): (3, 100)})
+    pooled = agreement_answers.upper_bound(3, 400)
+    assert agreement_answers.answers_allowed("m", {("sinks", 7): 1000}) == int(pooled * 1000)
+    assert agreement_answers.answers_allowed("m", {("sinks", 0): 1000, ("random keys", 0): 1000}) == \
+        int(agreement_answers.upper_bound(0, 300) * 2000)  # k = 0 is the unmasked run, whatever its condition's name
+    every = [counts for runs in agreement_answers.CROSS_KERNEL_ANSWERS.values() for counts in runs.values()]
+    assert agreement_answers.answers_allowed("never-measured", {("sinks", 1): 1000}) == int(
+        agreement_answers.upper_bound(sum(c for c, _ in every), sum(n for _, n in every)) * 1000)
 
 
 def _layer_head(**columns):

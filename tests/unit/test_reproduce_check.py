@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("papermill")
 
-from sinklib import reproduce  # noqa: E402  (after the importorskip: reproduce needs the notebooks extra)
+from sinklib.lab import reproduce, stores  # noqa: E402  (after the importorskip: reproduce needs the notebooks extra)
 
 
 def _git(root, *args):
@@ -22,7 +22,7 @@ def test_the_committed_side_is_git_head_not_the_working_tree(tmp_path):
     _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results")
     (root / "data" / "results" / "a.parquet").write_bytes(b"rewritten by make figures")
     (root / "data" / "results" / "b.parquet").write_bytes(b"never committed")
-    folder, what = reproduce.committed_version(root / "data" / "results", tmp_path / "head", root=root)
+    folder, what = stores.committed_version(root / "data" / "results", tmp_path / "head", root=root)
     assert (folder / "a.parquet").read_bytes() == b"committed" and not (folder / "b.parquet").exists()
     assert what.startswith("data/results at git HEAD ")
 
@@ -30,19 +30,19 @@ def test_the_committed_side_is_git_head_not_the_working_tree(tmp_path):
 def test_outside_a_checkout_the_folder_as_shipped_is_the_committed_side(tmp_path):
     shipped = tmp_path / "site-packages" / "results"
     shipped.mkdir(parents=True)
-    folder, what = reproduce.committed_version(shipped, tmp_path / "head", root=tmp_path / "site-packages")
+    folder, what = stores.committed_version(shipped, tmp_path / "head", root=tmp_path / "site-packages")
     assert folder == shipped.resolve() and "not a git checkout" in what
 
 
 def test_seeding_the_committed_runs_never_overwrites_a_file_already_there(tmp_path):
     committed = tmp_path / "committed"
-    (committed / reproduce.COMMITTED_RUNS[0]).mkdir(parents=True)
-    (committed / reproduce.COMMITTED_RUNS[0] / "run.jsonl").write_text("committed\n")
-    (committed / reproduce.COMMITTED_RUNS[0] / "other.jsonl").write_text("committed\n")
-    mine = tmp_path / "results" / reproduce.COMMITTED_RUNS[0]
+    (committed / stores.COMMITTED_RUNS[0]).mkdir(parents=True)
+    (committed / stores.COMMITTED_RUNS[0] / "run.jsonl").write_text("committed\n")
+    (committed / stores.COMMITTED_RUNS[0] / "other.jsonl").write_text("committed\n")
+    mine = tmp_path / "results" / stores.COMMITTED_RUNS[0]
     mine.mkdir(parents=True)
     (mine / "run.jsonl").write_text("committed\nmy own resumed rows\n")
-    reproduce.seed_committed_runs(tmp_path / "results", committed)
+    stores.seed_committed_runs(tmp_path / "results", committed)
     assert (mine / "run.jsonl").read_text() == "committed\nmy own resumed rows\n"
     assert (mine / "other.jsonl").read_text() == "committed\n"
 
@@ -51,13 +51,13 @@ def test_make_figures_remakes_the_stores_and_puts_them_back_if_a_notebook_fails(
     (tmp_path / "traces" / "m").mkdir(parents=True)
     (tmp_path / "traces" / "m" / "old").write_text("committed")
     with pytest.raises(RuntimeError, match="a notebook failed"):
-        with reproduce.regenerated_stores(tmp_path, ("traces",)):
+        with stores.regenerated_stores(tmp_path, ("traces",)):
             assert not (tmp_path / "traces").exists()
             (tmp_path / "traces").mkdir()
             (tmp_path / "traces" / "half-made").write_text("partial")
             raise RuntimeError("a notebook failed")
     assert [p.name for p in (tmp_path / "traces").rglob("*") if p.is_file()] == ["old"]
-    with reproduce.regenerated_stores(tmp_path, ("traces",)):
+    with stores.regenerated_stores(tmp_path, ("traces",)):
         (tmp_path / "traces").mkdir()
         (tmp_path / "traces" / "new").write_text("remade")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["new", "traces"]
@@ -66,14 +66,14 @@ def test_make_figures_remakes_the_stores_and_puts_them_back_if_a_notebook_fails(
 def test_a_store_left_aside_by_a_killed_run_is_refused_not_guessed_at(tmp_path):
     (tmp_path / ".traces.previous").mkdir()
     with pytest.raises(ValueError, match=r"results_dir=.* is not allowed: \.traces\.previous is left from a run"):
-        with reproduce.regenerated_stores(tmp_path, ("traces",)):
+        with stores.regenerated_stores(tmp_path, ("traces",)):
             pass
 
 
 def test_remake_long_runs_moves_the_long_runs_aside_too_and_only_in_the_default_run(tmp_path, monkeypatch):
     """--remake-long-runs: the default run makes the twins' long runs again (they are moved aside while the
     notebooks run, like the stores); with --only, parameters or folders it is refused before anything runs."""
-    long_runs = tmp_path / "results" / reproduce.COMMITTED_RUNS[0]
+    long_runs = tmp_path / "results" / stores.COMMITTED_RUNS[0]
     long_runs.mkdir(parents=True)
     (long_runs / "committed.jsonl").write_text("{}\n")
     seen = []
@@ -113,7 +113,7 @@ def test_make_figures_removes_the_picks_and_traces_it_no_longer_read_and_nothing
     started = time.time()
     for path in kept - {tmp_path / "fig.parquet"}:
         os.utime(path)  # read by this run
-    removed = reproduce.remove_stale(tmp_path, started)
+    removed = stores.remove_stale(tmp_path, started)
     assert set(removed) == {tmp_path / "picks" / "pick_a-0.parquet", tmp_path / "traces" / "m" / "k0"}
     assert all(path.exists() for path in kept) and not (tmp_path / "traces" / "m" / "k0").exists()
 

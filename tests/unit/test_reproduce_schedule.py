@@ -1,4 +1,4 @@
-"""`make figures` runs the notebooks two at a time (sinklib.reproduce.execute_all): each after the notebooks whose stores
+"""`make figures` runs the notebooks two at a time (sinklib.lab.reproduce.execute_all): each after the notebooks whose stores
 it reads, the slowest ready one first, every kernel on one torch thread. These run real papermill kernels on
 notebooks of a few lines that log when they ran and with which environment."""
 import json
@@ -10,8 +10,8 @@ import pytest
 nbformat = pytest.importorskip("nbformat")  # the notebooks extra (the transformers-4.56 tier has none)
 papermill = pytest.importorskip("papermill")
 
-from sinklib import reproduce  # noqa: E402  (needs the notebooks extra)
-from sinklib.reproduce import Execution, execute_all, waits_for  # noqa: E402
+from sinklib.lab import reproduce  # noqa: E402  (needs the notebooks extra)
+from sinklib.lab.reproduce import Execution, execute_all, waits_for  # noqa: E402
 
 pytestmark = pytest.mark.process  # they start Jupyter kernels
 

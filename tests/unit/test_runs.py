@@ -21,7 +21,7 @@ from sinklib.lab import nb07_what_sinks_carry as nb07  # noqa: E402
 from sinklib.lab import nb08_sinks_for_speed as nb08  # noqa: E402
 from sinklib.lab import runs  # noqa: E402
 from sinklib.summary import Layout, Result  # noqa: E402
-from sinklib.reproduce import NOTEBOOKS, notebook_paths  # noqa: E402
+from sinklib.lab.reproduce import NOTEBOOKS, notebook_paths  # noqa: E402
 
 
 def _code_lines_per_section(path: Path) -> dict[str, int]:
@@ -228,7 +228,7 @@ def test_the_paper_parameter_files_run_with_only(params_file, only, tmp_path):
     left out are accepted (and not passed on); the run gets as far as resolving the model names."""
     import yaml
 
-    from sinklib import reproduce
+    from sinklib.lab import reproduce
 
     params = yaml.safe_load(params_file.read_text())
     if not torch.cuda.is_available():  # their device is a GPU: refused, naming it, on a machine without one
@@ -244,7 +244,7 @@ def test_the_paper_parameter_files_run_with_only(params_file, only, tmp_path):
 
 
 def test_a_key_no_notebook_declares_is_still_refused_with_only(tmp_path):
-    from sinklib import reproduce
+    from sinklib.lab import reproduce
 
     with pytest.raises(ValueError, match=r"parameter 'n_problemz' is not allowed: no notebook declares it "
                                          r"\(did you mean 'n_problems'\?\)"):
@@ -253,7 +253,7 @@ def test_a_key_no_notebook_declares_is_still_refused_with_only(tmp_path):
 
 def test_a_key_the_selected_notebooks_do_not_declare_is_named_as_changing_nothing(capsys):
     """`--params {eps: 2.0} --only 03` used to pass silently: notebook 03 sweeps eps_values, not eps."""
-    from sinklib import reproduce
+    from sinklib.lab import reproduce
 
     reproduce.check_parameters({"eps": 2.0}, reproduce.notebook_paths(["03"]))
     assert ("note: eps (notebooks 02 04 05 06 07 08): not a parameter of notebooks 03, so it changes nothing in this run"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import sinklib
-from sinklib import loading, named
+from sinklib import loading, model_names, named
 from sinklib.cache_manifest import MANIFEST, FolderCheckError, check_shipped
 from sinklib.paths import ZOO_DIR
 
@@ -97,7 +97,7 @@ ZOO_DAMAGE = {
 @pytest.mark.parametrize("damage", ZOO_DAMAGE)
 def test_a_damaged_zoo_model_is_refused_naming_the_file(tmp_path, monkeypatch, damage):
     shutil.copytree(ZOO_DIR / "tiny-llada", tmp_path / "tiny-llada")
-    monkeypatch.setattr(loading, "ZOO_DIR", tmp_path)
+    monkeypatch.setattr(model_names, "ZOO_DIR", tmp_path)
     doctor, files = ZOO_DAMAGE[damage]
     doctor(tmp_path / "tiny-llada")
     with pytest.raises(FolderCheckError) as caught:
@@ -130,7 +130,7 @@ def test_a_twin_started_from_a_damaged_shipped_adapter_is_refused_before_it_is_r
 def zoo_copy(tmp_path, monkeypatch):
     """A copy of tiny-llada's shipped folder in a data/models/ that sinklib.load reads instead of the real one."""
     shutil.copytree(ZOO_DIR / "tiny-llada", tmp_path / "tiny-llada")
-    monkeypatch.setattr(loading, "ZOO_DIR", tmp_path)
+    monkeypatch.setattr(model_names, "ZOO_DIR", tmp_path)
     return tmp_path / "tiny-llada"
 
 

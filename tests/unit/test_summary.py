@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from sinklib.ties import NEAR_TIE
-from sinklib import notebook_outputs, stats
+from sinklib import stats
+from sinklib.lab import notebook_outputs
 from sinklib.evaluation.table1 import MaskingTable, accuracy_rows
 from sinklib.summary import FOOTNOTE, Summary, caption, near_tie_models, significant
 
