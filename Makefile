@@ -33,7 +33,7 @@ LOCK_UPGRADE ?=
 COMPILE = $(VENV)/bin/uv pip compile -q pyproject.toml --constraint - --python $(PYTHON) --find-links $(TORCH_WHEELS) \
 	--custom-compile-command "make lock" $(LOCK_UPGRADE)
 
-.PHONY: setup lock browser test test-latest test-unit test-parity test-zoo test-notebooks test-quick figures check benchmark
+.PHONY: setup lock browser test test-latest test-unit test-parity test-zoo test-experiments test-notebooks test-quick figures check benchmark
 
 setup: $(VENV)/.installed $(VENV4)/.installed browser
 
@@ -113,6 +113,10 @@ test-parity: setup
 
 test-zoo: setup
 	$(PY) -m pytest tests/zoo
+
+# the training programs (experiments/, run from a checkout): in the lock's environment only, not on transformers 4.x
+test-experiments: setup
+	$(PY) -m pytest tests/experiments
 
 test-notebooks: setup
 	$(PY) -m pytest tests/notebooks

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from sinklib.zoo import adapt
-from sinklib.zoo.data import held_out
+from experiments.zoo import adapt
+from experiments.zoo.data import held_out
 
 
 def main() -> None:

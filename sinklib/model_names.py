@@ -83,7 +83,7 @@ def _check_if_shipped(folder: Path) -> None:
     resolved = folder.resolve()
     if resolved.is_dir() and resolved.parent == ZOO_DIR.resolve() and not resolved.name.startswith("."):
         verb = "adapt" if resolved.name in named.ADAPTED_MODELS else "train"
-        check_shipped(resolved, resolved.name, f"python -m sinklib.zoo {verb} {resolved.name}")
+        check_shipped(resolved, resolved.name, f"python -m experiments.zoo {verb} {resolved.name}")
 
 
 def is_default_model(name: str) -> bool:
@@ -106,7 +106,7 @@ def resolve_name(name: str) -> str:
     if source == "named":
         return _resolve_named(name)
     if source == "zoo":  # a shipped model: every file as its training wrote it, before any is read
-        check_shipped(ZOO_DIR / name, name, f"python -m sinklib.zoo train {name}")
+        check_shipped(ZOO_DIR / name, name, f"python -m experiments.zoo train {name}")
         return str(ZOO_DIR / name)
     path = Path(name).expanduser()
     if source == "folder":

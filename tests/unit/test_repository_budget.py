@@ -1,6 +1,6 @@
 """The repository's budget: what a newcomer clones stays small. Read from `git ls-files` of the checkout (the files it
 tracks, at the size git stores them): no tracked file over 20 MB, the tracked tree under 120 MB, nothing tracked that
-.gitignore ignores, and no training checkpoint (data/checkpoints/: optimiser states that `python -m sinklib.zoo adapt`
+.gitignore ignores, and no training checkpoint (data/checkpoints/: optimiser states that `python -m experiments.zoo adapt`
 makes again, docs/reproducibility.md). Outside a git checkout (an sdist, an installed wheel) there is nothing to hold,
 and the tests skip saying so."""
 import shutil

@@ -67,7 +67,7 @@ def test_a_damaged_adapter_is_refused_before_its_base_loads_naming_the_folder_th
     assert caught.value.files == files and caught.value.folder == twin_folder
     message = str(caught.value)
     assert f"name_or_model={DIFFUSION!r}" in message and str(twin_folder) in message and files[0] in message
-    assert "git checkout --" in message and f"python -m sinklib.zoo adapt {DIFFUSION}" in message
+    assert "git checkout --" in message and f"python -m experiments.zoo adapt {DIFFUSION}" in message
 
 
 def test_another_twins_whole_folder_is_refused_by_the_name_its_manifest_was_written_for(twin_folder):
@@ -103,7 +103,7 @@ def test_a_damaged_zoo_model_is_refused_naming_the_file(tmp_path, monkeypatch, d
     with pytest.raises(FolderCheckError) as caught:
         sinklib.load("tiny-llada")
     assert caught.value.files == files
-    assert str(tmp_path / "tiny-llada") in str(caught.value) and "python -m sinklib.zoo train tiny-llada" in str(caught.value)
+    assert str(tmp_path / "tiny-llada") in str(caught.value) and "python -m experiments.zoo train tiny-llada" in str(caught.value)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in ZOO_DIR.iterdir() if p.is_dir()))
@@ -115,14 +115,14 @@ def test_every_shipped_folder_carries_a_manifest_it_passes(name):
 def test_a_twin_started_from_a_damaged_shipped_adapter_is_refused_before_it_is_read(tmp_path, monkeypatch):
     """A recipe with init_from (the diffusion twin starts from the autoregressive twin's adapter) reads the shipped
     adapter only as its training wrote it."""
-    from sinklib.zoo import adapt
+    from experiments.zoo import adapt
 
     shutil.copytree(ZOO_DIR / AUTOREGRESSIVE, tmp_path / AUTOREGRESSIVE)
     _edit_json(tmp_path / AUTOREGRESSIVE / "adapter_config.json", lora_alpha=128)
     monkeypatch.setattr(named, "ZOO_DIR", tmp_path)
     with pytest.raises(FolderCheckError, match="adapter_config.json: ") as caught:
         adapt._load_shipped_adapter(None, AUTOREGRESSIVE)  # refused before the model is touched
-    assert f"python -m sinklib.zoo adapt {AUTOREGRESSIVE}" in str(caught.value)
+    assert f"python -m experiments.zoo adapt {AUTOREGRESSIVE}" in str(caught.value)
     assert f"init_from={AUTOREGRESSIVE!r}" in str(caught.value)  # the parameter that named it
 
 
@@ -144,7 +144,7 @@ def test_a_shipped_folder_reached_by_its_path_is_checked_as_by_its_name(zoo_copy
             "symlink": "link"}[spelling]
     with pytest.raises(FolderCheckError) as caught:
         sinklib.load(path)
-    assert caught.value.files == ["config.json"] and "python -m sinklib.zoo train tiny-llada" in str(caught.value)
+    assert caught.value.files == ["config.json"] and "python -m experiments.zoo train tiny-llada" in str(caught.value)
 
 
 @pytest.mark.parametrize("name", ["..", ".", ".hidden", ""])
@@ -171,7 +171,7 @@ def test_an_extra_file_and_a_folder_in_place_of_a_file_are_named_with_the_fix(zo
 
 def test_a_zoo_model_trained_from_a_damaged_donor_is_refused_before_it_is_read(zoo_copy, monkeypatch):
     """tiny-dream starts from tiny-arm's weights (ZooSpec.init_from): the donor is read only as its training wrote it."""
-    from sinklib.zoo import train
+    from experiments.zoo import train
 
     shutil.copytree(ZOO_DIR / "tiny-arm", zoo_copy.parent / "tiny-arm")
     _flip_a_byte(zoo_copy.parent / "tiny-arm" / "model.safetensors")
@@ -179,4 +179,4 @@ def test_a_zoo_model_trained_from_a_damaged_donor_is_refused_before_it_is_read(z
                         lambda *a, **k: pytest.fail("the donor was read"))
     with pytest.raises(FolderCheckError, match="(?s)init_from=.tiny-arm.: .*model.safetensors: SHA-256") as caught:
         train.build_model(train.ZOO["tiny-dream"], train.build_tokenizer(), zoo_copy.parent)
-    assert "python -m sinklib.zoo train tiny-arm" in str(caught.value)
+    assert "python -m experiments.zoo train tiny-arm" in str(caught.value)

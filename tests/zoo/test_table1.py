@@ -8,7 +8,7 @@ import sinklib
 from sinklib.evaluation.table1 import masking_table
 from sinklib.interventions import MaskRandomKeys, MaskSinks
 from sinklib.stats import wilson_interval
-from sinklib.zoo.data import held_out
+from experiments.zoo.data import held_out
 from sinklib.evaluation.tasks import get_task
 
 N = 6

@@ -18,7 +18,7 @@ from sinklib.generation import generate
 from sinklib.loading import LoadedModel, load
 from sinklib.sinks import find_sinks
 from sinklib.stats import wilson_interval
-from sinklib.zoo.data import Problem, held_out, work_is_sound
+from experiments.zoo.data import Problem, held_out, work_is_sound
 
 
 def accuracy(loaded: LoadedModel, n: int = 600, batch_size: int = 50, progress: bool = True,
@@ -107,7 +107,7 @@ def render_card(card: dict) -> str:
 
 A tiny Llama-style model (RMSNorm, RoPE, SwiGLU; {spec['layers']} layers, d_model {spec['hidden_size']},
 {spec['heads']} heads, {card['parameters']:,} parameters, {'causal' if spec['causal'] else 'bidirectional'} attention)
-trained by sinklib on its seeded arithmetic word problems (`sinklib/zoo/data.py`). Sampler family: `{spec['family']}`.
+trained by sinklib on its seeded arithmetic word problems (`experiments/zoo/data.py`). Sampler family: `{spec['family']}`.
 
 | | |
 |---|---|
@@ -124,7 +124,7 @@ trained by sinklib on its seeded arithmetic word problems (`sinklib/zoo/data.py`
 - mean value-vector norm of sink keys (one full pass over the final sequence): {norms}
 
 Reported as measured; the data was not tuned to produce the paper's result. Retrain with
-`python -m sinklib.zoo train {card['name']}`; the loss curve is in `loss_curve.csv`.
+`python -m experiments.zoo train {card['name']}`; the loss curve is in `loss_curve.csv`.
 """
 
 

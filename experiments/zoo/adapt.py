@@ -53,10 +53,11 @@ from sinklib.named import ADAPTED_MODELS, TWIN_CHAT_TEMPLATE, check_adapter, qui
 from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.evaluation.tasks import plain
 from sinklib.zoo import over_training
-from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl
-from sinklib.zoo.evaluate import accuracy, by_template
-from sinklib.zoo.loop import (RunState, card_record, checkpoint_folder, restores_torch_threads, run, saved_checkpoints,
-                              state_header, write_whole)
+from experiments.zoo import retrain
+from experiments.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl
+from experiments.zoo.evaluate import accuracy, by_template
+from experiments.zoo.loop import (RunState, card_record, checkpoint_folder, restores_torch_threads, run, saved_checkpoints,
+                                  state_header, write_whole)
 
 BASE = ADAPTED_MODELS["smollm2-135m-diffusion"].base
 MASK_ID = ADAPTED_MODELS["smollm2-135m-diffusion"].mask_id  # 16, `<empty_output>`: unused by SmolLM2's chat template
@@ -212,7 +213,7 @@ def training_exclusions(spec: AdaptSpec) -> tuple[frozenset[str], frozenset[str]
     if split != shipped:  # work_split depends on every recipe in TWINS: a new or edited one would move it
         raise BadValue(f"recipe {spec.name!r} holds out data/arithmetic_unseen_work_test.jsonl, but work_split() no "
                        "longer computes it (a twin recipe was added or edited): a resumed run would train on other "
-                       "problems; restore the recipes, or rewrite the split (python -m sinklib.zoo data) and retrain")
+                       "problems; restore the recipes, or rewrite the split (python -m experiments.zoo data) and retrain")
     return questions | {p.question for p in split}, frozenset(p.work for p in split)
 
 
@@ -345,10 +346,10 @@ def read_state(path: Path, name: str) -> dict:
         reason = "it is not a checkpoint sinklib wrote" if isinstance(error, pickle.UnpicklingError) else \
             " ".join(str(error).split())[:200]
         raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read ({reason}); remove "
-                       f"it and train again (python -m sinklib.zoo adapt {name})") from None
+                       f"it and train again (python -m experiments.zoo adapt {name})") from None
     if not isinstance(state, dict) or not isinstance(state.get("spec"), dict) or "step" not in state:
         raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt is not a twin's training state "
-                       f"(a spec and a step); remove it and train again (python -m sinklib.zoo adapt {name})")
+                       f"(a spec and a step); remove it and train again (python -m experiments.zoo adapt {name})")
     return state
 
 
@@ -453,7 +454,7 @@ def export_adapter(name: str, step: int | None = None, checkpoints: Path | None 
     saved = saved_checkpoints(folder, STATE_FILE)
     if not saved:
         raise FileNotFoundError(f"checkpoints={str(folder)!r} holds no checkpoint of {name}: train it first "
-                                f"(python -m sinklib.zoo adapt {name})")
+                                f"(python -m experiments.zoo adapt {name})")
     if step is not None and step not in saved:
         raise BadValue(f"step={step!r} is not allowed: {str(folder)!r} holds checkpoints {sorted(saved)}")
     state = read_state(saved[max(saved) if step is None else step] / STATE_FILE, name)
@@ -633,7 +634,7 @@ def render_card(card: dict) -> str:
     return f"""# {card['name']}
 
 SmolLM2-135M-Instruct (`{card['base']}`, the offline Q4_1 GGUF dequantised to float32) with a LoRA adapter trained
-by sinklib (`sinklib/zoo/adapt.py`) on the zoo's arithmetic word problems in plain English, read through SmolLM2's
+by sinklib (`experiments/zoo/adapt.py`) on the zoo's arithmetic word problems in plain English, read through SmolLM2's
 chat template without its default system turn, answered as `a + b = c #### c`. Load it with
 `sinklib.load("{card['name']}")`: the base comes from the GGUF, this folder holds only the adapter.
 
@@ -646,12 +647,10 @@ chat template without its default system turn, answered as `a + b = c #### c`. L
 | final training loss | {card['final_loss']:.4f} |
 | held-out exact-answer accuracy (temperature 0, own sampler) | {score} |
 {held_out}
-Reported as measured. Retrain with `python -m sinklib.zoo adapt {card['name']}` (resumes from its checkpoints in
+Reported as measured. Retrain with `python -m experiments.zoo adapt {card['name']}` (resumes from its checkpoints in
 `data/checkpoints/`); the loss curve is in `loss_curve.csv`.
 """
 
-
-ADAPTATION_PATH = DATA_DIR / "over_training" / "adaptation_dynamics.parquet"
 
 
 def measured_steps(name: str) -> tuple[int, ...]:
@@ -683,8 +682,8 @@ def checkpoint_model(name: str, step: int, checkpoints: Path | None = None):
 
 
 def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, how=None,
-                       results: Path = ADAPTATION_PATH, checkpoint_root: Path | None = None, progress: bool = True):
-    """Measure the twins' checkpoints as notebook 06 measures the zoo's (over_training.measure: accuracy unmasked,
+                       results: Path = over_training.ADAPTATION_PATH, checkpoint_root: Path | None = None, progress: bool = True):
+    """Measure the twins' checkpoints as notebook 06 measures the zoo's (retrain.measure: accuracy unmasked,
     top-1 sink masked and one random key masked; where the sinks sit; the top key's score; the move rate) into
     `results`, one row per checkpoint written as it finishes; a checkpoint already measured on the same weights and
     settings is not measured again. `checkpoint_root` holds one folder per twin (default data/checkpoints/); `steps`
@@ -705,7 +704,7 @@ def measure_adaptation(names: list[str], steps: tuple[int, ...] | None = None, h
             window = [r["loss"] for r in curve if step - 50 <= r["step"] < step]
             row = {**key, "step": step, "train_steps": TWINS[name].steps,
                    "loss": sum(window) / len(window) if window else float("nan"),
-                   **over_training.measure(checkpoint_model(name, step, folder), how, progress=False)}
+                   **retrain.measure(checkpoint_model(name, step, folder), how, progress=False)}
             over_training._add_row(row, Path(results), describe({"n_problems": how.n_problems, "n_traces": how.n_traces,
                                                                  "eps": how.eps, "seed": how.seed},
                                                                 what="SmolLM2's adaptation"))

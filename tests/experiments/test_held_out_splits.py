@@ -2,8 +2,8 @@
 and the per-template table, against answers worked out by hand."""
 import pytest
 
-from sinklib.zoo.data import Problem, held_out, held_out_by_work, problems, work_is_sound
-from sinklib.zoo.evaluate import by_template
+from experiments.zoo.data import Problem, held_out, held_out_by_work, problems, work_is_sound
+from experiments.zoo.evaluate import by_template
 
 
 @pytest.mark.parametrize("output,sound", [
@@ -51,7 +51,7 @@ def test_a_learning_curve_pairs_each_checkpoint_with_the_shipped_adapter_problem
     measured on other problems is refused rather than compared."""
     from scipy.stats import binomtest
 
-    from sinklib.zoo.adapt import curve_rows
+    from experiments.zoo.adapt import curve_rows
 
     items = [Problem("q", "1 + 1 = 2", 2, "add")] * 4
 

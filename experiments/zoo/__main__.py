@@ -1,21 +1,25 @@
-"""python -m sinklib.zoo train NAME [--steps N]   retrain a zoo model from its seed, evaluate it, write its card
-python -m sinklib.zoo adapt NAME [--threads N]    adapt SmolLM2 (smollm2-135m-diffusion / -autoregressive): train a
-                                                 LoRA adapter (resumes from data/checkpoints/NAME), ship it, write its card
-python -m sinklib.zoo data                       write the held-out test sets: data/arithmetic_test.jsonl (new text)
-                                                 and data/arithmetic_unseen_work_test.jsonl (new arithmetic)
-python -m sinklib.zoo over-training [NAME ...]   retrain with checkpoints (data/checkpoints/) and measure each into
-                                                 data/over_training/training_dynamics.parquet; both resume"""
+"""The training programs of the tiny zoo and the SmolLM2 twins, run from a checkout (not shipped in the wheel):
+
+python -m experiments.zoo train NAME [--steps N]      retrain a zoo model from its seed, evaluate it, write its card
+python -m experiments.zoo adapt NAME [--threads N]    adapt SmolLM2 (smollm2-135m-diffusion / -autoregressive): train
+                                                      a LoRA adapter (resumes from data/checkpoints/NAME), ship it,
+                                                      write its card
+python -m experiments.zoo data                        write the held-out test sets: data/arithmetic_test.jsonl (new
+                                                      text) and data/arithmetic_unseen_work_test.jsonl (new arithmetic)
+python -m experiments.zoo over-training [NAME ...]    retrain with checkpoints (data/checkpoints/) and measure each into
+                                                      data/over_training/training_dynamics.parquet; both resume"""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
-from sinklib.zoo import DATA_DIR, ZOO_DIR
-from sinklib.zoo.evaluate import write_card
-from sinklib.zoo.data import held_out, write_jsonl
-from sinklib.zoo import adapt, over_training
-from sinklib.zoo.train import VARIANTS, ZOO, save, train
+from sinklib.paths import DATA_DIR, ZOO_DIR
+from sinklib.zoo.recipes import VARIANTS, ZOO
+from experiments.zoo import adapt, retrain
+from experiments.zoo.data import held_out, write_jsonl
+from experiments.zoo.evaluate import write_card
+from experiments.zoo.train import save, train
 
 
 def positive_int(text: str) -> int:
@@ -60,8 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "over-training":
         names = list(dict.fromkeys(args.names or ZOO))  # each once
         for name in names:
-            over_training.retrain(name, count=args.checkpoint_count, threads=args.threads)
-        print(over_training.measure_all(names, count=args.checkpoint_count).to_string())
+            retrain.retrain(name, count=args.checkpoint_count, threads=args.threads)
+        print(retrain.measure_all(names, count=args.checkpoint_count).to_string())
         return
     args.out.mkdir(parents=True, exist_ok=True)
     model, curve = train(args.name, args.out, steps=args.steps, curve_path=args.out / f"{args.name}.loss.csv")
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     """The command line's parser: one sub-command per line of the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m sinklib.zoo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.zoo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train_cmd = sub.add_parser("train", help="train a zoo model")
     train_cmd.add_argument("name", choices=sorted(ZOO))

@@ -10,7 +10,6 @@ Each run is deterministic from its seed (data order, masking and initialisation)
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,61 +20,14 @@ import transformers
 from sinklib import compat
 from sinklib.cache_manifest import check_shipped, sha256_of, write_shipped_manifest
 from sinklib.validation import BadValue, Count, checked
-from sinklib.zoo.data import Problem, held_out, problems
-from sinklib.zoo.loop import (RunState, card_record, checkpoint_folder, restores_torch_threads, run, saved_checkpoints,
-                              state_header, write_whole)
-from sinklib.zoo.tokenizer import build_tokenizer, save_tokenizer
+from sinklib.zoo.recipes import GEN_LENGTH, ZOO, ZooSpec, recipe
+from experiments.zoo.data import Problem, held_out, problems
+from experiments.zoo.loop import (RunState, card_record, checkpoint_folder, restores_torch_threads, run, saved_checkpoints,
+                                  state_header, write_whole)
+from experiments.zoo.tokenizer import build_tokenizer, save_tokenizer
 
-GEN_LENGTH = 16  # response slot: worked answer + "#### N" + [EOS] padding
 MASK_EPS = 1e-3
 TRAINING_STATE = "training_state.pt"  # a zoo checkpoint's run state, beside its model.safetensors
-
-
-@dataclass(frozen=True)
-class ZooSpec:
-    """One zoo model's recipe: its name, sampler family and training objective, causal or bidirectional attention,
-    seed, optimiser steps and settings, the zoo model whose weights it starts from (init_from), and its sizes."""
-
-    name: str
-    family: str  # the sinklib sampler family
-    objective: str  # "llada", "arm" or "dream"
-    causal: bool
-    seed: int
-    steps: int
-    batch_size: int = 64
-    lr: float = 2e-3
-    warmup: int = 100
-    init_from: str | None = None
-    stratified_t: bool = False  # t_i = (i + u_i) / B across the batch: the same U(0,1) marginal, lower variance
-    mask_prompt: bool = False  # diffusion objectives: in every other row the prompt after [BOS] is masked and predicted too
-    hidden_size: int = 128
-    intermediate_size: int = 344
-    layers: int = 4
-    heads: int = 4
-
-
-ZOO = {
-    "tiny-llada": ZooSpec("tiny-llada", "llada", "llada", causal=False, seed=11, steps=5000, lr=5e-4, stratified_t=True),
-    "tiny-arm": ZooSpec("tiny-arm", "arm", "arm", causal=True, seed=12, steps=1200),
-    "tiny-dream": ZooSpec("tiny-dream", "dream", "dream", causal=False, seed=13, steps=2600, init_from="tiny-arm",
-                          stratified_t=True),
-}
-# Recipes that are studied but not shipped: each differs from a zoo model in one setting.
-VARIANTS = {
-    # LLaDA's pre-training masks the whole sequence, not only the answer: a prompt token may be missing, so no
-    # single key can be relied on. Half of each batch (the odd rows, so both ends of the stratified t) trains so.
-    "tiny-llada-prompt-masking": dataclasses.replace(ZOO["tiny-llada"], name="tiny-llada-prompt-masking",
-                                                     mask_prompt=True),
-}
-
-
-def recipe(name: str) -> ZooSpec:
-    """The recipe of a zoo model or a studied variant, by name."""
-    if name in ZOO:
-        return ZOO[name]
-    if name in VARIANTS:
-        return VARIANTS[name]
-    raise BadValue(f"name={name!r} is not allowed: name must be one of {sorted(ZOO) + sorted(VARIANTS)}")
 
 
 def model_config(spec: ZooSpec, tokenizer) -> transformers.LlamaConfig:
@@ -176,9 +128,9 @@ def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaFo
         source = zoo_dir / spec.init_from
         if not (source / "model.safetensors").exists():
             raise FileNotFoundError(f"{spec.name} starts from {spec.init_from}'s weights: train {spec.init_from} first "
-                                    f"(python -m sinklib.zoo train {spec.init_from})")
+                                    f"(python -m experiments.zoo train {spec.init_from})")
         # the donor as its training wrote it (its manifest), as sinklib.load reads a zoo model
-        check_shipped(source, spec.init_from, f"python -m sinklib.zoo train {spec.init_from}", "init_from")
+        check_shipped(source, spec.init_from, f"python -m experiments.zoo train {spec.init_from}", "init_from")
         donor = transformers.LlamaForCausalLM.from_pretrained(source)
         model.load_state_dict(donor.state_dict())
     compat.make_bidirectional(model)
@@ -191,20 +143,6 @@ def objective_loss(spec: ZooSpec, model, batch, mask_id: int, generator: torch.G
         return next_token_loss(model, batch)
     return masked_diffusion_loss(model, batch, mask_id, generator, shifted=spec.objective == "dream",
                                  stratified=spec.stratified_t, mask_prompt=spec.mask_prompt)
-
-
-def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
-    """Step 0 (the initialisation) and `count` distinct steps log-spaced from `first` to `total` (the last is
-    `total`): the steps after which a run followed over training saves its weights."""
-    if count < 2 or not 1 <= first < total or count > total - first + 2:  # before building any step list
-        raise BadValue(f"count={count} is not allowed with total={total}, first={first}: need count >= 2, "
-                       "1 <= first < total and count <= total - first + 2 (one step per distinct checkpoint)")
-    ratio = (total / first) ** (1 / (count - 1))
-    steps = sorted({0, *(round(first * ratio ** i) for i in range(count - 1)), total})
-    if len(steps) != count + 1:
-        raise BadValue(f"count={count} is not allowed with total={total}: log-spaced steps from {first} would "
-                       f"repeat; ask for fewer")
-    return steps
 
 
 def _save_checkpoint(folder: Path, spec: ZooSpec, model, optimizer, generator: torch.Generator,
@@ -227,7 +165,7 @@ def checked_checkpoint(path: Path, name: str, step: int) -> dict:
     (a folder copied or linked under another step's name is caught) and the sha256 of the weights it was saved with
     (a cut or edited weights file is caught; a checkpoint saved before the hash was kept has its safetensors header
     checked against the file's length)."""
-    redo = f"remove {path} and retrain it (python -m sinklib.zoo over-training {name})"
+    redo = f"remove {path} and retrain it (python -m experiments.zoo over-training {name})"
     weights, state_file = path / "model.safetensors", path / TRAINING_STATE
     if not weights.is_file() or not state_file.is_file():
         raise BadValue(f"checkpoint {str(path)!r} is not allowed: it lacks "

@@ -7,7 +7,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from sinklib.zoo.data import ITEMS, MAX_NUMBER, NAMES
+from experiments.zoo.data import ITEMS, MAX_NUMBER, NAMES
 
 SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]"]
 WORDS = ["Q:", "A:", "####", ".", "?", "+", "-", "*", "=", "has", "gets", "more", "how", "many", "does", "have", "now",

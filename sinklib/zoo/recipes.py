@@ -1,0 +1,75 @@
+"""The tiny zoo's recipes, as data: each model's (and each studied variant's) objective, seed, steps and
+sizes (ZOO, VARIANTS, recipe), its answer slot (GEN_LENGTH) and the steps a run followed over training saves
+(checkpoint_steps). The training itself is experiments/zoo/train.py, run from a checkout."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from sinklib.validation import BadValue
+
+
+GEN_LENGTH = 16  # response slot: worked answer + "#### N" + [EOS] padding
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    """One zoo model's recipe: its name, sampler family and training objective, causal or bidirectional attention,
+    seed, optimiser steps and settings, the zoo model whose weights it starts from (init_from), and its sizes."""
+
+    name: str
+    family: str  # the sinklib sampler family
+    objective: str  # "llada", "arm" or "dream"
+    causal: bool
+    seed: int
+    steps: int
+    batch_size: int = 64
+    lr: float = 2e-3
+    warmup: int = 100
+    init_from: str | None = None
+    stratified_t: bool = False  # t_i = (i + u_i) / B across the batch: the same U(0,1) marginal, lower variance
+    mask_prompt: bool = False  # diffusion objectives: in every other row the prompt after [BOS] is masked and predicted too
+    hidden_size: int = 128
+    intermediate_size: int = 344
+    layers: int = 4
+    heads: int = 4
+
+
+ZOO = {
+    "tiny-llada": ZooSpec("tiny-llada", "llada", "llada", causal=False, seed=11, steps=5000, lr=5e-4, stratified_t=True),
+    "tiny-arm": ZooSpec("tiny-arm", "arm", "arm", causal=True, seed=12, steps=1200),
+    "tiny-dream": ZooSpec("tiny-dream", "dream", "dream", causal=False, seed=13, steps=2600, init_from="tiny-arm",
+                          stratified_t=True),
+}
+
+
+# Recipes that are studied but not shipped: each differs from a zoo model in one setting.
+VARIANTS = {
+    # LLaDA's pre-training masks the whole sequence, not only the answer: a prompt token may be missing, so no
+    # single key can be relied on. Half of each batch (the odd rows, so both ends of the stratified t) trains so.
+    "tiny-llada-prompt-masking": dataclasses.replace(ZOO["tiny-llada"], name="tiny-llada-prompt-masking",
+                                                     mask_prompt=True),
+}
+
+
+def recipe(name: str) -> ZooSpec:
+    """The recipe of a zoo model or a studied variant, by name."""
+    if name in ZOO:
+        return ZOO[name]
+    if name in VARIANTS:
+        return VARIANTS[name]
+    raise BadValue(f"name={name!r} is not allowed: name must be one of {sorted(ZOO) + sorted(VARIANTS)}")
+
+
+def checkpoint_steps(total: int, count: int = 8, first: int = 25) -> list[int]:
+    """Step 0 (the initialisation) and `count` distinct steps log-spaced from `first` to `total` (the last is
+    `total`): the steps after which a run followed over training saves its weights."""
+    if count < 2 or not 1 <= first < total or count > total - first + 2:  # before building any step list
+        raise BadValue(f"count={count} is not allowed with total={total}, first={first}: need count >= 2, "
+                       "1 <= first < total and count <= total - first + 2 (one step per distinct checkpoint)")
+    ratio = (total / first) ** (1 / (count - 1))
+    steps = sorted({0, *(round(first * ratio ** i) for i in range(count - 1)), total})
+    if len(steps) != count + 1:
+        raise BadValue(f"count={count} is not allowed with total={total}: log-spaced steps from {first} would "
+                       f"repeat; ask for fewer")
+    return steps
