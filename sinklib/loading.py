@@ -26,6 +26,7 @@ from sinklib.families.cached import Window, forward_cached
 from sinklib.cache_manifest import weights_fingerprint
 from sinklib.model_names import (_declaring_family, _offline_hint, infer_family, infer_family_from_dict, model_source,
                                  resolve_name)
+from sinklib.settings import Settings
 from sinklib.model_names import is_default_model  # noqa: F401  (evaluation.table1 imports it from here)
 
 CALLING = ("native", "remote")
@@ -89,7 +90,7 @@ class LoadedModel:
         which reads plain "Q: … A:" text). generate's chat=None means this."""
         return not self.is_zoo
 
-    def settings_for(self, task: Any = None, **overrides: Any):
+    def settings_for(self, task: Any = None, **overrides: Any) -> Settings:
         """The settings this model samples with, built once as its family's settings dataclass (checked when made,
         special ids filled in): a named model's own laptop settings, else the family's (the zoo's answer slot for a
         zoo model, the paper's generation for any other), resized to the generation length `task` (a Task, e.g.
@@ -111,7 +112,7 @@ class LoadedModel:
         changes = {**own, **overrides, **layout_changes(base, **layout), **self._special_ids_of(settings)}
         return self.runnable(dataclasses.replace(settings, **changes))
 
-    def runnable(self, settings):
+    def runnable(self, settings: Settings) -> Settings:
         """`settings` as this model runs them: its family's settings dataclass with the model's special ids, refused
         if this model cannot run them (a KV cache on a model that runs its own remote code, which keeps none sinklib
         can reuse: upstream LLaDA's has none; the threshold works everywhere)."""
@@ -126,7 +127,7 @@ class LoadedModel:
                                                      "no cache sinklib can reuse (threshold works without one)")
         return settings
 
-    def _special_ids_of(self, settings) -> dict[str, Any]:
+    def _special_ids_of(self, settings: Settings) -> dict[str, Any]:
         """The model's special ids (mask_id, eos_ids, pad_id) that `settings` has fields for."""
         names = {f.name for f in dataclasses.fields(settings)}
         return {name: value for name, value in self.special_ids().items() if name in names}

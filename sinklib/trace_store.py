@@ -20,7 +20,7 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -33,6 +33,7 @@ from sinklib.generation import generate
 from sinklib.interventions import identity
 from sinklib.keys import code_of, model_identity, numerics_code
 from sinklib.loading import LoadedModel
+from sinklib.settings import Settings
 from sinklib.trace import Trace
 from sinklib.validation import BadValue
 
@@ -42,7 +43,7 @@ STORE_FORMAT = 2
 MEASURED = "measured"  # a trace folder's subfolder of measurements (stored_measurement): a cache, as its scores are
 
 
-def trace_key(loaded: LoadedModel, prompt: str, settings: Any, seed: int, chat: bool, intervention=None) -> dict:
+def trace_key(loaded: LoadedModel, prompt: str, settings: Settings, seed: int, chat: bool, intervention=None) -> dict:
     """Every input a trace depends on (a JSON-able dict): what its folder's name is the digest of. The model as
     keys.model_identity (name, family, weights, forward-shaping files, dtype), the settings' every field, the prompt,
     seed, chat flag, intervention, and keys.numerics_code()."""
@@ -84,7 +85,7 @@ class StoredTrace(Trace):
 
 
 def stored_traces(loaded: LoadedModel, texts: Sequence[str], store: str | Path, seed: int = 0, intervention=None,
-                  progress: bool = True, settings=None) -> list[Trace]:
+                  progress: bool = True, settings: Settings | None = None) -> list[Trace]:
     """One trace per prompt as collect_traces makes them (prompt i with seed + i, the model's own
     prompt style, `settings` default loaded.settings_for()), each a StoredTrace of `store` (trace_key): its light
     record read when it is there, its scores read or generated when an analysis asks for them; a prompt with no
@@ -114,7 +115,7 @@ def stored_traces(loaded: LoadedModel, texts: Sequence[str], store: str | Path, 
     return traces
 
 
-def _whole(loaded: LoadedModel, text: str, settings: Any, seed: int, intervention, key: dict, folder: Path,
+def _whole(loaded: LoadedModel, text: str, settings: Settings, seed: int, intervention, key: dict, folder: Path,
            progress: bool) -> Trace:
     """A stored trace with its scores: read when the store holds them, else generated again and saved there."""
     if Trace.has_scores(folder):
@@ -130,7 +131,7 @@ def _whole(loaded: LoadedModel, text: str, settings: Any, seed: int, interventio
 
 
 def collect_traces(loaded: LoadedModel, texts: Sequence[str], out: str | Path | None = None, seed: int = 0,
-                   intervention=None, progress: bool = True, settings=None) -> list[Trace]:
+                   intervention=None, progress: bool = True, settings: Settings | None = None) -> list[Trace]:
     """One trace per prompt, as generate makes them: prompt i with seed + i, in the model's own prompt style.
 
     Args:

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 from sinklib.explorer.page import to_html
 from sinklib.generation import demo_trace
 from sinklib.loading import LoadedModel, load
+from sinklib.settings import Settings
 from sinklib.trace import Trace
 from sinklib.validation import BadValue
 
@@ -21,7 +22,7 @@ def page_name(model: str) -> str:
 
 def export_pages(models: Sequence[str], folder: str | Path, prompt: str, *, traces: Mapping[str, Trace] | None = None,
                  eps: float = 3.0, seed: int = 0, load_options: Mapping[str, Any] | None = None,
-                 settings_for: Callable[[LoadedModel], Any] | None = None, progress: bool = True) -> list[Path]:
+                 settings_for: Callable[[LoadedModel], Settings] | None = None, progress: bool = True) -> list[Path]:
     """Write folder/explorer_<model>.html for each model. A model with a trace in `traces` reuses it; the others
     are loaded one at a time (load_options → sinklib.load) and generate `prompt` with generate.demo_trace, under
     settings_for(loaded model) (None: each model's own settings, LoadedModel.settings_for())."""

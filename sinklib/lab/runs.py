@@ -22,6 +22,7 @@ from sinklib.paths import NOTEBOOKS
 from sinklib.plots import save_figure
 from sinklib.provenance import describe, record_artifacts, write_parquet
 from sinklib.registry import Registry
+from sinklib.settings import Settings
 from sinklib.summary import Result
 from sinklib.trace import Trace
 from sinklib.validation import BadValue, Consent, Count, DType, Device, Flag, Folder, Index, ModelNames, did_you_mean
@@ -172,7 +173,7 @@ class SamplingPart:
     block_length: Count | None = None
     seed: Index = 0
 
-    def settings_for(self, model: Any, task: str | None = None):
+    def settings_for(self, model: LoadedModel, task: str | None = None) -> Settings:
         """The settings `model` (a LoadedModel) samples with in this run: its own for `task` (LoadedModel.settings_for)
         with this run's steps / gen_length / block_length laid over them. The one place a run's layout reaches a
         model: every section of every notebook asks here."""
