@@ -18,6 +18,7 @@ from sinklib.layers import attention_layers
 from sinklib.families.base import left_pad
 from sinklib.ties import recording_decisions
 from sinklib.loading import LoadedModel, load
+from sinklib.settings import Settings
 from sinklib.trace import Trace
 
 def encode(loaded: LoadedModel, prompt, chat: bool) -> list[int]:
@@ -75,7 +76,7 @@ def _is_single(prompt) -> bool:
 
 
 @checked
-def generate(model, prompt, settings=None, *, seed: Index = 0,
+def generate(model, prompt, settings: Settings | None = None, *, seed: Index = 0,
              maps: Sequence[tuple[int, int | str, int]] | None = None, intervention=None, chat: Flag | None = None,
              progress: Flag = True, keep_scores: Flag = True) -> Trace | list[Trace]:
     """Run the model's family sampler with attention capture; a list of prompts gives a list of Traces.
@@ -144,7 +145,7 @@ def _check_fits_model(loaded: LoadedModel, encoded: list[list[int]], gen_length:
                         f"{loaded.name} handles {loaded.max_length} positions")
 
 
-def _sample(loaded: LoadedModel, rec, encoded: list[list[int]], settings, seed: int, total: int,
+def _sample(loaded: LoadedModel, rec, encoded: list[list[int]], settings: Settings, seed: int, total: int,
             progress: bool, windows: list) -> list[torch.Tensor]:
     """The family's sampler on the left-padded prompts, each forward telling the capture which queries are real;
     `windows` gets each forward's computed canvas columns ((start, stop) of a cached diffusion step, else None)."""
@@ -217,7 +218,7 @@ def _recomputed(windows: list, width: int) -> torch.Tensor | None:
     return computed
 
 
-def _split(loaded: LoadedModel, rec, canvases, encoded, settings, meta: dict, prompts,
+def _split(loaded: LoadedModel, rec, canvases, encoded, settings: Settings, meta: dict, prompts,
            margins: torch.Tensor | None, windows: list | None = None) -> list[Trace]:
     """One Trace per prompt: the row's canvases without its left padding, cut where the family says it ends."""
     family = loaded.family
@@ -263,7 +264,7 @@ def _token_strings(loaded: LoadedModel, tokens: torch.Tensor) -> dict[int, str]:
     return dict(zip(ids, loaded.tokenizer.convert_ids_to_tokens(ids)))
 
 
-def _meta(loaded: LoadedModel, settings, seed: int, intervention, chat: bool) -> dict[str, Any]:
+def _meta(loaded: LoadedModel, settings: Settings, seed: int, intervention, chat: bool) -> dict[str, Any]:
     return {"model": loaded.name, "family": loaded.family.name, "kind": loaded.family.kind,
             "settings": dataclasses.asdict(settings), "seed": seed,
             "intervention": repr(intervention) if intervention is not None else None, "chat": chat,
@@ -271,7 +272,7 @@ def _meta(loaded: LoadedModel, settings, seed: int, intervention, chat: bool) ->
                          "transformers": transformers.__version__, "python": platform.python_version()}}
 
 
-def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, settings=None) -> Trace:
+def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, settings: Settings | None = None) -> Trace:
     """One generation of `prompt` as the explorer shows it: `settings` (default the model's own,
     LoadedModel.settings_for()), in the model's own prompt style."""
     return generate(loaded, prompt, settings, seed=seed, progress=False)

@@ -284,3 +284,28 @@ def test_the_public_tier_documents_every_parameter():
             if returns not in (None, "None", inspect.Signature.empty) and not {"returns", "yields"} & set(documented):
                 missing.append(f"{module.__name__}.{name}: returns {returns} but has no Returns: section")
     assert missing == []
+
+
+def test_the_settings_are_typed_at_every_door_that_takes_or_gives_them():
+    """generate, collect_traces, stored_traces and demo_trace take a Settings (sinklib.settings: what every family's
+    settings dataclass is), LoadedModel.settings_for and a run config's settings_for return one: no door leaves the
+    settings object untyped (`Any` or nothing), and each family's settings dataclass is a Settings."""
+    import inspect
+    import typing
+
+    from sinklib.families.arm import ARMSettings
+    from sinklib.families.dream import DreamSettings
+    from sinklib.families.llada import LLaDASettings
+    from sinklib.generation import demo_trace
+    from sinklib.loading import LoadedModel
+    from sinklib.settings import Settings
+    from sinklib.trace_store import stored_traces
+
+    assert inspect.signature(sinklib.generate).parameters["settings"].annotation == "Settings | None"
+    for door in (sinklib.generate, sinklib.collect_traces, stored_traces, demo_trace):
+        assert typing.get_type_hints(door)["settings"] == Settings | None, door.__qualname__
+    assert typing.get_type_hints(LoadedModel.settings_for)["return"] is Settings
+    assert typing.get_type_hints(LoadedModel.runnable)["return"] is Settings
+    for family_settings in (LLaDASettings(steps=4, gen_length=4), DreamSettings(steps=4, gen_length=4),
+                            ARMSettings(gen_length=4)):
+        assert isinstance(family_settings, Settings)
