@@ -22,7 +22,20 @@ from sinklib.settings import Settings
 from sinklib.trace import Trace
 
 def encode(loaded: LoadedModel, prompt, chat: bool) -> list[int]:
-    """Text through the chat template (when asked and available) or plain tokenisation; ids pass through."""
+    """A prompt as the token ids the model reads: text through the chat template (when asked and the tokenizer has
+    one) or plain tokenisation; token ids pass through, checked against the vocabulary.
+
+    Args:
+        loaded: the LoadedModel whose tokenizer encodes the text.
+        prompt: a text, a list of token ids, or a 1-d integer tensor (or array) of them.
+        chat: the text through the chat template (LoadedModel.chat is the model's own prompt style).
+
+    Returns:
+        The prompt's token ids, as generate feeds them to the sampler.
+
+    Raises:
+        BadValue: an empty prompt, a float or bool tensor, or an id outside the vocabulary.
+    """
     if isinstance(prompt, np.ndarray):
         prompt = torch.from_numpy(prompt)
     if isinstance(prompt, torch.Tensor):
@@ -273,6 +286,16 @@ def _meta(loaded: LoadedModel, settings: Settings, seed: int, intervention, chat
 
 
 def demo_trace(loaded: LoadedModel, prompt: str, seed: int = 0, settings: Settings | None = None) -> Trace:
-    """One generation of `prompt` as the explorer shows it: `settings` (default the model's own,
-    LoadedModel.settings_for()), in the model's own prompt style."""
+    """One generation of `prompt` as the explorer shows it, in the model's own prompt style and without a progress
+    bar (notebook 00 and the explorer's pages make theirs so).
+
+    Args:
+        loaded: the LoadedModel to generate with.
+        prompt: the prompt's text.
+        seed: the sampler's seed.
+        settings: the family's settings; None: the model's own (LoadedModel.settings_for()).
+
+    Returns:
+        The Trace, with its scores.
+    """
     return generate(loaded, prompt, settings, seed=seed, progress=False)

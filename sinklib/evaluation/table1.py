@@ -259,7 +259,16 @@ class Condition:
     "random-5"), how a finding says it ("with its top-{k} sinks masked"; "{s}" is "s" unless k is 1) and `policy`,
     which builds the intervention for a model family's kind ("diffusion" / "autoregressive") and k from the table's
     seed and the condition's own `eps` (the Eq. 3 threshold of a sink condition, sum units; the paper's 3 unless made
-    `at` another). k = 0 is the unmasked column every table starts with, whatever its conditions."""
+    `at` another). k = 0 is the unmasked column every table starts with, whatever its conditions. CONDITIONS holds
+    them by name; `CONDITIONS.get("sinks").at(2.0)` is Table 1's sink column at another eps.
+
+    Attributes:
+        label: the rows' condition name ("sinks", "random keys", …).
+        column: the column name before "-k" ("top", "random", …).
+        words: how a finding says it, with {k} and {s} filled in ("with its top-{k} sink{s} masked").
+        policy: builds the intervention: policy(family=, k=, eps=, seed=).
+        eps: the Eq. 3 threshold a sink condition uses (sum units).
+    """
     label: str
     column: str
     words: str
@@ -282,7 +291,16 @@ class Condition:
 
 def paper_masking(family: Family, top_k: int, eps: float = 3.0) -> MaskSinks:
     """The paper's top-k sink masking: Eq. 3 on the previous step's scores, its sinks read from the query rows the
-    family computes (Family.sink_rows)."""
+    family computes (Family.sink_rows). Table 1's "sinks" condition masks with it.
+
+    Args:
+        family: the model's Family (LoadedModel.family).
+        top_k: how many of the strongest sinks are masked.
+        eps: the Eq. 3 threshold (sum units).
+
+    Returns:
+        The MaskSinks policy, for generate, evaluate or capture's `intervention`.
+    """
     return MaskSinks(top_k=top_k, eps=eps, source="previous_step", rows=family.sink_rows)
 
 
