@@ -1,11 +1,13 @@
-"""Extending sinklib: every registry, and one verb that adds to any of them.
+"""Extending sinklib: every registry, and one verb that adds to any of them. With `doubling` a Task named "doubling",
+MaskFirstKeys an Intervention class, `first_keys` a Condition and MyRun a run config of yours (docs/extending.md
+builds each):
 
     from sinklib import extend
 
     extend.register("family", "toy", "tests.toy_family:TOY")     # a Family, or its lazy "module:ATTRIBUTE"
-    extend.register("task", "doubling", Task("doubling", ...))    # an evaluation task
+    extend.register("task", "doubling", doubling)                 # an evaluation task, under its own name
     extend.register("policy", "mask_first_keys", MaskFirstKeys)   # a masking policy, by name in lm-eval's model_args
-    extend.register("condition", "first keys", Condition(...))    # a Table 1 column (masking_table's conditions)
+    extend.register("condition", "first keys", first_keys)        # a Table 1 column (masking_table's conditions)
     extend.register("notebook", "99_mine", MyRun)                 # a notebook's run config (its NOTEBOOK does it too)
 
 Each registry refuses a name registered already (replace=True replaces it) and an unknown name with "did you mean";

@@ -44,7 +44,7 @@ def capture(
 
         with sinklib.capture(model) as recorder:
             model(ids)
-        recorder.scores()  # [steps, layers, heads, keys], sum units
+        recorder.scores  # [steps, layers, batch, heads, keys], sum units
 
     Args:
         model: the torch module (a LoadedModel's .model, or any transformers model the capture supports).

@@ -446,7 +446,7 @@ def evaluate(model: LoadedModel | str, task: "str | Task", settings: Any = None,
             of samples, its first `limit` samples, a code task's sandbox limits.
         settings: the family's settings dataclass; None: LoadedModel.settings_for(task), the model's own settings
             resized to the task's generation length (GSM8K's 256 tokens, HumanEval's 512, as Table 1 runs them).
-        intervention: a policy applied at every forward (sinklib.interventions), e.g. MaskSinks(k=1).
+        intervention: a policy applied at every forward (sinklib.interventions), e.g. MaskSinks(top_k=1).
         batch_size: prompts per generation, part of the configuration.
         out: a JSONL file: its header (the run's key, inputs and provenance: run_header), then one record per sample
             as it finishes (id, prompt, output, extracted answers, correct, margin: the generation's closest
