@@ -309,3 +309,50 @@ def test_the_settings_are_typed_at_every_door_that_takes_or_gives_them():
     for family_settings in (LLaDASettings(steps=4, gen_length=4), DreamSettings(steps=4, gen_length=4),
                             ARMSettings(gen_length=4)):
         assert isinstance(family_settings, Settings)
+
+
+def _floors() -> tuple[dict[str, int], set[tuple[str, str]]]:
+    """docs/architecture.md's floor table, read: a module's top-level name (a package by its folder, `__init__` the
+    package itself) → its floor (0 the top), and the arrows back up it lists, (importing module, imported module)."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## The floors"):text.index("## One call")]
+    floors: dict[str, int] = {}
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| floor ")]
+    for rank, row in enumerate(rows):
+        cell = re.sub(r"\([^()]*\)", "", row.split("|")[2])  # the parts named in parentheses are the module's own
+        for name in re.findall(r"`([\w.]+)/?`", cell):
+            assert name not in floors, f"{name} is on two floors"
+            floors[name] = rank
+    back = section[section.index("Arrows back up"):]
+    arrows = set(re.findall(r"`([\w.]+)` → `([\w.]+)`", back.split("\n\n")[0]))
+    return floors, arrows
+
+
+def test_the_architecture_pages_floors_hold_every_import():
+    """Every module of sinklib is on one floor of docs/architecture.md's table, and each import statement in it (at
+    the top or inside a function) reaches its own floor or one below — but for the arrows back up the page lists,
+    each an import inside a function, and no more than those."""
+    floors, arrows = _floors()
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+    def top(module: str) -> str:
+        return module.split(".")[1] if "." in module else "__init__"
+
+    unplaced = sorted({top(module) for module in modules} - set(floors))
+    assert not unplaced, f"modules on no floor of docs/architecture.md: {unplaced}"
+    assert not set(floors) - {top(module) for module in modules}, "a floor names a module sinklib does not have"
+    upward, lazy = set(), set()
+    for module, path in modules.items():
+        inside = {line for line, _ in _imports_inside_functions(path)}
+        for imported, line in _imports(path):
+            target = _imported_module(imported, set(modules))
+            if floors[top(target)] < floors[top(module)]:
+                arrow = (module.removeprefix("sinklib."), target.removeprefix("sinklib."))
+                upward.add(arrow)
+                if line in inside:
+                    lazy.add(arrow)
+    assert upward == arrows, f"imports up a floor, not listed as arrows back up: {sorted(upward - arrows)}; " \
+                             f"listed but gone: {sorted(arrows - upward)}"
+    assert lazy == upward, f"an arrow back up imported at the top of its module: {sorted(upward - lazy)}"
