@@ -29,7 +29,7 @@ __all__ = ["REGISTRIES", "register", "register_family", "register_task", "regist
 REGISTRIES = {
     "family": "sinklib.families.base:FAMILIES",
     "task": "sinklib.evaluation.tasks:TASKS",
-    "policy": "sinklib.interventions:POLICIES",
+    "policy": "sinklib.interventions:MASKING_POLICIES",
     "condition": "sinklib.evaluation.table1:CONDITIONS",
     "notebook": "sinklib.lab.runs:RUNS",
 }

@@ -434,11 +434,12 @@ class Audited(Intervention):
         self.policy.observe(call, stats)
 
 
-POLICIES: Registry[type] = Registry("policy", {"mask_sinks": MaskSinks, "mask_random_keys": MaskRandomKeys,
-                                                "mask_keys": MaskKeys, "ablate_values": AblateValues,
-                                                "evict_oldest": EvictOldest})
+# the masking policies by name (sinklib.speed.POLICIES are the samplers' settings, another thing)
+MASKING_POLICIES: Registry[type] = Registry("policy", {"mask_sinks": MaskSinks, "mask_random_keys": MaskRandomKeys,
+                                                        "mask_keys": MaskKeys, "ablate_values": AblateValues,
+                                                        "evict_oldest": EvictOldest})
 
 
 def make_policy(name: str, **settings) -> Intervention:
     """A registered masking policy by name, e.g. make_policy("mask_sinks", top_k=1)."""
-    return POLICIES.get(name)(**settings)
+    return MASKING_POLICIES.get(name)(**settings)

@@ -38,7 +38,7 @@ from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.table1 import CONDITIONS
 from sinklib.families.base import RENAMED, Family, check_options, get_family, option_owners
 from sinklib.generation import generate
-from sinklib.interventions import POLICIES, AblateValues, MaskSinks, make_policy
+from sinklib.interventions import MASKING_POLICIES as POLICIES, AblateValues, MaskSinks, make_policy
 from sinklib.loading import LoadedModel, load
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Extension points, each used from outside the package: what a newcomer adds touches only their own file and one
 registry call (sinklib/ is not edited; the family's own proof is tests/unit/test_families.py with tests/toy_family.py).
 
-- an intervention: a class with keys_to_mask, registered in sinklib.interventions.POLICIES, then reached by name —
+- an intervention: a class with keys_to_mask, registered in sinklib.interventions.MASKING_POLICIES, then reached by name —
   by the evaluation runner (make_policy) and by the lm-eval model (model_args policy=NAME,policy.SETTING=VALUE);
 - a Table 1 condition: a Condition registered in sinklib.evaluation.table1.CONDITIONS, a column of masking_table
   by name beside the paper's;
@@ -21,7 +21,7 @@ import sinklib
 from sinklib.evaluation import evaluate
 from sinklib.evaluation.table1 import CONDITIONS, Condition, masking_table
 from sinklib.evaluation.tasks import get_task
-from sinklib.interventions import POLICIES, Intervention, MaskKeys, make_policy
+from sinklib.interventions import MASKING_POLICIES, Intervention, MaskKeys, make_policy
 
 
 class MaskFirstKeys(Intervention):
@@ -39,9 +39,9 @@ class MaskFirstKeys(Intervention):
 
 @pytest.fixture()
 def toy_policy():
-    POLICIES.register("mask_first_keys", MaskFirstKeys)
+    MASKING_POLICIES.register("mask_first_keys", MaskFirstKeys)
     yield "mask_first_keys"
-    POLICIES.unregister("mask_first_keys")
+    MASKING_POLICIES.unregister("mask_first_keys")
 
 
 def test_a_policy_defined_here_runs_by_name_as_the_built_in_policy_it_equals(toy_policy):
