@@ -255,19 +255,15 @@ def _plots():
 
 @dataclass(frozen=True)
 class Condition:
-    """One kind of Table 1 column, as data: its `label` (the rows' condition), its column name before "-k" ("top-1",
-    "random-5"), how a finding says it ("with its top-{k} sinks masked"; "{s}" is "s" unless k is 1) and `policy`,
-    which builds the intervention for a model family's kind ("diffusion" / "autoregressive") and k from the table's
-    seed and the condition's own `eps` (the Eq. 3 threshold of a sink condition, sum units; the paper's 3 unless made
-    `at` another). k = 0 is the unmasked column every table starts with, whatever its conditions. CONDITIONS holds
-    them by name; `CONDITIONS.get("sinks").at(2.0)` is Table 1's sink column at another eps.
+    """One kind of Table 1 column, as data; k = 0 is the unmasked column every table starts with, whatever its
+    conditions. CONDITIONS holds them by name (`CONDITIONS.get("sinks").at(2.0)`: the sinks' column at another eps).
 
     Attributes:
-        label: the rows' condition name ("sinks", "random keys", …).
-        column: the column name before "-k" ("top", "random", …).
-        words: how a finding says it, with {k} and {s} filled in ("with its top-{k} sink{s} masked").
-        policy: builds the intervention: policy(family=, k=, eps=, seed=).
-        eps: the Eq. 3 threshold a sink condition uses (sum units).
+        label: the rows' condition ("sinks", "random keys", …).
+        column: its column name before "-k" ("top-1", "random-5").
+        words: how a finding says it ("with its top-{k} sinks masked"; "{s}" is "s" unless k is 1).
+        policy: policy(family=, k=, eps=, seed=) builds the intervention for a model of that family.
+        eps: the Eq. 3 threshold of a sink condition (sum units; the paper's 3 unless made `at` another).
     """
     label: str
     column: str
@@ -290,8 +286,8 @@ class Condition:
 
 
 def paper_masking(family: Family, top_k: int, eps: float = 3.0) -> MaskSinks:
-    """The paper's top-k sink masking: Eq. 3 on the previous step's scores, its sinks read from the query rows the
-    family computes (Family.sink_rows). Table 1's "sinks" condition masks with it.
+    """The paper's top-k sink masking (Table 1's "sinks"): Eq. 3 on the previous step's scores, its sinks read from
+    the query rows the family computes (Family.sink_rows).
 
     Args:
         family: the model's Family (LoadedModel.family).
