@@ -9,7 +9,7 @@ that picks keys from the attention (interventions.MaskSinks) notes how close its
 (note_selection) when the pick is applied, and that forward's margin is the closer of the two: another CPU may mask
 other keys, and decide otherwise at a step whose sampler margin is wide (tiny-dream with its top-2 sinks masked:
 a step decided at 0.002 on one CPU, 0.00086 on another). The summary
-marks models with near-ties, the evaluation runner writes each generation's closest margin, and sinklib.agreement
+marks models with near-ties, the evaluation runner writes each generation's closest margin, and sinklib.lab.agreement
 excuses a rerun only where both runs decided a parting step within NEAR_TIE.
 """
 from __future__ import annotations
