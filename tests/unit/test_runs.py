@@ -280,15 +280,13 @@ def test_notebook_04_evaluates_one_model_as_its_table_does():
 def test_notebook_07s_dose_response_samples_with_the_runs_layout_as_notebook_04s_table_does(tmp_path):
     """steps / gen_length / block_length reach the dose-response's evaluations (a paper parameter file sets them: 04's
     Table 1 and 07's dose-response must then run the same generation)."""
-    import json
-
     import sinklib
+    from sinklib.evaluation.runner import read_run
 
     run = nb07.CarryRun(models=["tiny-llada"], gen_length=8, steps=4, block_length=4, n_problems=2, ks=[0, 1],
                         results_dir=str(tmp_path), figures_dir=str(tmp_path), progress=False)
     run.dose_response({"tiny-llada": sinklib.load("tiny-llada")})
-    [config] = [next(iter(json.loads(p.read_text()).values()))["config"]
-                for p in (tmp_path / "table1-arithmetic").glob("tiny-llada-arithmetic-unmasked-*.provenance.json")]
+    [config] = [read_run(p)[0]["config"] for p in (tmp_path / "table1-arithmetic").glob("tiny-llada-arithmetic-unmasked-*.jsonl")]
     assert {key: config["settings"][key] for key in ("steps", "gen_length", "block_length")} == \
         {"steps": 4, "gen_length": 8, "block_length": 4}
 
@@ -298,9 +296,8 @@ def test_notebook_08s_masking_sections_run_each_model_under_its_samplers_where_t
     """collect_masking: a diffusion model under its plain sampler (notebook 04's folder) and masking_policy
     (fast-sampling/table1), an autoregressive one with its KV cache; collect_eviction: eviction_policy; each run
     samples with what its sampler says."""
-    import json
-
     import sinklib
+    from sinklib.evaluation.runner import read_run
 
     run = nb08.SpeedRun(models=["tiny-llada", "tiny-arm"], n_problems=2, masking_batch_size=2, evicted=[1],
                         results_dir=str(tmp_path), figures_dir=str(tmp_path), progress=False)
@@ -312,8 +309,8 @@ def test_notebook_08s_masking_sections_run_each_model_under_its_samplers_where_t
         == [("oldest keys", 1), ("sinks", 0)]
 
     def settings(folder, model, column):
-        [path] = (tmp_path / folder).glob(f"{model}-arithmetic-{column}-*.provenance.json")
-        return next(iter(json.loads(path.read_text()).values()))["config"]["settings"]
+        [path] = (tmp_path / folder).glob(f"{model}-arithmetic-{column}-*.jsonl")
+        return read_run(path)[0]["config"]["settings"]
 
     assert settings("table1-arithmetic", "tiny-llada", "top-1").get("cache") is None
     fast = settings("fast-sampling/table1", "tiny-llada", "oldest-1")

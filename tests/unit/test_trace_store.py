@@ -181,18 +181,19 @@ def test_every_committed_evaluation_is_keyed_as_this_checkout_keys_its_settings(
     """A settings field added to a family re-keys every committed evaluation unless its default leaves the key as it
     was (families.base.record, KEYED_WHEN_SET): the notebooks would then rerun Table 1 at n = 200 (hours). Each
     committed run's recorded settings, rebuilt into its family's settings class, must record as they were."""
-    import json
-
+    from sinklib.evaluation.runner import read_run
     from sinklib.families.base import get_family, record
     from sinklib.paths import DATA_DIR
 
     mismatched = []
-    for path in sorted((DATA_DIR / "results").rglob("*.provenance.json")):
-        for run_digest, entry in json.loads(path.read_text()).items():
-            config = json.loads(entry["config"]) if isinstance(entry["config"], str) else entry["config"]
-            settings = get_family(config["family"]).settings(**config["settings"])
-            if record(settings) != config["settings"]:
-                mismatched.append(f"{path.name} {run_digest}")
+    for path in sorted((DATA_DIR / "results").rglob("*.jsonl")):
+        header, _ = read_run(path)
+        if header is None:
+            continue
+        config = header["config"]
+        settings = get_family(config["model"]["family"]).settings(**config["settings"])
+        if record(settings) != config["settings"]:
+            mismatched.append(path.name)
     assert mismatched == [], f"keyed otherwise by this checkout: {mismatched[:5]} ({len(mismatched)} in all)"
 
 
