@@ -63,13 +63,13 @@ def derivation_key(function: Callable, args: tuple, kwargs: Mapping[str, Any]) -
         return None
 
 
-def derived(store: str | Path | None, function: Callable, *args: Any, **kwargs: Any) -> Any:
-    """`function(*args, **kwargs)` (a DataFrame or summary.Verdicts), read from `store` when a table derived from
-    the same inputs by the same code is there, else computed and kept there (store None: computed, not kept)."""
-    key = derivation_key(function, args, kwargs) if store is not None else None
+def derived(folder: str | Path | None, function: Callable, /, *args: Any, **kwargs: Any) -> Any:
+    """`function(*args, **kwargs)` (a DataFrame or summary.Verdicts), read from `folder` when a table derived from
+    the same inputs by the same code is there, else computed and kept there (folder None: computed, not kept)."""
+    key = derivation_key(function, args, kwargs) if folder is not None else None
     if key is None:
         return function(*args, **kwargs)
-    path = Path(store) / f"{function.__name__}-{digest(key)}.parquet"
+    path = Path(folder) / f"{function.__name__}-{digest(key)}.parquet"
     if path.is_file():
         os.utime(path)  # read by this run: not stale
         return _read(path)

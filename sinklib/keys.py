@@ -77,9 +77,20 @@ def function_code(function: Callable) -> str:
     every sinklib function or class it calls (by its qualified name and source, wherever it lives), every sinklib
     module it reads through (that module's whole code), and the module-level constants it reads (by value). So moving
     functions between modules keys nothing anew, and editing a helper it calls does."""
+    function = inspect.unwrap(function)
     parts: dict[str, str] = {}
-    _gather(inspect.unwrap(function), parts)
+    _gather(function, parts)
+    parts.setdefault(f"def {function.__qualname__}", _source(function))  # a user's function: its own code
     return code_digest(parts.items())
+
+
+def _source(function: Callable) -> str:
+    """A function's source; where Python keeps none (made by exec), its compiled code, as a literal."""
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        code = function.__code__
+        return repr((code.co_code, code.co_names, repr(code.co_consts)))
 
 
 def _gather(value: Any, parts: dict[str, str]) -> None:

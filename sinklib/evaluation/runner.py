@@ -32,8 +32,8 @@ from sinklib.digest import canonical, digest, text_digest
 from sinklib.generation import generate
 from sinklib.keys import NUMERICS_VERSION, forward_files, model_folders, model_identity
 from sinklib.validation import BadValue, Consent, Count, Index, checked
-from sinklib.evaluation.tasks import (Task, get_task, qualified_name, require_code_execution_opt_in, sandbox_module,
-                                     scorer_code)
+from sinklib.evaluation.tasks import (Task, check_scorer, get_task, qualified_name, require_code_execution_opt_in,
+                                     sandbox_module, scorer_code)
 from sinklib.interventions import identity
 from sinklib.provenance import describe
 from sinklib.families.base import record
@@ -88,7 +88,7 @@ def run_config(model: LoadedModel, task: Task, intervention, seed: int, batch_si
     holds it whole. No package version, no provenance."""
     samples = task.samples() if samples is None else samples
     content = [[s.id, s.prompt, s.target, dict(s.meta)] for s in samples]
-    config = {"records": RECORD_FORMAT, "model": {**model_identity(model), **edited_state(model)},
+    config = {"records": RECORD_FORMAT, "model": {**_identity(model), **edited_state(model)},
               "task": {"name": task.name, "chat": task.chat, "stops": list(task.stops), "gen_length": task.gen_length,
                        "executes_code": task.executes_code},
               "samples": digest(content), "scorer": scorer_code(task), "limit": task.limit, "seed": seed,
@@ -97,6 +97,23 @@ def run_config(model: LoadedModel, task: Task, intervention, seed: int, batch_si
     if task.executes_code:
         config["sandbox"] = asdict(task.sandbox or sandbox_module().SandboxLimits())
     return json.loads(canonical(config))  # as it reads back from the file: tuples are lists
+
+
+_IDENTITIES: dict[tuple, dict] = {}  # what keys.model_identity reads (by stat) → its result
+
+
+def _identity(model: LoadedModel) -> dict[str, Any]:
+    """keys.model_identity, computed once while what it reads is unchanged (the model's name, family, weights'
+    fingerprint and dtype; each file of its folders by stat): a table's keys otherwise parse each tokenizer.json
+    again for every run (seconds per table)."""
+    parameter = next(iter(model.model.parameters()), None)
+    files = tuple((str(path), info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+                  for folder in model_folders(model) for path in sorted(folder.iterdir()) if path.is_file()
+                  for info in (path.stat(),))
+    signature = (model.name, model.family.name, model.weights, str(getattr(parameter, "dtype", None)), files)
+    if signature not in _IDENTITIES:
+        _IDENTITIES[signature] = model_identity(model)
+    return dict(_IDENTITIES[signature])
 
 
 def edited_state(model: LoadedModel) -> dict[str, str]:
@@ -349,23 +366,6 @@ def _checked(model, task: "str | Task", intervention, allow_code_execution: bool
     if isinstance(model, (str, os.PathLike)):
         model = load(model)
     return model, spec, samples
-
-
-def check_scorer(spec: Any, sample: Any) -> None:
-    """A task's scorer, tried before any generation on two outputs every scorer must take (nothing, and the
-    sample's own target): it must return a mapping with a bool `correct`. A scorer that fails would otherwise fail
-    after the first batch was generated."""
-    for output in ("", str(sample.target)):
-        try:
-            scored = spec.scorer(output, sample)
-        except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
-            raise BadValue(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} fails on the output "
-                           f"{output!r} for sample {sample.id!r} ({type(error).__name__}: {error})") from None
-        bools = ("correct", "correct_flexible") if isinstance(scored, dict) and "correct_flexible" in scored else ("correct",)
-        if not isinstance(scored, dict) or not all(isinstance(scored.get(key), bool) for key in bools):
-            raise BadValue(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} must return a dict "
-                           f"with a bool 'correct' (and, if it gives one, a bool 'correct_flexible'; bool(x) converts "
-                           f"numpy's); on the output {output!r} for sample {sample.id!r} it returned {scored!r}")
 
 
 def _open_results(out_path: Path | None, config: dict, header: Callable[[], dict]):

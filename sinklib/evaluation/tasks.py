@@ -314,6 +314,23 @@ TASKS: Registry[Task] = Registry("task", {
 })
 
 
+def check_scorer(spec: Any, sample: Any) -> None:
+    """A task's scorer, tried before any generation on two outputs every scorer must take (nothing, and the
+    sample's own target): it must return a mapping with a bool `correct`. A scorer that fails would otherwise fail
+    after the first batch was generated."""
+    for output in ("", str(sample.target)):
+        try:
+            scored = spec.scorer(output, sample)
+        except Exception as error:  # noqa: BLE001  (a user's scorer may raise anything: name it)
+            raise BadValue(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} fails on the output "
+                           f"{output!r} for sample {sample.id!r} ({type(error).__name__}: {error})") from None
+        bools = ("correct", "correct_flexible") if isinstance(scored, dict) and "correct_flexible" in scored else ("correct",)
+        if not isinstance(scored, dict) or not all(isinstance(scored.get(key), bool) for key in bools):
+            raise BadValue(f"task={spec.name!r} is not allowed: its scorer {qualified_name(spec.scorer)} must return a dict "
+                           f"with a bool 'correct' (and, if it gives one, a bool 'correct_flexible'; bool(x) converts "
+                           f"numpy's); on the output {output!r} for sample {sample.id!r} it returned {scored!r}")
+
+
 def require_code_execution_opt_in(task: Task, allow_code_execution: bool, call: str) -> None:
     """Refuse a task that runs model-written code unless the caller opted in, before any heavy work."""
     if task.executes_code and allow_code_execution is not True:

@@ -122,7 +122,7 @@ class RunConfig:
                 raise BadValue(f"parameter {key!r} is not allowed: {cls.__name__} has no such field"
                                f"{did_you_mean(key, names)}; allowed: {names}")
 
-    def pick(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def pick(self, function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """`function(*args, **kwargs)`, a pick of the notebook's (a DataFrame, or Verdicts), kept under
         results_dir/picks by the key of what it was derived from (sinklib.derived): read back when the same inputs and
         code made it before, so the traces' scores are read (or generated) only when something changed."""

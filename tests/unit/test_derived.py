@@ -99,3 +99,26 @@ def test_a_picks_key_follows_the_helpers_it_calls_and_not_where_they_live(monkey
     moved = types.FunctionType(nb02.do_sinks_move.__code__, dict(vars(nb02), __name__="sinklib.lab.moving"))
     moved.__module__, moved.__qualname__ = "sinklib.lab.moving", nb02.do_sinks_move.__qualname__
     assert keys.function_code(moved) == before
+
+
+def test_a_pick_taking_a_store_keyword_is_kept_under_the_picks_folder(llada, stored, tmp_path):
+    """Notebook 07's carry pick takes store= (where its measurements are kept): the picks' folder is positional."""
+    traces = stored()
+    nb07 = pytest.importorskip("sinklib.lab.nb07_what_sinks_carry")
+    made = derived.derived(tmp_path / "picks", nb07.pick_carry, {"tiny-llada": llada}, traces, 3.0,
+                           store=tmp_path / "traces")
+    assert len(made) and len(list((tmp_path / "picks").glob("pick_carry-*.parquet"))) == 1
+
+
+def test_two_functions_outside_sinklib_have_different_fingerprints():
+    """A user's function (a notebook's own pick, a task's scorer) is keyed by its own code too."""
+    from sinklib import keys
+
+    def one(frame):
+        return frame.head(1)
+
+    def two(frame):
+        return frame.head(2)
+
+    assert keys.function_code(one) != keys.function_code(two)
+    assert keys.function_code(one) == keys.function_code(one)
