@@ -87,9 +87,25 @@ def pick_differences(run, traces, near_models) -> list[str]:
     return failures
 
 
+def zoo_partings(traces) -> tuple[list[str], list[str]]:
+    """Every zoo trace the picks read, made again: (those that part from their light record beyond a near-tie, those
+    that part at a near-tie)."""
+    failures, near = [], []
+    for name in ZOO:
+        for index, stored in enumerate(traces[name]):
+            step, margin = parting(trace_store.Trace.load_light(stored.folder), stored.whole())
+            if step is not None:
+                (near if is_near_tie(margin) else failures).append(
+                    f"{name}: trace {index} parts at step {step}, decided by a margin of {margin!r}")
+    return failures, near
+
+
 def test_the_committed_traces_and_picks_are_what_this_code_makes(committed):
     run, loaded, traces = committed
     failures, near = trace_differences(traces)
+    parted, near_zoo = zoo_partings(traces)
+    failures += parted
+    near += near_zoo
     near_models = {line.split(":")[0] for line in near}
     failures += pick_differences(run, traces, near_models)
     print("near-ties (another CPU may decide these otherwise):", near or "none")
