@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import textwrap
 import types
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -87,7 +88,7 @@ def function_code(function: Callable) -> str:
 def _source(function: Callable) -> str:
     """A function's source; where Python keeps none (made by exec), its compiled code, as a literal."""
     try:
-        return inspect.getsource(function)
+        return textwrap.dedent(inspect.getsource(function))  # a function defined inside another is indented
     except (OSError, TypeError):
         code = function.__code__
         return repr((code.co_code, code.co_names, repr(code.co_consts)))
@@ -104,7 +105,7 @@ def _gather(value: Any, parts: dict[str, str]) -> None:
     name = f"{'class' if inspect.isclass(value) else 'def'} {value.__qualname__}"
     if name in parts:
         return
-    parts[name] = inspect.getsource(value)
+    parts[name] = textwrap.dedent(inspect.getsource(value))
     functions = [member for member in vars(value).values() if inspect.isfunction(member)] if inspect.isclass(value) \
         else [value]
     for function in functions:

@@ -307,7 +307,8 @@ def test_saving_over_a_trace_on_a_full_disk_keeps_the_old_one(tmp_path):
     lines = done.stdout.split("\n")
     assert lines[0] == "REFUSED 28", done.stdout + done.stderr[-2000:]  # ENOSPC
     assert lines[1] == "OLD", "the old trace is still there and intact"
-    assert lines[2] == "['canvas.parquet', 'maps.parquet', 'meta.json', 'scores.parquet']", "no partial file left"
+    assert lines[2] == "['canvas.parquet', 'maps.parquet', 'meta.json', 'scores.json', 'scores.parquet']", \
+        "no partial file left"
 
 
 def test_a_trace_is_never_saved_over_other_files(tmp_path):
