@@ -101,6 +101,7 @@ def test_a_picks_key_follows_the_helpers_it_calls_and_not_where_they_live(monkey
     assert keys.function_code(moved) == before
 
 
+@pytest.mark.process  # the carry's forwards: torch looks a library up (ldconfig) on first use
 def test_a_pick_taking_a_store_keyword_is_kept_under_the_picks_folder(llada, stored, tmp_path):
     """Notebook 07's carry pick takes store= (where its measurements are kept): the picks' folder is positional."""
     traces = stored()
