@@ -17,11 +17,13 @@ import torch
 import transformers
 
 from sinklib import derived, trace_store
-from sinklib.lab import nb01_attention_distributions as nb01, runs
-from sinklib.lab.agreement_rows import FLOAT_TOLERANCE
 from sinklib.paths import DATA_DIR
 from sinklib.ties import is_near_tie
 
+nb01 = pytest.importorskip("sinklib.lab.nb01_attention_distributions",
+                           reason="the picks are the notebooks' (their extra, matplotlib, is not installed)")
+runs = pytest.importorskip("sinklib.lab.runs")
+FLOAT_TOLERANCE = pytest.importorskip("sinklib.lab.agreement_rows").FLOAT_TOLERANCE
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(int(transformers.__version__.split(".")[0]) < 5,
                                  reason="the committed stores were made on transformers 5 (a named model's conversion "
