@@ -5,9 +5,11 @@ Each layer is applied when the platform has it (`protections()` says which; the 
   core dumps;
 - a bound on processes: RLIMIT_NPROC for a normal user; for root (whom the kernel exempts from RLIMIT_NPROC) a
   pids cgroup with pids.max (`_PidsCgroup`, v1 or v2 layout), which the program joins before exec;
-- a bound on the total written: for root a private tmpfs of `max_disk_mb` mounted on the program's directory in a
-  mount namespace of its own (the kernel refuses writes past it); otherwise the supervisor measures the directory
-  every 20 ms (`_tree_bytes`) and kills the program past the bound;
+- a bound on the total written: a private tmpfs of `max_disk_mb` mounted on the program's directory in a mount
+  namespace of its own (the kernel refuses writes past it) — for root directly, for another user inside a user
+  namespace of its own that maps only that user (the capabilities it holds there end at exec); where neither can
+  mount, the supervisor measures the directory every 20 ms (`_tree_bytes`) and kills the program past the bound,
+  which a program writing at memory speed outruns by tens of megabytes;
 - Landlock (Linux ≥ 5.13), applied by the program's process to itself once its start-up imports are done
   (`confine_self`): it may read only the Python standard library and the system libraries — not site-packages (so
   not the HumanEval data and its canonical solutions), not /proc, not the user's files — write only in its
@@ -45,8 +47,8 @@ def protections() -> dict[str, bool | str]:
 
     Returns:
         Each layer's name → whether it is on; disk_limit says how the total a program writes is bounded: "tmpfs"
-        (root: the kernel refuses writes past max_disk_mb) or "polled" (the directory is measured every 20 ms and
-        the program killed past max_disk_mb).
+        (the kernel refuses writes past max_disk_mb) or "polled" (the directory is measured every 20 ms and the
+        program killed past max_disk_mb: approximate).
     """
     abi = _landlock_abi()
     root = os.geteuid() == 0
@@ -64,7 +66,7 @@ def _confine(workdir: Path, limits: SandboxLimits, cgroup: "_PidsCgroup | None")
     nproc = None if os.geteuid() == 0 or not _can_count_processes() else _user_processes() + limits.max_processes
     seccomp_arch = _seccomp_arch()
     libc = _libc()
-    mount = os.geteuid() == 0 and _can_mount()
+    mount = _can_mount()
 
     def confine() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -86,15 +88,23 @@ def _confine(workdir: Path, limits: SandboxLimits, cgroup: "_PidsCgroup | None")
     return confine
 
 
-# --- the program's directory: a private tmpfs (root) -------------------------------------------------
-_CLONE_NEWNS, _MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV = 0x00020000, 0x4000, 0x40000, 0x2, 0x4
+# --- the program's directory: a private tmpfs -----------------------------------------------------------
+_CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
+_MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV = 0x4000, 0x40000, 0x2, 0x4
 
 
 def _private_tmpfs(libc, workdir: Path, size_mb: int) -> None:
     """In a mount namespace of this process's own, a tmpfs of size_mb on workdir (and the working directory
-    moved onto it): the kernel refuses writes past the bound, and the mount ends with the process."""
-    if libc.unshare(_CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    moved onto it): the kernel refuses writes past the bound, and the mount ends with the process.
+
+    A user other than root mounts it from a user namespace of its own that maps only its own uid and gid: the
+    capabilities the new namespace gives are lost at exec (the uid inside is not 0), and Landlock, applied later,
+    forbids unmounting."""
+    if os.geteuid() == 0:
+        if libc.unshare(_CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    else:
+        _own_user_namespace(libc)
     if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         raise OSError(ctypes.get_errno(), "making / private failed")
     options = f"size={size_mb}m,mode=0700".encode()
@@ -103,14 +113,25 @@ def _private_tmpfs(libc, workdir: Path, size_mb: int) -> None:
     os.chdir(workdir)
 
 
+def _own_user_namespace(libc) -> None:
+    """Enter a new user and mount namespace mapping only this process's uid and gid to themselves."""
+    uid, gid = os.geteuid(), os.getegid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNS) failed")
+    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as map_file:
+            map_file.write(line)
+
+
 _MOUNT_PROBE: list[bool] = []
 
 
 def _can_mount() -> bool:
-    """Whether a private tmpfs can be mounted here (root with mount namespaces); probed once, in a child."""
+    """Whether a private tmpfs can be mounted here (root with mount namespaces, another user with user
+    namespaces); probed once, in a child."""
     if not _MOUNT_PROBE:
         works = False
-        if os.geteuid() == 0 and sys.platform.startswith("linux"):
+        if sys.platform.startswith("linux"):
             folder = tempfile.mkdtemp(prefix="sinklib-mount-probe-")
             try:
                 pid = os.fork()
