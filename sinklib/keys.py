@@ -7,7 +7,8 @@ A trace, an evaluation record, a measurement or a notebook's pick is found again
   (configs, the adapter's config, tokenizer and chat template: forward_files) and the dtype it computes in;
 - what was asked of it: every setting, the prompt, the seed, the chat flag, the intervention (each store adds these);
 - the code that computes the numbers (numerics_code): the sampler and the families, the capture, the attention
-  maths, the interventions, the sink rule and the decision margins, each reduced to its code (digest.code_only).
+  maths, the interventions, the sink rule and the decision margins: their definitions, each reduced to its code
+  (digest.code_only), whichever numeric module holds it.
 
 It does not hold what cannot change a number: sinklib's version, the transformers version (the lock pins it, and each
 result's provenance records it: `make check` reports a difference), messages, validation, caching and loading
@@ -15,6 +16,7 @@ plumbing. A change of numbers that no key sees (a library release, a module outs
 golden test (tests/parity/test_golden.py), which makes one stored result of each kind again and compares."""
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import json
@@ -68,9 +70,42 @@ def code_of(names: tuple[str, ...]) -> str:
     return code_digest((name, path.read_text(encoding="utf-8")) for name, path in module_files(names).items())
 
 
+@functools.cache
 def numerics_code() -> str:
-    """The fingerprint of the code that computes a trace's or a record's numbers (NUMERIC_MODULES)."""
-    return code_of(NUMERIC_MODULES)
+    """The fingerprint of the code that computes a trace's or a record's numbers: every definition in
+    NUMERIC_MODULES (definitions), whichever of them holds it. So moving a function, class or constant from one
+    numeric module to another (a module split in two, say) keys nothing anew; editing one does."""
+    return code_digest(part for path in module_files(NUMERIC_MODULES).values()
+                       for part in definitions(path.read_text(encoding="utf-8")))
+
+
+def definitions(source: str) -> list[tuple[str, str]]:
+    """A module's top-level statements as (name, source) pairs, without its imports, `__all__` and docstring: a
+    function or class by `def`/`class` and its name (decorators included), an assignment by the names it binds,
+    any other statement by its own text. The module that holds them is no part of a pair."""
+    tree = ast.parse(source.removeprefix("\ufeff"))
+    lines = source.removeprefix("\ufeff").splitlines(keepends=True)
+    pairs = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_docstring(node):
+            continue
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        text = "".join(lines[first - 1:node.end_lineno])
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = f"{'class' if isinstance(node, ast.ClassDef) else 'def'} {node.name}"
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            name = "assign " + ",".join(sorted(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)))
+            if name == "assign __all__":
+                continue
+        else:
+            name = "statement"
+        pairs.append((name, text))
+    return pairs
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
 def function_code(function: Callable) -> str:

@@ -78,12 +78,51 @@ def test_a_refactor_outside_the_numeric_modules_keys_nothing_anew(llada, monkeyp
 
     monkeypatch.setattr(type(keys.PACKAGE), "read_text", edited)
     keys.code_of.cache_clear()
+    keys.numerics_code.cache_clear()
     try:
         after = trace_store.trace_key(llada, PROMPTS[0], llada.settings_for(), 0, chat=False)
     finally:
         monkeypatch.undo()
         keys.code_of.cache_clear()
+        keys.numerics_code.cache_clear()
     assert (after != before) is rekeys
+
+
+@pytest.mark.parametrize("edited", [False, True], ids=["moved as it was", "moved and edited"])
+def test_moving_code_between_numeric_modules_keys_nothing_anew(monkeypatch, edited):
+    """Issue 68: a numeric module split in two (a function and a constant moved to another numeric module, an import
+    between them added) keeps every trace's key; the key follows the definitions, not the files that hold them. The
+    same move with one operator changed makes a new key."""
+    import ast
+
+    files = keys.module_files(keys.NUMERIC_MODULES)
+    source, target = files["sinklib.sinks"], files["sinklib.ties"]
+    text = source.read_text()
+    lines = text.splitlines(keepends=True)
+    tree = ast.parse(text)
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and not node.decorator_list)
+    constant = next(node for node in tree.body if isinstance(node, ast.Assign))
+    moved = ["".join(lines[node.lineno - 1:node.end_lineno]) for node in (constant, function)]
+    assert all(text.count(part) == 1 for part in moved)
+    rest = text
+    for part in moved:
+        rest = rest.replace(part, "")
+    names = f"{constant.targets[0].id}, {function.name}"
+    added = "\n\n" + "\n\n".join(moved)
+    if edited:
+        added = added.replace("return ", "return -", 1)
+    texts = {source: f"from sinklib.ties import {names}\n" + rest, target: target.read_text() + added}
+    before = keys.numerics_code()
+    real_read = type(keys.PACKAGE).read_text
+    monkeypatch.setattr(type(keys.PACKAGE), "read_text",
+                        lambda path, *args, **kwargs: texts[path] if path in texts else real_read(path, *args, **kwargs))
+    keys.numerics_code.cache_clear()
+    try:
+        after = keys.numerics_code()
+    finally:
+        monkeypatch.undo()
+        keys.numerics_code.cache_clear()
+    assert (after != before) is edited
 
 
 def test_the_dtype_and_a_config_edit_of_a_folder_model_are_other_keys(llada, tmp_path, monkeypatch):
