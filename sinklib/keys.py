@@ -39,7 +39,7 @@ NUMERICS_VERSION = 1
 # The modules whose code computes a trace's or a record's numbers (a package: every module in it). A refactor of any
 # other module (validation, loading, caching, the notebooks' layer) keys nothing anew.
 NUMERIC_MODULES = ("sinklib.generation", "sinklib.families", "sinklib.capturing", "sinklib.attention_math",
-                   "sinklib.interventions", "sinklib.sinks", "sinklib.ties")
+                   "sinklib.key_masking", "sinklib.interventions", "sinklib.sinks", "sinklib.ties")
 
 # A model folder's files that shape what it computes beside its weights: configs, the adapter's config (rank, scale,
 # target modules), tokenizer and chat template. Not its card, README or manifest (the hashes of those same files).

@@ -8,8 +8,8 @@ from typing import Callable
 
 import torch
 
-from sinklib.attention_math import (AttentionStats, attention_statistics, heads_left_without_keys, mask_keys,
-                                    masked_causal_route, sdpa_with_lse)
+from sinklib.attention_math import AttentionStats, attention_statistics, sdpa_with_lse
+from sinklib.key_masking import heads_left_without_keys, mask_keys, masked_causal_route
 from sinklib.capturing.route import original_sdpa
 from sinklib.layers import AttentionLayer
 from sinklib.validation import BadValue
@@ -145,7 +145,7 @@ def _with_values_ablated(call: AttentionCall, args: SdpaArgs, value_mask: torch.
 
 def _fits_masked_causal_route(call: AttentionCall, args: SdpaArgs, map_heads: tuple[int, ...], stats_options: dict) -> bool:
     """A square causal call with no mask of its own, nothing asked of it but column sums: masked without building
-    an S×S mask (attention_math.masked_causal_route; faster at every length measured, 3× at S = 2048)."""
+    an S×S mask (key_masking.masked_causal_route; faster at every length measured, 3× at S = 2048)."""
     return (args.attn_mask is None and args.is_causal and not args.packed and not map_heads
             and stats_options.get("query_weight") is None and stats_options.get("chunk_size") is None
             and call.n_queries == call.n_keys)

@@ -169,7 +169,8 @@ def test_at_head_dim_128_a_large_kernel_lse_is_not_trusted_and_the_scores_keep_1
     """The kernel's float32 lse is off by about 4e-7 × lse; at head dim 128 and lse ≈ 45 (a peaked sink head) the
     scores from it left 1e-5 of float64 (1.2e-5 measured). Such a call recomputes its softmax instead, and keeps
     parity; the masked causal route keeps its one masked call's output and recomputes the statistics."""
-    from sinklib.attention_math import LSE_TRUSTED_MAX, mask_keys, masked_causal_route, trusted_lse
+    from sinklib.attention_math import LSE_TRUSTED_MAX, trusted_lse
+    from sinklib.key_masking import mask_keys, masked_causal_route
 
     q, k, v = _inputs(seq=512, dim=128)
     q, k = q * 1.5, k * 1.5  # _inputs are × 2 already: logits of std ≈ 9, lse ≈ 45
@@ -208,7 +209,7 @@ def test_a_row_with_no_keys_sends_the_call_to_the_fused_route():
 @pytest.mark.parametrize("seq", [160, 600])
 def test_gradients_flow_through_masking_keys_of_a_causal_call(seq):
     """Capture under autograd: the masked route's output (dead rows restored) has the full-mask route's gradient."""
-    from sinklib.attention_math import mask_keys, masked_causal_route
+    from sinklib.key_masking import mask_keys, masked_causal_route
 
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 3, seq, 64, generator=g, requires_grad=True) for _ in range(3))
@@ -245,7 +246,7 @@ def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_he
     row against a float64 softmax under the full mask mask_keys builds — rows whose every visible key is masked
     (a head's prefix before its first unmasked key) keep their own row, as mask_keys says."""
     import sinklib.attention_math as math_module
-    from sinklib.attention_math import mask_keys, masked_causal_route
+    from sinklib.key_masking import mask_keys, masked_causal_route
 
     routes = []
     original = math_module._column_sums_by_blocks
@@ -277,7 +278,7 @@ def test_masking_keys_of_a_causal_call_without_a_full_mask_matches_float64(kv_he
 def test_a_live_row_beside_a_dead_one_adds_nothing_even_where_its_masked_key_dominates():
     """Dead rows in one head only: the other head's live row has a masked key far above everything it may still
     see, so exp(logit − its masked lse) overflows. Its share must be zero, not ∞·0 = NaN."""
-    from sinklib.attention_math import mask_keys, masked_causal_route
+    from sinklib.key_masking import mask_keys, masked_causal_route
 
     q, k = torch.zeros(1, 2, 4, 16), torch.zeros(1, 2, 4, 16)
     q[0, 0, 1, 0] = k[0, 0, 1, 0] = 20.0  # head 0, row 1 attends to key 1 with logit 100
