@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sinklib import dynamics, plots
+from sinklib import dynamics, frontier, plots
 from sinklib.capturing.replay import replay_map
 from sinklib.evaluation.tasks import trace_prompts
 from sinklib.generation import encode
@@ -316,7 +316,7 @@ def pick_paper_layout(traces: Traces, eps: float, k: int = 5) -> pd.DataFrame:
     stability measures over all keys and over masked keys (dynamics.stability_by_key_type)."""
     rows = []
     for name, layout_traces in traces.items():
-        where = dynamics.frontier_summary(list(layout_traces), eps).iloc[0].drop("model")
+        where = frontier.frontier_summary(list(layout_traces), eps).iloc[0].drop("model")
         moving = dynamics.stability_by_key_type(list(layout_traces), k, eps).set_index("key_type")
         rows.append({"layout": name, "model": layout_traces[0].meta.get("model", ""), "n_traces": len(layout_traces),
                      "steps": layout_traces[0].n_steps, **where.to_dict(),
@@ -328,10 +328,10 @@ def pick_paper_layout(traces: Traces, eps: float, k: int = 5) -> pd.DataFrame:
 def pick_paper_layout_heads(traces: Traces, eps: float) -> pd.DataFrame:
     """Fig. 7 under the paper's layout: per label of `traces`, its first generation's busiest head (dynamics.busiest_head)
     at every step — dynamics.greatest_sinks' columns, the rightmost still-masked position where the head has a sink
-    (dynamics.frontier_tracking) and a layout column."""
+    (frontier.frontier_tracking) and a layout column."""
     frames = []
     for name, layout_traces in traces.items():
-        top = dynamics.frontier_tracking(layout_traces[0], eps)
+        top = frontier.frontier_tracking(layout_traces[0], eps)
         every = dynamics.greatest_sinks(layout_traces[0], eps)
         layer, head = dynamics.busiest_head(every)
         frames.append(every[(every["layer"] == layer) & (every["head"] == head)].merge(
@@ -398,14 +398,14 @@ def do_sinks_move(models: Models, traces: Traces, layouts: Mapping[str, Sequence
     move under the paper's measure over all keys and over still-masked keys (dynamics.stability_by_key_type, judged
     against MOVES_OFTEN), whether its attention is stable under the set measure (the top-k Jaccard of every step
     pair, against STABLE_SET) and, per paper layout (`layouts`: its generations by label), whether its greatest sink
-    rides the rightmost masked token as the paper's Dream's do (dynamics.frontier_summary's share of the sink-bearing
+    rides the rightmost masked token as the paper's Dream's do (frontier.frontier_summary's share of the sink-bearing
     heads × steps, against ON_THE_FRONTIER). Every interval resamples whole generations (generation_bootstrap), n is
     the generations. Autoregressive models are left out: a decoding row's greatest key is not the column sum a
     diffusion step's is (notebook 02)."""
     rows = [verdict for name in traces if _diffusion(models, name)
             for verdict in _moving_verdicts(name, traces[name], k, eps)]
     for layout, layout_traces in layouts.items():
-        counts = [_hits(*dynamics.frontier_summary([trace], eps).iloc[0][["share_on_rightmost_masked", "sink_rows"]])
+        counts = [_hits(*frontier.frontier_summary([trace], eps).iloc[0][["share_on_rightmost_masked", "sink_rows"]])
                   for trace in layout_traces]
         rows.append(_verdict(layout, "the greatest sink rides the rightmost masked token (paper's layout)",
                              len(layout_traces), *generation_bootstrap(counts, _share), ON_THE_FRONTIER))

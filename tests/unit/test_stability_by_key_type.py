@@ -1,12 +1,13 @@
-"""Do sinks move, split by key type (dynamics.stability_by_key_type, frontier_tracking, frontier_summary): against
-answers worked out by hand and against a plain-loop reference written from the definitions, not from the code."""
+"""Do sinks move, split by key type (dynamics.stability_by_key_type, frontier.frontier_tracking and
+frontier_summary): against answers worked out by hand and against a plain-loop reference written from the
+definitions, not from the code."""
 import math
 import random
 
 import pytest
 import torch
 
-from sinklib import dynamics
+from sinklib import dynamics, frontier
 from sinklib.trace import Trace
 
 NAN = float("nan")
@@ -241,7 +242,7 @@ def test_bad_k_and_eps_are_refused_by_name():
 
 def test_no_traces_give_an_empty_table_with_the_columns():
     assert list(dynamics.stability_by_key_type([]).columns) == dynamics.STABILITY_COLUMNS
-    assert dynamics.frontier_summary([]).empty
+    assert frontier.frontier_summary([]).empty
 
 
 def test_key_types_encode_prompt_decoded_and_masked():
@@ -264,13 +265,13 @@ def test_a_sink_riding_the_rightmost_masked_token_leftward():
     """Unmasking from both ends (masked 2..9, 3..8, 4..7, 5..6): the sink sits on the rightmost masked token, which moves
     left, while the frontier (leftmost masked) moves right."""
     trace = riding_canvas([set(range(2, 10)), set(range(3, 9)), set(range(4, 8)), {5, 6}], [9, 8, 7, 6])
-    rows = dynamics.frontier_tracking(trace)
+    rows = frontier.frontier_tracking(trace)
     assert rows[["step", "layer", "head", "position", "frontier", "rightmost_masked"]].values.tolist() == [
         [0, 0, 0, 9, 2, 9], [1, 0, 0, 8, 3, 8], [2, 0, 0, 7, 4, 7], [3, 0, 0, 6, 5, 6]]
     assert rows["on_rightmost_masked"].all() and rows["on_masked"].all() and not rows["on_frontier"].any()
     assert rows["distance_to_frontier"].tolist() == [7.0, 5.0, 3.0, 1.0]
     assert (rows["key_type"] == "masked").all()
-    summary = dynamics.frontier_summary([trace]).iloc[0]
+    summary = frontier.frontier_summary([trace]).iloc[0]
     assert summary["sink_rows"] == 4 and summary["share_on_rightmost_masked"] == 1.0 and summary["share_on_masked"] == 1.0
     assert summary["share_on_prompt"] == 0.0 and summary["share_on_decoded"] == 0.0
     assert summary["spearman_rightmost_median"] == pytest.approx(1.0)
@@ -280,7 +281,7 @@ def test_a_sink_riding_the_rightmost_masked_token_leftward():
 
 def test_right_to_left_unmasking_leaves_the_frontier_still_and_its_correlation_undefined():
     trace = riding_canvas([set(range(2, 10 - t)) for t in range(4)], [9, 8, 7, 6])
-    summary = dynamics.frontier_summary([trace]).iloc[0]
+    summary = frontier.frontier_summary([trace]).iloc[0]
     assert summary["share_on_rightmost_masked"] == 1.0 and summary["spearman_rightmost_median"] == pytest.approx(1.0)
     assert math.isnan(summary["spearman_frontier_median"]) and summary["heads_correlated"] == 0
 
@@ -289,18 +290,18 @@ def test_a_sink_on_the_frontier_tracks_it_and_other_sinks_are_split_by_type():
     """Left-to-right unmasking (masked 2..9, 3..9, 4..9, 5..9, 6..9, then nothing): the sink is on the frontier at steps
     0–2, then on the prompt key 0 at step 3, on the decoded key 3 at step 4 and on the decoded key 9 at step 5."""
     trace = riding_canvas([2, 3, 4, 5, 6, set()], [2, 3, 4, 0, 3, 9])
-    rows = dynamics.frontier_tracking(trace)
+    rows = frontier.frontier_tracking(trace)
     assert rows["on_frontier"].tolist() == [True, True, True, False, False, False]
     assert not rows["on_rightmost_masked"].any() and rows["rightmost_masked"].tolist() == [9, 9, 9, 9, 9, -1]
     assert rows["key_type"].tolist() == ["masked", "masked", "masked", "prompt", "decoded", "decoded"]
     assert rows["distance_to_frontier"].tolist()[:5] == [0.0, 0.0, 0.0, -5.0, -3.0]
     assert math.isnan(rows["distance_to_frontier"].iloc[5]) and rows["frontier"].iloc[5] == -1  # nothing masked
-    summary = dynamics.frontier_summary([trace]).iloc[0]
+    summary = frontier.frontier_summary([trace]).iloc[0]
     assert summary[["share_on_rightmost_masked", "share_on_masked", "share_on_prompt", "share_on_decoded"]].tolist() == [
         0.0, pytest.approx(3 / 6), pytest.approx(1 / 6), pytest.approx(2 / 6)]
     # over the steps with a mask: positions 2, 3, 4, 0, 3 against frontiers 2, 3, 4, 5, 6, ranked by hand
     assert summary["spearman_frontier_median"] == pytest.approx(_pearson([2, 3.5, 5, 1, 3.5], [1, 2, 3, 4, 5]))
-    only_frontier = dynamics.frontier_summary([riding_canvas([2, 3, 4], [2, 3, 4])]).iloc[0]
+    only_frontier = frontier.frontier_summary([riding_canvas([2, 3, 4], [2, 3, 4])]).iloc[0]
     assert only_frontier["spearman_frontier_median"] == pytest.approx(1.0)
 
 
@@ -313,9 +314,9 @@ def _pearson(x: list, y: list) -> float:
 def test_frontier_tracking_refuses_an_autoregressive_trace_by_name():
     trace = autoregressive_trace()
     with pytest.raises(ValueError, match=r"^trace is not allowed: trace must be a diffusion trace, but model 'toy-arm'"):
-        dynamics.frontier_tracking(trace)
+        frontier.frontier_tracking(trace)
     with pytest.raises(ValueError, match=r"^traces\[1\] is not allowed: .* model 'toy-arm' is autoregressive"):
-        dynamics.frontier_summary([prompt_sink_stays_masked_sink_moves(), trace])
+        frontier.frontier_summary([prompt_sink_stays_masked_sink_moves(), trace])
 
 
 # -- a real generation --------------------------------------------------------------------------------------------
