@@ -9,8 +9,8 @@ per model, the largest difference of the first forward's logits (relative to 1 +
 parted from each other, whether each parting step was marked a near-tie (margin in (0, NEAR_TIE]) in both runs,
 and how many generations carry a near-tie at all (what notebook 04 counts). ties.NEAR_TIE must stay above
 every measured parting margin; sinklib/lab/agreement.py quotes this script's numbers. --mask-top K generates under
-Table 1's top-K sink masking (evaluation.table1.paper_masking), whose answers --check bounds as well, or with
---condition another of Table 1's conditions at K (evaluation.table1.CONDITIONS: "random keys", "sink values (mean)",
+Table 1's top-K sink masking (evaluation.conditions.paper_masking), whose answers --check bounds as well, or with
+--condition another of Table 1's conditions at K (evaluation.conditions.CONDITIONS: "random keys", "sink values (mean)",
 …, as notebook 07's dose-response runs them). Each row names its condition and k as Table 1's items tables do
 ("unmasked" at k = 0), the key agreement_answers.CROSS_KERNEL_ANSWERS quotes the row under.
 """
@@ -28,7 +28,7 @@ import sinklib
 from sinklib.lab.agreement_rows import UNMASKED
 from sinklib.ties import NEAR_TIE, is_near_tie
 from sinklib.ties import LANE_SHARE, LOGIT_ROUNDING
-from sinklib.evaluation.table1 import CONDITIONS
+from sinklib.evaluation.conditions import CONDITIONS
 from sinklib.evaluation.tasks import get_task
 
 DEFAULT_MODELS = ("tiny-arm", "tiny-llada", "tiny-dream")

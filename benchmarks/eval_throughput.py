@@ -17,7 +17,7 @@ import torch
 
 import sinklib
 from sinklib.evaluation import evaluate, get_task
-from sinklib.evaluation.table1 import paper_masking
+from sinklib.evaluation.conditions import paper_masking
 
 
 def conditions(family) -> dict:

@@ -16,7 +16,8 @@ from sinklib.families.arm import ARMSettings
 from sinklib.families.dream import DreamSettings
 from sinklib.families.llada import LLaDASettings
 from sinklib.evaluation import evaluate
-from sinklib.evaluation.table1 import CONDITIONS, Condition, masking_table, paper_masking
+from sinklib.evaluation.conditions import CONDITIONS, Condition, paper_masking
+from sinklib.evaluation.table1 import masking_table
 from sinklib.evaluation.tasks import Task, get_task
 from sinklib.settings import Settings
 from sinklib.validation import BadValue

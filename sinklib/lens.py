@@ -30,7 +30,6 @@ modelling code has no common way to return hidden states.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import numbers
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
@@ -43,9 +42,8 @@ from sinklib.dynamics import greatest_sinks
 from sinklib.trace import Trace
 from sinklib.validation import BadValue, bad_value, check_eps, check_int
 
-_GLIBC = ctypes.util.find_library("c")
-try:  # glibc's malloc_trim: see _return_freed_memory
-    _LIBC = ctypes.CDLL(_GLIBC) if _GLIBC and hasattr(ctypes.CDLL(_GLIBC), "malloc_trim") else None
+try:  # glibc's malloc_trim (see _return_freed_memory), from the symbols the process has loaded: no ldconfig run
+    _LIBC = ctypes.CDLL(None) if hasattr(ctypes.CDLL(None), "malloc_trim") else None
 except OSError:
     _LIBC = None
 

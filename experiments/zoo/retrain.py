@@ -13,7 +13,8 @@ from tqdm.auto import tqdm
 
 from sinklib import dynamics
 from sinklib.cache_manifest import fingerprint
-from sinklib.evaluation.table1 import CONDITIONS, masking_table
+from sinklib.evaluation.conditions import CONDITIONS
+from sinklib.evaluation.table1 import masking_table
 from sinklib.evaluation.tasks import get_task, trace_prompts
 from sinklib.trace_store import collect_traces
 from sinklib.loading import LoadedModel, load

@@ -35,7 +35,7 @@ from sinklib.validation import (BadValue, Consent, Count, Index, NonNegative, ba
                                 check_choice, check_value, did_you_mean, validated)
 from sinklib.capturing import check_intervention
 from sinklib.evaluation.extract import cut_at_stops
-from sinklib.evaluation.table1 import CONDITIONS
+from sinklib.evaluation.conditions import CONDITIONS
 from sinklib.families.base import RENAMED, Family, check_options, get_family, option_owners
 from sinklib.generation import generate
 from sinklib.interventions import MASKING_POLICIES as POLICIES, AblateValues, MaskSinks, make_policy
@@ -138,7 +138,7 @@ class MaskingArgs:
 
     def intervention(self, family: Family):
         """The intervention for a model of `family` (None: none): the Table 1 conditions' own policies where they
-        apply (evaluation.table1.CONDITIONS: "sinks", "random keys", "sink values (…)"), else the named policy."""
+        apply (evaluation.conditions.CONDITIONS: "sinks", "random keys", "sink values (…)"), else the named policy."""
         if self.mask_top_k and self.mask_source != "previous_step":  # the paper's masking read from another step
             keys = MaskSinks(top_k=self.mask_top_k, eps=self.mask_eps, source=self.mask_source, rows=family.sink_rows)
         elif self.mask_top_k or self.mask_random_k:

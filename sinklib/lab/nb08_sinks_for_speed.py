@@ -11,7 +11,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from sinklib import dynamics, speed
-from sinklib.evaluation.table1 import MaskingTable, column_name, column_words, masking_table
+from sinklib.evaluation.conditions import column_name, column_words
+from sinklib.evaluation.table1 import MaskingTable, masking_table
 from sinklib.evaluation.tasks import TRACE_TASKS, get_task, trace_prompts
 from sinklib.speed import AUTOREGRESSIVE_POLICY
 from sinklib.stats import difference_of_changes

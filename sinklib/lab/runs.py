@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from sinklib.derived import derived
-from sinklib.evaluation.table1 import CONDITIONS
+from sinklib.evaluation.conditions import CONDITIONS
 from sinklib.evaluation.tasks import get_task, task_names
 from sinklib.loading import LoadedModel, load_models
 from sinklib.paths import NOTEBOOKS

@@ -22,7 +22,8 @@ from sinklib import dynamics, sinks
 from sinklib.trace_store import collect_traces
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.sandbox import SandboxLimits, run_python
-from sinklib.evaluation.table1 import CONDITIONS, masking_table
+from sinklib.evaluation.conditions import CONDITIONS
+from sinklib.evaluation.table1 import masking_table
 from sinklib.zoo import ZOO_DIR, over_training
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -676,7 +677,7 @@ def test_what_is_not_a_finite_number_extracts_to_nothing(text):
 @pytest.fixture
 def odd_conditions():
     """Conditions a user might register that cannot make a table: each is refused before any run."""
-    from sinklib.evaluation.table1 import CONDITIONS, Condition
+    from sinklib.evaluation.conditions import CONDITIONS, Condition
 
     added = {"unmasking": Condition("unmasking", "unmasking", "with {k} nothing masked", lambda **options: None),
              "mislabelled": Condition("another label", "other", "with {k} keys masked", lambda **options: None),
@@ -712,7 +713,8 @@ def test_conditions_that_cannot_make_a_table_are_refused_before_any_run(conditio
 def test_a_condition_no_later_models_family_can_build_is_refused_before_the_first_model_runs(models, tmp_path):
     """A policy that builds nothing for the autoregressive family only: refused before tiny-llada's runs (it was
     refused at the autoregressive model's turn, after tiny-llada's runs were written)."""
-    from sinklib.evaluation.table1 import CONDITIONS, Condition, masking_table
+    from sinklib.evaluation.conditions import CONDITIONS, Condition
+    from sinklib.evaluation.table1 import masking_table
     from sinklib.interventions import MaskRandomKeys
 
     CONDITIONS.register("diffusion only", Condition(

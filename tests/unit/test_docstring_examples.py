@@ -17,7 +17,7 @@ import torch
 
 import sinklib
 from sinklib import extend
-from sinklib.evaluation.table1 import Condition
+from sinklib.evaluation.conditions import Condition
 from sinklib.evaluation.tasks import Task
 from sinklib.interventions import Intervention, MaskKeys
 

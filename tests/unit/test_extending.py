@@ -3,7 +3,7 @@ registry call (sinklib/ is not edited; the family's own proof is tests/unit/test
 
 - an intervention: a class with keys_to_mask, registered in sinklib.interventions.MASKING_POLICIES, then reached by name —
   by the evaluation runner (make_policy) and by the lm-eval model (model_args policy=NAME,policy.SETTING=VALUE);
-- a Table 1 condition: a Condition registered in sinklib.evaluation.table1.CONDITIONS, a column of masking_table
+- a Table 1 condition: a Condition registered in sinklib.evaluation.conditions.CONDITIONS, a column of masking_table
   by name beside the paper's;
 - a task: a Task registered with register_task, evaluated and masked by name (no family needs a preset for it);
 - a notebook: the .ipynb and one module holding its run config (which registers itself in sinklib.lab.runs.RUNS) and
@@ -19,7 +19,8 @@ import torch
 
 import sinklib
 from sinklib.evaluation import evaluate
-from sinklib.evaluation.table1 import CONDITIONS, Condition, masking_table
+from sinklib.evaluation.conditions import CONDITIONS, Condition
+from sinklib.evaluation.table1 import masking_table
 from sinklib.evaluation.tasks import get_task
 from sinklib.interventions import MASKING_POLICIES, Intervention, MaskKeys, make_policy
 
