@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import torch
 
 from sinklib.validation import check_choice, check_int, validated
-from sinklib.families.base import DiffusionFamily
+from sinklib.families.base import DiffusionFamily, FamilySettings
 
 
 @validated
 @dataclass(frozen=True)
-class ToySettings:
+class ToySettings(FamilySettings):
     steps: int
     gen_length: int
     direction: str = "left_to_right"

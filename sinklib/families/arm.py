@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import torch
 
 from sinklib.validation import Count, Index, Temperature, bad_value, check_int, validated
-from sinklib.families.base import AutoregressiveFamily
+from sinklib.families.base import AutoregressiveFamily, FamilySettings
 from sinklib.ties import argmax_margin, note_decisions
 
 
 @validated
 @dataclass(frozen=True)
-class ARMSettings:
+class ARMSettings(FamilySettings):
     """Greedy (or sampled) next-token decoding of up to `gen_length` tokens with a KV cache.
 
     Checked when made (check(), dataclasses.replace included).

@@ -37,15 +37,24 @@ class Canvas:
     padding: torch.Tensor
 
 
+class FamilySettings:
+    """What every family's settings dataclass inherits (sinklib.settings.Settings declares it): record()."""
+
+    def record(self) -> dict[str, Any]:
+        """What a run with these settings is keyed by (families.base.record)."""
+        return record(self)
+
+
 @dataclass(frozen=True)
 class Family:
     """A model family, as the registry holds it: its sampler and settings dataclass, its default settings, the mask
     id used when the tokenizer has none (default_mask_id, diffusion families) and how its remote code is called.
-    Subclasses set `kind` and how canvases become traces."""
+    Subclasses (DiffusionFamily, AutoregressiveFamily) set `kind`, `is_diffusion` and how canvases become traces."""
     name: str
     sample: Callable[..., list[torch.Tensor]]
     # a frozen dataclass decorated with sinklib.validation.validated (its check() refuses bad values when an instance
-    # is made, dataclasses.replace included); its fields are this family's option names
+    # is made, dataclasses.replace included) that inherits FamilySettings (its record()); its fields are this
+    # family's option names
     settings: type
     default_mask_id: int | None = None
     description: str = ""
@@ -59,11 +68,15 @@ class Family:
     # how the family's own (remote) modelling code is called: (model, ids, mask_2d, position_ids) → logits
     remote_call: Callable[..., torch.Tensor] | None = None
 
+    # "diffusion" or "autoregressive": what a trace records (trace_meta); callers ask the answers below, never this
     kind: ClassVar[str] = ""
     sink_rows: ClassVar[str] = "all"  # the query rows sinks are read from when they are masked (MaskSinks.rows)
-    # what a family answers about itself, so that no caller asks its kind: whether every forward sees the whole canvas
-    # (its sinks can move from step to step: the moving-sink figures), and whether each step's scores sum over every
-    # query of the canvas (what the threshold sweep reads; else one full pass of the final sequence stands for them)
+    # what a family answers about itself, so that no caller asks its kind: whether it is a diffusion family (every
+    # forward sees the whole canvas, masked positions hold the mask id until decoded; else it is autoregressive: the
+    # canvas grows by one token a forward), whether its sinks can move from step to step (the moving-sink figures),
+    # and whether each step's scores sum over every query of the canvas (what the threshold sweep reads; else one
+    # full pass of the final sequence stands for them)
+    is_diffusion: ClassVar[bool] = False
     canvas_moves: ClassVar[bool] = False
     scores_cover_the_canvas: ClassVar[bool] = False
 
@@ -73,6 +86,9 @@ class Family:
             raise TypeError(f"settings={self.settings!r} is not allowed for the {self.name} family: settings must be a "
                             "dataclass decorated with sinklib.validation.validated (its check() refuses bad values "
                             "when settings are made)")
+        if not issubclass(self.settings, FamilySettings):
+            raise TypeError(f"settings={self.settings!r} is not allowed for the {self.name} family: settings must "
+                            "inherit sinklib.families.base.FamilySettings (its record() is what runs are keyed by)")
 
     def defaults(self, zoo: bool = False):
         """This family's default settings: the tiny zoo's answer slot (`zoo`) or the paper's generation."""
@@ -82,6 +98,11 @@ class Family:
         if not zoo:
             return paper
         return self.zoo if self.zoo is not None else fit(paper, gen_length=ZOO_GEN_LENGTH)
+
+    def trace_meta(self) -> dict[str, str]:
+        """What a trace records of the family that made it: its name ("family") and its kind ("kind": "diffusion" or
+        "autoregressive", which Trace.is_autoregressive reads back)."""
+        return {"family": self.name, "kind": self.kind}
 
     def option_names(self) -> list[str]:
         """The field names of this family's settings dataclass, in declaration order (special ids included)."""
@@ -125,6 +146,7 @@ class Family:
 class DiffusionFamily(Family):
     """Every forward sees the whole canvas; masked positions hold the mask id until decoded."""
     kind: ClassVar[str] = "diffusion"
+    is_diffusion: ClassVar[bool] = True
     canvas_moves: ClassVar[bool] = True
     scores_cover_the_canvas: ClassVar[bool] = True
 

@@ -26,7 +26,7 @@ import torch
 
 from sinklib.validation import (Count, Index, NonNegative, Number, Share, Temperature, Threshold, bad_value, check_choice,
                                 check_int, validated)
-from sinklib.families.base import DiffusionFamily, Forward, check_block_layout
+from sinklib.families.base import DiffusionFamily, FamilySettings, Forward, check_block_layout
 from sinklib.families.cached import BlockCache, check_refresh, threshold_choice, threshold_margin
 from sinklib.ties import argmax_margin, choice_margin, note_decisions
 
@@ -37,7 +37,7 @@ CONFIDENCE_KIND = {"maskgit_plus": "probability", "topk_margin": "probability_ga
 
 @validated
 @dataclass(frozen=True)
-class DreamSettings:
+class DreamSettings(FamilySettings):
     """Dream's sampler: `steps` forwards for `gen_length` new tokens, confidence by `alg`.
 
     Checked when made (check(), dataclasses.replace included). Build one with LoadedModel.settings_for(**overrides).

@@ -20,7 +20,7 @@ import torch
 
 from sinklib.validation import (Count, GuidanceScale, Index, Share, Temperature, Threshold, bad_value, check_choice,
                                 check_int, validated)
-from sinklib.families.base import DiffusionFamily, Forward, check_block_layout
+from sinklib.families.base import DiffusionFamily, FamilySettings, Forward, check_block_layout
 from sinklib.families.cached import BlockCache, check_refresh, threshold_choice, threshold_margin
 from sinklib.ties import argmax_margin, choice_margin, note_decisions
 
@@ -29,7 +29,7 @@ REMASKING = ("low_confidence", "random")
 
 @validated
 @dataclass(frozen=True)
-class LLaDASettings:
+class LLaDASettings(FamilySettings):
     """LLaDA's / MMaDA's sampler: `steps` forwards for `gen_length` new tokens in blocks of `block_length`.
 
     Checked when made (check(), dataclasses.replace included). Build one with LoadedModel.settings_for(**overrides),
