@@ -278,7 +278,7 @@ def _token_strings(loaded: LoadedModel, tokens: torch.Tensor) -> dict[int, str]:
 
 
 def _meta(loaded: LoadedModel, settings: Settings, seed: int, intervention, chat: bool) -> dict[str, Any]:
-    return {"model": loaded.name, "family": loaded.family.name, "kind": loaded.family.kind,
+    return {"model": loaded.name, **loaded.family.trace_meta(),
             "settings": dataclasses.asdict(settings), "seed": seed,
             "intervention": repr(intervention) if intervention is not None else None, "chat": chat,
             "versions": {"sinklib": __version__, "torch": torch.__version__,

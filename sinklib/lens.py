@@ -64,7 +64,7 @@ LENS_COLUMNS = ["step", "layer", "position", "predicts", "state", "position_stat
 def prediction_offset(family) -> int:
     """How far ahead a family's output predicts: 1 when the output at position i is read as token i + 1 (Dream and
     every autoregressive family), 0 when it is token i itself (LLaDA, MMaDA and other diffusion families)."""
-    return 1 if family.kind == "autoregressive" or family.name in PREDICTS_NEXT else 0
+    return 1 if not family.is_diffusion or family.name in PREDICTS_NEXT else 0
 
 
 def lens_modules(model: nn.Module) -> tuple[nn.Module, nn.Module]:

@@ -448,7 +448,7 @@ def _load_tokenizer(path: str, trust_remote_code: bool):
 
 
 def _mask_id(spec: Family, tokenizer, mask_id: int | None, name: str) -> int | None:
-    if spec.kind != "diffusion":
+    if not spec.is_diffusion:
         return mask_id
     if mask_id is None:
         mask_id = getattr(tokenizer, "mask_token_id", None) if tokenizer is not None else None

@@ -53,7 +53,7 @@ def policy_settings(loaded, policy: str, block_length: int | None = None):
     whole-answer sampler) one block of the whole answer, as Fast-dLLM's default block of 32 is for answers this
     short; a Dream-family threshold ranks by top probability (alg="maskgit_plus", upstream's confidence_threshold)."""
     own = loaded.settings_for()
-    if loaded.family.kind == "autoregressive":
+    if not loaded.family.is_diffusion:
         if policy != AUTOREGRESSIVE_POLICY:
             raise bad_value("policy", policy, f"{AUTOREGRESSIVE_POLICY!r} for the autoregressive {loaded.name}")
         return own
@@ -72,7 +72,7 @@ def policies_for(loaded, block_length: int | None = None) -> list[str]:
     """The policies a model runs: the KV cache for an autoregressive model; for a diffusion model every policy,
     without the caches on a model that runs its own code, and without the prefix cache where the answer is one block
     (its window, the block and everything after it, is then the dual cache's)."""
-    if loaded.family.kind == "autoregressive":
+    if not loaded.family.is_diffusion:
         return [AUTOREGRESSIVE_POLICY]
     one_block = policy_settings(loaded, "dual cache", block_length).block_length == loaded.settings_for().gen_length
     return [p for p in POLICIES if "cache" not in POLICIES[p] or

@@ -82,10 +82,11 @@ class Trace:
     @property
     def is_autoregressive(self) -> bool:
         """Whether the family that made it decodes left to right, one query row per step after the prompt: its
-        kind, recorded at generation (for a trace saved before kinds were recorded, its family's kind)."""
+        kind, recorded at generation (for a trace saved before kinds were recorded: its family is not a diffusion
+        one, Family.is_diffusion)."""
         kind = self.meta.get("kind")
         if kind is None and self.meta.get("family"):
-            kind = get_family(self.meta["family"]).kind
+            return not get_family(self.meta["family"]).is_diffusion
         return kind == "autoregressive"
 
     def require_scores(self) -> torch.Tensor:

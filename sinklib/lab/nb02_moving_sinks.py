@@ -79,7 +79,7 @@ class MovingSinksRun(TracesRun):
 def fitted_paper_layout(model: Any, prompts: list[str]) -> dict[str, int] | None:
     """A diffusion model's family's paper layout (gen_length, steps and, for LLaDA / MMaDA, block_length), halved
     until the longest prompt and the canvas fit the positions the model handles; None for an autoregressive model."""
-    if model.family.kind != "diffusion" or model.family.paper is None:
+    if not model.family.is_diffusion or model.family.paper is None:
         return None
     paper = model.family.paper
     layout = {"gen_length": paper.gen_length, "steps": paper.steps,

@@ -140,7 +140,7 @@ def _reliance_row(model: str, task: str, accuracy: pd.Series, top1: pd.Series, a
         said += (f", {beyond} one random key costs it (sinks − random {against['delta']:+.2f} "
                  f"[{against['delta_low']:+.2f}, {against['delta_high']:+.2f}])")
     family = family_before_loading(model)
-    kind = family.kind if family is not None else None
+    kind = None if family is None else "diffusion" if family.is_diffusion else "autoregressive"
     if kind in PAPER_TOP1:
         expected, paper = PAPER_TOP1[kind]
         relation = "as" if cost == expected else "less than" if (cost, expected) == ("loses", "collapses") else "unlike"

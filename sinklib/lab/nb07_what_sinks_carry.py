@@ -68,7 +68,7 @@ class CarryRun(TaskPart, TracesRun):
         transformers' own code (sinklib.lens cannot read remote modelling code's hidden states)."""
         if self.lens_models is not None:
             return list(self.lens_models)
-        return [name for name, model in loaded.items() if model.family.kind == "diffusion" and model.calling == "native"]
+        return [name for name, model in loaded.items() if model.family.is_diffusion and model.calling == "native"]
 
     def collect_lens_traces(self, loaded: Mapping[str, Any]) -> dict[str, list]:
         """The generations the logit lens reads, by model (lens_names): the first lens_traces of each model's traces

@@ -102,7 +102,7 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
 
     @staticmethod
     def _samplers(model, *policies: str) -> list[str]:
-        return list(policies) if model.family.kind == "diffusion" else [speed.AUTOREGRESSIVE_POLICY]
+        return list(policies) if model.family.is_diffusion else [speed.AUTOREGRESSIVE_POLICY]
 
     def _masking(self, model, sampler: str, ks: list[int], conditions: list[str] | None = None) -> MaskingTable:
         """One model's Table 1 columns `ks` of `conditions` under `sampler` (a policy of sinklib.speed: "plain" and
@@ -120,13 +120,13 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         autoregressive model of the run."""
         if self.masking_models is not None:
             return list(self.masking_models)
-        diffusion = [name for name, model in loaded.items() if model.family.kind == "diffusion" and model.calling == "native"]
-        return diffusion[:1] + [name for name, model in loaded.items() if model.family.kind == "autoregressive"]
+        diffusion = [name for name, model in loaded.items() if model.family.is_diffusion and model.calling == "native"]
+        return diffusion[:1] + [name for name, model in loaded.items() if not model.family.is_diffusion]
 
     def traced(self, loaded: Mapping[str, Any]) -> str:
         """The model the attention section traces: trace_model, else the run's first diffusion model on transformers'
         own code (a cache needs one)."""
-        name = self.trace_model or next((name for name, model in loaded.items() if model.family.kind == "diffusion"
+        name = self.trace_model or next((name for name, model in loaded.items() if model.family.is_diffusion
                                          and model.calling == "native"), None)
         if name is None:
             raise BadValue(f"models={self.models!r} is not allowed with trace_model=None: no model of the run is a "
