@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = load_models(args.models)
-    task_of = {name: TRACE_TASKS[loaded.is_zoo] for name, loaded in models.items()}
+    task_of = {name: TRACE_TASKS[loaded.prompt_style] for name, loaded in models.items()}
     args.out.mkdir(parents=True, exist_ok=True)
     machine = {"cpu": cpu_name(), "torch": torch.__version__, "threads": 1, "limit": args.limit, "timed": args.timed,
                "tasks": task_of}

@@ -24,10 +24,10 @@ from sinklib.validation import BadValue, Consent, Index, bad_value, check_choice
 from sinklib.families.base import LAYOUT, Family, check_options, family_names, get_family, layout_changes
 from sinklib.families.cached import Window, forward_cached
 from sinklib.cache_manifest import weights_fingerprint
-from sinklib.model_names import (_declaring_family, _offline_hint, infer_family, infer_family_from_dict, model_source,
+from sinklib.model_names import (_declaring_family, _offline_hint, infer_family, infer_family_from_dict, prompt_style,
                                  resolve_name)
 from sinklib.settings import Settings
-from sinklib.model_names import is_default_model  # noqa: F401  (evaluation.table1 imports it from here)
+from sinklib.model_names import is_default_model, model_source  # noqa: F401  (evaluation.table1 imports them from here)
 
 CALLING = ("native", "remote")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "auto": "auto"}
@@ -36,7 +36,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 @dataclass
 class LoadedModel:
     """A model with what sampling and tracing need, each settled once when it loads: its family, special ids,
-    tokenizer, how it is called, where it came from and which weights it holds. Made by `sinklib.load`.
+    tokenizer, how it is called and prompted, and which weights it holds. Made by `sinklib.load`.
 
     Attributes:
         model: the torch module (a transformers model, or the family's own modelling code).
@@ -49,7 +49,6 @@ class LoadedModel:
         calling: "native" (transformers' own classes) or "remote" (the family's own modelling code).
         max_length: the positions the model handles, in tokens (None: its config declares none).
         layer_names: the attention modules' paths, one per layer (None: found by sinklib.layers).
-        source: where it came from (loading.model_source): "zoo", "named", "folder", "hub" or "module".
         weights: the weights' fingerprint every run and trace is keyed by: a local checkpoint's weight files
             (cache_manifest.weights_fingerprint), an adapted model's adapter, a hub checkpoint's commit.
         bidirectional: a native model made to attend both ways (a diffusion model on a causal class).
@@ -66,7 +65,6 @@ class LoadedModel:
     calling: str = "native"  # "native" (transformers' own classes) or "remote" (the family's own modelling code)
     max_length: int | None = None  # the positions the model handles (None: not declared)
     layer_names: list[str] | None = None
-    source: str = "module"  # where it came from (model_source): "zoo", "named", "folder", "hub" or "module"
     # the weights' fingerprint, what every run and trace is keyed by: a local checkpoint's weight files
     # (cache_manifest.weights_fingerprint), an adapted model's adapter, a hub checkpoint's commit
     weights: str = ""
@@ -79,16 +77,16 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
     @property
-    def is_zoo(self) -> bool:
-        """A model of the tiny zoo: its config declares its sampler family (real checkpoints do not). Zoo models
-        read the zoo's plain "Q: … A:" text; every other model gets its chat template."""
-        return getattr(getattr(self.model, "config", None), "sinklib_family", None) is not None
+    def prompt_style(self) -> str:
+        """How this model is prompted (model_names.prompt_style): "zoo" for a model of the tiny zoo (plain "Q: … A:"
+        text in its fixed answer slot), "chat" for every other (its chat template)."""
+        return prompt_style(getattr(self.model, "config", None))
 
     @property
     def chat(self) -> bool:
-        """This model's prompt style: True where prompts go through the chat template (every model but the zoo's,
-        which reads plain "Q: … A:" text). generate's chat=None means this."""
-        return not self.is_zoo
+        """Whether prompts go through the chat template (every model but the zoo's, prompt_style "chat"). generate's
+        chat=None means this."""
+        return self.prompt_style == "chat"
 
     def settings_for(self, task: Any = None, **overrides: Any) -> Settings:
         """The settings this model samples with, built once as its family's settings dataclass (checked when made,
@@ -104,9 +102,10 @@ class LoadedModel:
         check_options(self.family, overrides)  # block_length on an autoregressive model too: refused, not dropped
         layout = {name: overrides.pop(name, None) for name in LAYOUT}
         overrides = {name: value for name, value in overrides.items() if value is not None}  # None: not given
-        settings = self.family.defaults(zoo=self.is_zoo)
+        zoo = self.prompt_style == "zoo"  # the zoo's format comes with its fixed answer slot
+        settings = self.family.defaults(zoo=zoo)
         own = dict(named.sampling(self.name) or {})
-        if layout["gen_length"] is None and task is not None and not self.is_zoo:
+        if layout["gen_length"] is None and task is not None and not zoo:
             layout["gen_length"] = task.gen_length
         base = dataclasses.replace(settings, **own) if own else settings
         changes = {**own, **overrides, **layout_changes(base, **layout), **self._special_ids_of(settings)}
@@ -251,7 +250,7 @@ def load(
     max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
     return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
                        name=name, calling=_calling_for(model, spec), max_length=max_length,
-                       source=model_source(name_or_model), weights=_weights_of(name, config),
+                       weights=_weights_of(name, config),
                        bidirectional=bidirectional, compat_fixes=tuple(fixes))
 
 

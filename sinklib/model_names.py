@@ -1,6 +1,6 @@
 """What a name given to sinklib.load means (model_source: a zoo name, a named model, a folder, a hub id or a
-module; resolve_name: where its files are, offline first) and which family a checkpoint's config declares
-(infer_family)."""
+module; resolve_name: where its files are, offline first), which family a checkpoint's config declares
+(infer_family) and how its model is prompted (prompt_style: the zoo's format or a chat template)."""
 from __future__ import annotations
 
 import os
@@ -70,6 +70,17 @@ def model_source(name_or_model: str | os.PathLike | nn.Module) -> str:
     if _is_zoo_name(name):
         return "zoo"
     return "folder" if Path(name).expanduser().exists() else "hub"
+
+
+PROMPT_STYLES = ("zoo", "chat")
+
+
+def prompt_style(config: Any) -> str:
+    """How a model with this config is prompted, one of PROMPT_STYLES: "zoo" for a model of the tiny zoo (its config
+    declares its sampler family, `sinklib_family`, which real checkpoints do not), which reads the zoo's plain
+    "Q: … A:" text in its fixed answer slot; "chat" for every other model, whose prompts go through its chat
+    template."""
+    return "zoo" if getattr(config, "sinklib_family", None) is not None else "chat"
 
 
 def _is_zoo_name(name: str) -> bool:

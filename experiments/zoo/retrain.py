@@ -15,7 +15,7 @@ from sinklib import dynamics
 from sinklib.cache_manifest import fingerprint
 from sinklib.evaluation.conditions import CONDITIONS
 from sinklib.evaluation.table1 import masking_table
-from sinklib.evaluation.tasks import get_task, trace_prompts
+from sinklib.evaluation.tasks import TRACE_TASKS, get_task, trace_prompts
 from sinklib.trace_store import collect_traces
 from sinklib.loading import LoadedModel, load
 from sinklib.paths import ZOO_DIR
@@ -60,13 +60,13 @@ def measure(loaded: LoadedModel, how: Measurement, scratch: Path | None = None, 
     """One row of measurements of a zoo model (the module docstring lists them). `scratch` keeps Table 1's
     per-problem answers so that an interrupted measurement resumes. A model without any sink gets NaN token
     shares and an empty top token."""
-    task = "arithmetic" if loaded.is_zoo else "arithmetic-english"  # a chat model reads the problems in plain English
+    task = TRACE_TASKS[loaded.prompt_style]  # a chat model reads the problems in plain English
     conditions = [CONDITIONS.get(name).at(how.eps) for name in ("sinks", "random keys")]
     table = masking_table([loaded], get_task(task, limit=how.n_problems), conditions, (0, 1), out_dir=scratch,
                           batch_size=50, seed=how.seed, progress=progress).frame
     accuracy = {(condition, k): (a, s) for condition, k, a, s in
                 zip(table["condition"], table["k"], table["accuracy"], table["stderr"])}
-    traces = collect_traces(loaded, trace_prompts(loaded.is_zoo, how.n_traces), seed=how.seed,
+    traces = collect_traces(loaded, trace_prompts(loaded.prompt_style, how.n_traces), seed=how.seed,
                             progress=progress)
     frequency = dynamics.sink_token_frequency(traces, how.eps, top=None)
     mask_token = loaded.tokenizer.convert_ids_to_tokens(loaded.mask_id) if loaded.mask_id is not None else None

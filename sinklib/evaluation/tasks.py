@@ -15,7 +15,7 @@ from sinklib.keys import code_of, function_code
 from sinklib.loading import LoadedModel, is_default_model
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
-from sinklib.validation import BadValue, Flag, bad_value, check_int, validated
+from sinklib.validation import BadValue, Flag, bad_value, check_choice, check_int, validated
 from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
                                         strict_answer)
 
@@ -212,14 +212,16 @@ def _bytecode(code) -> list:
     return [code.co_code.hex(), consts, list(code.co_names)]
 
 
-TRACE_TASKS = {True: "arithmetic", False: "arithmetic-english"}  # the notebooks' prompts: a zoo model reads the zoo's
-# "Q: … A:" format, every other model the same problems in plain English through its chat template
+# the notebooks' prompts by a model's prompt style (LoadedModel.prompt_style): a zoo model reads the zoo's "Q: … A:"
+# format, every other model the same problems in plain English through its chat template
+TRACE_TASKS = {"zoo": "arithmetic", "chat": "arithmetic-english"}
 
 
-def trace_prompts(is_zoo: bool, n: int) -> list[str]:
-    """The first n prompts of the task the notebooks trace a model on (TRACE_TASKS): the held-out arithmetic, as
-    the zoo's format for a zoo model (`is_zoo`), else in plain English."""
-    return [sample.prompt for sample in get_task(TRACE_TASKS[bool(is_zoo)]).samples()[:n]]
+def trace_prompts(prompt_style: str, n: int) -> list[str]:
+    """The first n prompts of the task the notebooks trace a model on (TRACE_TASKS): the held-out arithmetic, in the
+    zoo's format for a model whose `prompt_style` is "zoo" (LoadedModel.prompt_style), else in plain English."""
+    return [sample.prompt for sample in get_task(TRACE_TASKS[check_choice(prompt_style, "prompt_style",
+                                                                          list(TRACE_TASKS))]).samples()[:n]]
 
 
 def read_rows(file: Path, fields: tuple[str, ...], given: str | None) -> list[dict]:

@@ -37,7 +37,7 @@ class TracesRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
     def collect(self) -> tuple[dict, dict]:
         """(loaded models by name, their traces by name): one generation per prompt with the family's settings."""
         loaded = self.load()
-        traces = {name: stored_traces(model, trace_prompts(model.is_zoo, self.n_prompts), self.trace_store,
+        traces = {name: stored_traces(model, trace_prompts(model.prompt_style, self.n_prompts), self.trace_store,
                                       seed=self.seed, progress=self.progress, settings=self.settings_for(model))
                   for name, model in loaded.items()}
         return loaded, traces

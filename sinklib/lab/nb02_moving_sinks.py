@@ -63,7 +63,7 @@ class MovingSinksRun(TracesRun):
         fitted_paper_layout) on the first paper_layout_prompts prompts of its task, kept in long_trace_store."""
         traces = {}
         for name, model in loaded.items():
-            prompts = trace_prompts(model.is_zoo, self.paper_layout_prompts)
+            prompts = trace_prompts(model.prompt_style, self.paper_layout_prompts)
             layout = (self.paper_layouts.get(name) if self.paper_layouts is not None
                       else fitted_paper_layout(model, prompts))
             if layout is None:

@@ -73,7 +73,7 @@ class CarryRun(TaskPart, TracesRun):
     def collect_lens_traces(self, loaded: Mapping[str, Any]) -> dict[str, list]:
         """The generations the logit lens reads, by model (lens_names): the first lens_traces of each model's traces
         (the same inputs as collect()'s), kept with their lens measurements in long_trace_store."""
-        return {name: stored_traces(loaded[name], trace_prompts(loaded[name].is_zoo, self.lens_traces),
+        return {name: stored_traces(loaded[name], trace_prompts(loaded[name].prompt_style, self.lens_traces),
                                     self.long_trace_store, seed=self.seed, progress=self.progress,
                                     settings=self.settings_for(loaded[name]))
                 for name in self.lens_names(loaded)}

@@ -80,7 +80,7 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         task (the held-out arithmetic) and n_timed of them timed side by side, all read from speed_store when it
         holds this run's (they resume there otherwise: an hour for the diffusion twin's plain sampler)."""
         loaded = self.load()
-        task_of = {name: TRACE_TASKS[model.is_zoo] for name, model in loaded.items()}
+        task_of = {name: TRACE_TASKS[model.prompt_style] for name, model in loaded.items()}
         speed.measure(loaded, task_of, self.speed_store, self.n_problems, progress=self.progress)
         timing = speed.stored_timing(loaded, task_of, self.speed_store, self.n_timed, progress=self.progress)
         return loaded, speed.frontier(self.speed_store, timing, models=list(loaded))
@@ -108,7 +108,7 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         """One model's Table 1 columns `ks` of `conditions` under `sampler` (a policy of sinklib.speed: "plain" and
         an autoregressive model's KV cache run its own settings from results_dir/table1-<task>, the others from
         speed_store/table1)."""
-        task = TRACE_TASKS[model.is_zoo]
+        task = TRACE_TASKS[model.prompt_style]
         own = sampler in ("plain", speed.AUTOREGRESSIVE_POLICY)
         return masking_table([model], get_task(task, limit=self.n_problems), conditions or ("sinks", "random keys"), ks,
                              None if own else speed.policy_settings(model, sampler),
@@ -138,7 +138,7 @@ class SpeedRun(OutputsPart, ModelsPart, RunConfig):
         (notebook 01's trace) and under trace_policy,
         with attention captured, from the trace store (made there if missing)."""
         model = loaded[self.traced(loaded)]
-        prompt = trace_prompts(model.is_zoo, 1)
+        prompt = trace_prompts(model.prompt_style, 1)
         store = Path(self.results_dir) / "traces"
         return {f"{policy}": stored_traces(model, prompt, store, seed=self.seed, progress=False,
                                            settings=speed.policy_settings(model, policy))[0]

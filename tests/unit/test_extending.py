@@ -157,7 +157,7 @@ class ToyRun(OutputsPart, SamplingPart, ModelsPart, RunConfig):
 
     def collect(self):
         loaded = self.load()
-        return {name: collect_traces(model, trace_prompts(model.is_zoo, self.n_prompts), seed=self.seed,
+        return {name: collect_traces(model, trace_prompts(model.prompt_style, self.n_prompts), seed=self.seed,
                                      progress=False, settings=self.settings_for(model))
                 for name, model in loaded.items()}
 

@@ -1,12 +1,15 @@
 """Family adapters and the registry: a family defined in one file outside sinklib (tests/toy_family.py) loads,
 is inferred from its config, generates token for token like a reference loop, and owns its options."""
+import ast
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 import sinklib
-from sinklib.families.base import FAMILIES, family_names, get_family, register_family
+from sinklib.families.base import FAMILIES, DiffusionFamily, FamilySettings, family_names, get_family, record, register_family
 from sinklib.loading import infer_family_from_dict
 from sinklib.registry import Registry
 from tests.models import MASK_ID, diffusion_llama
@@ -32,7 +35,8 @@ def reference_left_to_right(model, prompt: list[int], gen_length: int) -> list[i
 def test_a_family_in_one_file_plus_its_registration_generates_like_its_reference_loop(toy):
     model = diffusion_llama("toy")
     loaded = sinklib.load(model, mask_id=MASK_ID)
-    assert loaded.family is toy and loaded.family.kind == "diffusion"
+    assert loaded.family is toy and loaded.family.is_diffusion
+    assert loaded.family.trace_meta() == {"family": "toy", "kind": "diffusion"}
     prompt = [3, 4, 5, 6]
     trace = sinklib.generate(loaded, prompt, loaded.settings_for(steps=5, gen_length=5), progress=False)
     assert trace.tokens[-1].tolist() == reference_left_to_right(model, prompt, 5)
@@ -102,3 +106,78 @@ def test_the_registry_imports_lazily_and_refuses_unknown_and_duplicate_names():
     with pytest.raises(ValueError, match=r"target='json.loads' is not allowed"):
         registry.register("other", "json.loads")
     assert family_names() == ["arm", "dream", "llada", "mmada"]
+
+
+# `.kind` reads that mean something else: inspect.Parameter's (harness, compat) and a Registry's own (registry.py)
+OTHER_KINDS = {("parameter", None), ("p", None), ("self", "registry.py")}
+
+
+def _kind_and_zoo_reads(root: Path, skip: Path | None = None) -> list[str]:
+    """Every read of an attribute named `kind` or `is_zoo` (getattr / hasattr by name included) in the modules under
+    `root` (but `skip`), as "path:line receiver.name", but the OTHER_KINDS."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if skip is not None and skip in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute):
+                name, receiver = node.attr, ast.unparse(node.value)
+            elif (isinstance(node, ast.Call) and ast.unparse(node.func) in ("getattr", "hasattr") and len(node.args) > 1
+                  and isinstance(node.args[1], ast.Constant)):
+                name, receiver = node.args[1].value, ast.unparse(node.args[0])
+            else:
+                continue
+            other = (receiver, None) in OTHER_KINDS or (receiver, path.name) in OTHER_KINDS
+            if name == "is_zoo" or (name == "kind" and not other):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} {receiver}.{name}")
+    return found
+
+
+def test_nothing_outside_the_families_reads_a_kind_or_whether_a_model_is_of_the_zoo():
+    """Issue 68: the family answers whether it is a diffusion family (Family.is_diffusion) and what a trace records
+    of it (Family.trace_meta), the model how it is prompted (LoadedModel.prompt_style, from model_names.prompt_style):
+    no module of sinklib outside sinklib/families/ reads a `kind` (inspect.Parameter's and Registry's own are other
+    meanings) or an `is_zoo`."""
+    root = Path(sinklib.__file__).parent
+    assert _kind_and_zoo_reads(root / "families")  # the scan sees the families' own reads (trace_meta's self.kind)
+    assert _kind_and_zoo_reads(root, skip=root / "families") == []
+
+
+def test_every_familys_settings_say_what_they_are_keyed_by_and_a_family_without_that_is_refused():
+    """The Settings protocol declares steps, gen_length and record(); every family's settings dataclass inherits
+    record() from FamilySettings (families.base.record), and a family whose settings do not is refused when made."""
+    from sinklib.families.arm import ARMSettings
+    from sinklib.families.dream import DreamSettings
+    from sinklib.families.llada import LLaDASettings
+    from sinklib.settings import Settings
+    from sinklib.validation import validated
+
+    assert {"steps", "gen_length", "record"} <= set(dir(Settings))
+    fast = DreamSettings(steps=4, gen_length=4, block_length=4, threshold=0.9, alg="maskgit_plus")
+    for settings in (LLaDASettings(steps=4, gen_length=4), DreamSettings(steps=4, gen_length=4), fast,
+                     ARMSettings(gen_length=4)):
+        assert isinstance(settings, Settings) and settings.record() == record(settings)
+    assert "threshold" in fast.record() and "threshold" not in DreamSettings(steps=4, gen_length=4).record()
+
+    @validated
+    @dataclasses.dataclass(frozen=True)
+    class Unkeyed:
+        steps: int = 1
+        gen_length: int = 1
+
+    with pytest.raises(TypeError, match="inherit sinklib.families.base.FamilySettings"):
+        DiffusionFamily("unkeyed", lambda *args: [], Unkeyed)
+    assert issubclass(get_family("llada").settings, FamilySettings)
+
+
+def test_a_models_prompt_style_picks_the_prompts_it_is_traced_on():
+    """TRACE_TASKS by prompt style: the zoo's format for a zoo model, plain English for every other; anything else
+    (a bool, as trace_prompts once took) is refused naming the styles."""
+    from sinklib.evaluation.tasks import TRACE_TASKS, trace_prompts
+    from sinklib.model_names import PROMPT_STYLES
+
+    assert sorted(TRACE_TASKS) == sorted(PROMPT_STYLES)
+    zoo, chat = trace_prompts("zoo", 2), trace_prompts("chat", 2)
+    assert len(zoo) == len(chat) == 2 and zoo != chat and zoo[0].startswith("Q:")
+    with pytest.raises(ValueError, match="prompt_style=True is not allowed"):
+        trace_prompts(True, 1)

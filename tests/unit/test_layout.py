@@ -55,7 +55,7 @@ def test_a_task_owns_its_length_a_zoo_model_keeps_its_slot(llada):
     assert (llada.settings_for(gsm8k).steps, llada.settings_for(gsm8k).block_length) == (256, 32)
     assert llada.settings_for(arithmetic) == llada.settings_for()  # the task declares no length: the model's own
     zoo = sinklib.load("tiny-llada")
-    assert zoo.is_zoo and zoo.settings_for(gsm8k) == zoo.settings_for() == dataclasses.replace(
+    assert zoo.prompt_style == "zoo" and zoo.settings_for(gsm8k) == zoo.settings_for() == dataclasses.replace(
         zoo.family.defaults(zoo=True), mask_id=zoo.mask_id)
     assert (zoo.settings_for(gen_length=8).block_length, zoo.settings_for(gen_length=8).steps) == (8, 8)
     with pytest.raises(ValueError, match=r"task='gsm8k' is not allowed: task must be a Task"):

@@ -329,7 +329,7 @@ def _stand_in(name: str):
     module = llama(causal=True) if family == "arm" else diffusion_llama(family)
     loaded = sinklib.load(module, family=family, mask_id=None if family == "arm" else MASK_ID)
     module.config.sinklib_family = None  # a real checkpoint's config declares no zoo family: the paper's settings
-    assert not loaded.is_zoo
+    assert loaded.prompt_style == "chat"
     return dataclasses.replace(loaded, name=name)
 
 

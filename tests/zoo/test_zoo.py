@@ -54,15 +54,17 @@ def test_checkpoints_are_small_and_carry_a_card(name):
     assert "held-out exact-answer accuracy" in card and "most frequent sink tokens" in card
 
 
-def test_where_a_model_comes_from_is_decided_once_in_load(tmp_path):
-    """LoadedModel.source (loading.model_source): a zoo name, the same checkpoint as a folder, a model object, a named
-    model and a hub id; the default models are exactly the zoo and the named ones."""
+def test_where_a_model_comes_from_is_told_by_its_name_and_its_prompt_style_by_its_config(tmp_path):
+    """model_names.model_source: a zoo name, the same checkpoint as a folder, a model object, a named model and a hub
+    id; the default models are exactly the zoo and the named ones; a zoo model is prompted in the zoo's format however
+    it was loaded (LoadedModel.prompt_style)."""
     from sinklib.model_names import is_default_model, model_source
 
     by_name = sinklib.load("tiny-arm")
     by_folder = sinklib.load(str(ZOO_DIR / "tiny-arm"))
     by_object = sinklib.load(by_name.model, tokenizer=by_name.tokenizer)
-    assert (by_name.source, by_folder.source, by_object.source) == ("zoo", "folder", "module")
+    assert [model_source(n) for n in ("tiny-arm", str(ZOO_DIR / "tiny-arm"), by_name.model)] == ["zoo", "folder", "module"]
+    assert {by_name.prompt_style, by_folder.prompt_style, by_object.prompt_style} == {"zoo"}
     assert torch.equal(by_name.logits(torch.tensor([[1, 2, 3]])), by_folder.logits(torch.tensor([[1, 2, 3]])))
     assert [model_source(n) for n in ("smollm2-135m-diffusion", "org/model", str(tmp_path))] == ["named", "hub", "folder"]
     assert [is_default_model(n) for n in ("tiny-arm", "smollm2-135m-instruct", str(ZOO_DIR / "tiny-arm"), "org/m")] == \
