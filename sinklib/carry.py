@@ -11,6 +11,9 @@ autoregressive trace): nothing is recomputed from attention maps.
 Value vectors are read with forward hooks on each block's value projection (`v_proj`; LLaDA / MMaDA `v_proj` in
 the block) and its output projection's weight (`o_proj`; LLaDA / MMaDA `attn_out`). Grouped-query heads read the
 value head they share (query head h → value head h // (heads / value heads)).
+
+Layers are chosen as capture and the lens choose theirs: `names_filter` over the activation names
+"blocks.{layer}.attn.values" (sinklib.activation_names); a layer left out is neither hooked nor read.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from sinklib.activation_names import VALUES, NamesFilter, select_layers
 from sinklib.dynamics import comparable_scores, sink_mask
 from sinklib.layers import attention_layers
 from sinklib.trace import Trace
@@ -53,12 +57,19 @@ def _blocks(model: nn.Module, layer_names: Sequence[str] | None) -> list[tuple[n
     return pairs
 
 
+def _chosen_blocks(loaded, names_filter: NamesFilter) -> tuple[list[int], list[tuple[nn.Module, nn.Module, int]]]:
+    """(the layers names_filter keeps, their _blocks entries); a filter that keeps none is refused."""
+    pairs = _blocks(loaded.model, getattr(loaded, "layer_names", None))
+    layers = select_layers(names_filter, len(pairs), VALUES)
+    return layers, [pairs[layer] for layer in layers]
+
+
 @torch.no_grad()
-def value_norms(loaded, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def value_norms(loaded, tokens: torch.Tensor, names_filter: NamesFilter = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(‖v_j‖, ‖W_O^h v_j‖), each float32 [layers, heads, seq], for one sequence of token ids [seq]: what each key
-    would add to head h's output per unit of attention, before and after the output projection."""
-    model = loaded.model
-    pairs = _blocks(model, getattr(loaded, "layer_names", None))
+    would add to head h's output per unit of attention, before and after the output projection. names_filter: the
+    layers, by activation name "blocks.{layer}.attn.values" (None: all; sinklib.activation_names), kept in order."""
+    _, pairs = _chosen_blocks(loaded, names_filter)
     seen: list[torch.Tensor] = []
     hooks = [_projection(attn, block, VALUE_PROJECTIONS).register_forward_hook(
         lambda module, args, out: seen.append(out[0].detach().float())) for attn, block, _ in pairs]
@@ -88,33 +99,45 @@ def output_share(scores: torch.Tensor, output_norms: torch.Tensor) -> torch.Tens
     return torch.where(valid, share, torch.full_like(share, float("nan")))
 
 
-def _step_values(loaded, trace: Trace, steps: Sequence[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+def _step_values(loaded, trace: Trace, steps: Sequence[int],
+                 names_filter: NamesFilter = None) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """The value norms each step's keys had: one forward per step on its canvas (a causal model's keys keep their
     values as the sequence grows, so one forward over the final sequence serves every step)."""
     if trace.is_autoregressive:  # the sequence as the last forward saw it: every key any step had
-        final = value_norms(loaded, loaded.family.replay_canvas(trace.tokens[-1], trace.is_masked[-1]))
+        final = value_norms(loaded, loaded.family.replay_canvas(trace.tokens[-1], trace.is_masked[-1]), names_filter)
         return {step: final for step in steps}
-    return {step: value_norms(loaded, loaded.family.replay_canvas(trace.tokens[step], trace.is_masked[step]))
-            for step in steps}
+    return {step: value_norms(loaded, loaded.family.replay_canvas(trace.tokens[step], trace.is_masked[step]),
+                              names_filter) for step in steps}
 
 
-def sink_carry(loaded, trace: Trace, eps: float = 3.0, steps: Sequence[int] | None = None) -> pd.DataFrame:
-    """One row per (step, layer, head): the greatest key (top score) — its position, whether it is an Eq. 3 sink,
-    its score share (s_j / Σ s), its value norm and output norm against the median key's, and its output share
-    (the norm-based view). `steps`: the steps to read (default every step; each costs one forward)."""
-    scores = comparable_scores(trace)
+def _chosen_steps(trace: Trace, steps: Sequence[int] | None) -> list[int]:
+    """The steps sink_carry reads: every step (None) or the distinct ones listed, each a step of the trace."""
     chosen = list(range(trace.n_steps)) if steps is None else list(dict.fromkeys(steps))
     outside = [step for step in chosen if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < trace.n_steps]
     if not chosen or outside:
         raise BadValue(f"steps={steps!r} is not allowed: steps must be None or a non-empty list of step indices in "
                        f"0..{trace.n_steps - 1} (this trace's forwards)")
+    return chosen
+
+
+def sink_carry(loaded, trace: Trace, eps: float = 3.0, steps: Sequence[int] | None = None,
+               names_filter: NamesFilter = None) -> pd.DataFrame:
+    """One row per (step, layer, head): the greatest key (top score) — its position, whether it is an Eq. 3 sink,
+    its score share (s_j / Σ s), its value norm and output norm against the median key's, and its output share
+    (the norm-based view). `steps`: the steps to read (default every step; each costs one forward). names_filter:
+    the layers, by activation name "blocks.{layer}.attn.values" (None: all; sinklib.activation_names); the `layer`
+    column keeps the model's layer numbers."""
+    scores = comparable_scores(trace)
+    chosen = _chosen_steps(trace, steps)
     if len(trace.layer_names) != len(_blocks(loaded.model, getattr(loaded, "layer_names", None))):
         raise BadValue(f"trace={trace.meta.get('model')!r} is not allowed with model={getattr(loaded, 'name', '')!r}: "
                        f"its {len(trace.layer_names)} attention layers are not this model's")
+    kept, _ = _chosen_blocks(loaded, names_filter)
+    pick = slice(None) if names_filter is None else kept  # a view of every layer, as without a filter
     sinks = sink_mask(trace, eps)
     rows = []
-    for step, (raw, written) in _step_values(loaded, trace, chosen).items():
-        step_scores = scores[step]  # [layers, heads, keys]
+    for step, (raw, written) in _step_values(loaded, trace, chosen, names_filter).items():
+        step_scores = scores[step][pick]  # [layers, heads, keys]
         keys = min(step_scores.shape[-1], raw.shape[-1])
         step_scores, raw_k, written_k = step_scores[..., :keys], raw[..., :keys], written[..., :keys]
         valid = ~torch.isnan(step_scores)
@@ -126,8 +149,9 @@ def sink_carry(loaded, trace: Trace, eps: float = 3.0, steps: Sequence[int] | No
         layers, heads = top.shape[:2]
         grid = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
         rows.append(pd.DataFrame({
-            "step": step, "layer": grid[0].ravel(), "head": grid[1].ravel(), "position": top.squeeze(-1).numpy().ravel(),
-            "is_sink": _at(sinks[step][..., :keys], top).numpy().ravel(),
+            "step": step, "layer": np.asarray(kept)[grid[0]].ravel(), "head": grid[1].ravel(),
+            "position": top.squeeze(-1).numpy().ravel(),
+            "is_sink": _at(sinks[step][pick][..., :keys], top).numpy().ravel(),
             "score_share": (_at(step_scores, top) / total).numpy().ravel(),
             "value_norm": _at(raw_k, top).numpy().ravel(), "median_value_norm": median_raw.numpy().ravel(),
             "output_norm": _at(written_k, top).numpy().ravel(), "median_output_norm": median_written.numpy().ravel(),

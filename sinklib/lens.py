@@ -22,6 +22,8 @@ Decisions, each for a reason:
   row keeps `position`, where the residual stream is read, and `predicts` = position + offset, the position whose
   token it is scored against (Dream's output at the last position predicts past the canvas and has no row).
 - A row's "final" token is the token its predicted position holds at the end of the generation (trace.tokens[-1]).
+- Layers are chosen as capture and carry choose theirs: `names_filter` over the activation names
+  "blocks.{layer}.resid" (sinklib.activation_names); the forward is the same, only the kept layers are unembedded.
 
 Probabilities are float32 softmaxes of the lens logits (computed in the model's dtype, as its own head would).
 Only transformers-native models are read (the zoo, adapted named models, any AutoModelForCausalLM): remote
@@ -38,6 +40,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from sinklib.activation_names import RESID, NamesFilter, count_layers, select_layers
 from sinklib.dynamics import greatest_sinks
 from sinklib.trace import Trace
 from sinklib.validation import BadValue, bad_value, check_eps, check_int
@@ -103,19 +106,28 @@ def _require_native(loaded: "LoadedModel") -> None:
                        "checkpoints); this model runs its own remote modelling code")
 
 
-def iter_layer_logits(loaded: "LoadedModel", ids: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+def lens_layers(loaded: "LoadedModel", names_filter: NamesFilter) -> list[int]:
+    """The blocks whose lens `names_filter` keeps, by activation name "blocks.{layer}.resid" (None: every block)."""
+    return select_layers(names_filter, count_layers(loaded), RESID)
+
+
+def iter_layer_logits(loaded: "LoadedModel", ids: torch.Tensor,
+                      names_filter: NamesFilter = None) -> Iterator[tuple[int, torch.Tensor]]:
     """(layer, float32 logits [seq, vocab]) for every block 0..L−1 of one forward over ids [seq] (no padding), indexed
     by the position the residual stream is read at (not shifted). One layer at a time: a real model's [L, seq,
-    vocab] would not fit in memory. Raises RuntimeError when the last layer's lens does not reproduce the model's own
-    logits (see the module docstring)."""
+    vocab] would not fit in memory. names_filter: only the blocks it keeps, by activation name "blocks.{layer}.resid"
+    (None: all; sinklib.activation_names). Raises RuntimeError when the last layer's lens does not reproduce the
+    model's own logits (see the module docstring; checked whichever layers are kept)."""
     _require_native(loaded)
     model = loaded.model
     norm, head = lens_modules(model)
+    kept = None if names_filter is None else set(lens_layers(loaded, names_filter))
     with torch.no_grad():
         out = model(input_ids=ids[None].to(loaded.device), output_hidden_states=True)
     hidden = [h[0] for h in out.hidden_states]  # [embedding, block 0, …, block L−1 (already normed)]
     for layer, residual in enumerate(hidden[1:-1]):
-        yield layer, _unembed(model, head, residual, norm)
+        if kept is None or layer in kept:
+            yield layer, _unembed(model, head, residual, norm)
     own = out.logits[0].float()
     last = _unembed(model, head, hidden[-1])  # transformers: hidden_states[-1] is the final norm's output
     if not _reproduces(last, own):  # a model whose last hidden state is taken before its norm
@@ -124,12 +136,14 @@ def iter_layer_logits(loaded: "LoadedModel", ids: torch.Tensor) -> Iterator[tupl
         raise RuntimeError(f"the logit lens of {loaded.name!r} does not reproduce its own output at the last "
                            f"layer (head(norm(h)) with {type(norm).__name__} and {type(head).__name__}): its "
                            "output applies something the lens does not know")
-    yield len(hidden) - 2, last
+    if kept is None or len(hidden) - 2 in kept:
+        yield len(hidden) - 2, last
 
 
-def layer_logits(loaded: "LoadedModel", ids: torch.Tensor) -> torch.Tensor:
-    """float32 [layers, seq, vocab]: iter_layer_logits stacked (for short canvases and small vocabularies)."""
-    return torch.stack([logits for _, logits in iter_layer_logits(loaded, ids)])
+def layer_logits(loaded: "LoadedModel", ids: torch.Tensor, names_filter: NamesFilter = None) -> torch.Tensor:
+    """float32 [layers, seq, vocab]: iter_layer_logits stacked (for short canvases and small vocabularies); the
+    layers names_filter keeps (None: all)."""
+    return torch.stack([logits for _, logits in iter_layer_logits(loaded, ids, names_filter)])
 
 
 def _indices(values, param: str, low: int, high: int) -> list[int]:
@@ -202,8 +216,9 @@ def _return_freed_memory() -> None:
         _LIBC.malloc_trim(0)
 
 
-def _step_frame(loaded: "LoadedModel", trace: Trace, step: int, wanted: set[int], top: int, texts: _Texts) -> pd.DataFrame:
-    """The lens rows of one step: every layer × every read position whose predicted position is in `wanted`."""
+def _step_frame(loaded: "LoadedModel", trace: Trace, step: int, wanted: set[int], top: int, texts: _Texts,
+                names_filter: NamesFilter = None) -> pd.DataFrame:
+    """The lens rows of one step: every kept layer × every read position whose predicted position is in `wanted`."""
     canvas = loaded.family.replay_canvas(trace.tokens[step], trace.is_masked[step])
     offset = prediction_offset(loaded.family)
     reads = [p for p in range(canvas.shape[0]) if p + offset in wanted]
@@ -212,7 +227,7 @@ def _step_frame(loaded: "LoadedModel", trace: Trace, step: int, wanted: set[int]
     final = trace.tokens[-1][predicts]
     states = position_states(trace, step)
     pieces = []
-    for layer, logits in iter_layer_logits(loaded, canvas):
+    for layer, logits in iter_layer_logits(loaded, canvas, names_filter):
         columns = _read_layer(logits.cpu(), rows, final, top)
         pieces.append(pd.DataFrame({"step": step, "layer": layer, "position": rows.numpy(), "predicts": predicts.numpy(),
                                     "state": states[predicts.numpy()], "position_state": states[rows.numpy()],
@@ -225,13 +240,14 @@ def _step_frame(loaded: "LoadedModel", trace: Trace, step: int, wanted: set[int]
 
 
 def logit_lens(loaded: "LoadedModel", trace: Trace, steps: Sequence[int] | None = None,
-               positions: Sequence[int] | None = None, top: int = 1) -> pd.DataFrame:
+               positions: Sequence[int] | None = None, top: int = 1, names_filter: NamesFilter = None) -> pd.DataFrame:
     """The logit lens of a generation: one row per (step, layer, read position), sorted so.
 
     loaded: sinklib.load's result for the model that made `trace` (transformers-native). steps: denoising steps
     (0..trace.n_steps − 1; default all), one extra forward each. positions: the predicted positions to keep (the
     `predicts` column, in prediction_offset(family)..seq − 1; default all). top: how many of the lens's best
-    tokens to report (1..vocab).
+    tokens to report (1..vocab). names_filter: the layers, by activation name "blocks.{layer}.resid" (None: all; as
+    capture and carry choose theirs, sinklib.activation_names); rows keep the layers' own numbers.
 
     Columns: step; layer (block 0..L−1, as in trace.scores; the embedding is left out); position (where the
     residual stream is read); predicts (the position whose token it predicts: position + 1 for Dream and
@@ -248,10 +264,12 @@ def logit_lens(loaded: "LoadedModel", trace: Trace, steps: Sequence[int] | None 
     offset = prediction_offset(loaded.family)
     wanted = set(range(offset, seq) if positions is None else _indices(positions, "positions", offset, seq - 1))
     top = check_int(top, "top", 1, lens_modules(loaded.model)[1].weight.shape[0])  # at most the vocabulary
+    if names_filter is not None:
+        lens_layers(loaded, names_filter)  # refused here, before any forward
     texts = _Texts(loaded, trace)
     frames = []
     for step in chosen_steps:
-        frames.append(_step_frame(loaded, trace, step, wanted, top, texts))
+        frames.append(_step_frame(loaded, trace, step, wanted, top, texts, names_filter))
         _return_freed_memory()
     if not frames:  # a trace without steps
         return pd.DataFrame(columns=LENS_COLUMNS)
