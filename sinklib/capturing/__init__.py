@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
+from sinklib.activation_names import NamesFilter
 from sinklib.capturing import route
 from sinklib.capturing.attend import AttentionCall
 from sinklib.capturing.recorder import CaptureError, CaptureOptions, MapRequest, Recorder, check_intervention
@@ -35,6 +36,7 @@ def capture(
     maps: Sequence[MapRequest] | None = None,
     intervention=None,
     *,
+    names_filter: NamesFilter = None,
     layer_names: Sequence[str] | None = None,
     chunk_size: int | None = None,
     store_device: str | torch.device | None = "cpu",
@@ -46,13 +48,22 @@ def capture(
             model(ids)
         recorder.scores  # [steps, layers, batch, heads, keys], sum units
 
+        with sinklib.capture(model, names_filter=["blocks.0.attn.scores", "blocks.2.attn.scores"]) as kept:
+            model(ids)
+        kept.scores  # [steps, layers, batch, heads, keys], the layers: kept.layer_ids, blocks 0 and 2
+
     Args:
         model: the torch module (a LoadedModel's .model, or any transformers model the capture supports).
         maps: (step, layer, head) triples whose full [batch, queries, keys] map is kept (layer: an index or a module
             path); None: none.
         intervention: an object with keys_to_mask(call) / observe(call, stats), e.g. MaskSinks; it may change the
             model's output, nothing else the capture does can.
-        layer_names: explicit attention module paths, one per layer; None: found by sinklib.layers.
+        names_filter: which layers' scores to keep, by activation name "blocks.{layer}.attn.scores" (as carry and the
+            lens choose theirs; sinklib.activation_names): None (all), a name, a list of names or a callable name →
+            bool. It filters what is recorded: every layer still runs under the capture (an intervention acts in
+            all of them), and a kept layer's scores are those of a capture without a filter.
+        layer_names: explicit attention module paths, one per layer, for a model whose attention sinklib.layers
+            cannot find (it declares the layers; names_filter chooses among them); None: found by sinklib.layers.
         chunk_size: query rows per chunk when the probabilities are recomputed chunk by chunk (bounds memory on
             long canvases; at least 1); None: sized by the attention maths to the keys.
         store_device: where finished steps are kept (None: where they were computed).
@@ -66,7 +77,7 @@ def capture(
         CaptureError: the capture cannot see or cannot safely record this model's attention.
     """
     model, layer_names = _as_module(model, layer_names)
-    options = CaptureOptions(maps or (), intervention, layer_names, chunk_size, store_device, keep_steps)
+    options = CaptureOptions(maps or (), intervention, layer_names, chunk_size, store_device, keep_steps, names_filter)
     _check_sdpa_visible(model)
     _claim(model)
     handles, recorder, installed = [], None, False

@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from sinklib.activation_names import SCORES, activation_name, select_layers
 from sinklib.validation import BadValue, check_int, did_you_mean
 from sinklib.attention_math import deferrable_row
 from sinklib.capturing import route
@@ -27,7 +28,8 @@ class CaptureError(RuntimeError):
 class CaptureOptions:
     """What one capture keeps and does (see `capture`): maps as (step, layer, head) triples, the intervention,
     explicit attention module paths, the query chunk of the recompute (None: from a memory budget), where
-    finished steps are stored (None: where computed), and whether per-step scores are kept."""
+    finished steps are stored (None: where computed), whether per-step scores are kept, and which layers' scores
+    (names_filter over "blocks.{layer}.attn.scores": sinklib.activation_names; None: all)."""
 
     maps: tuple[MapRequest, ...] = ()
     intervention: object = None
@@ -35,6 +37,7 @@ class CaptureOptions:
     chunk_size: int | None = None
     store_device: str | torch.device | None = "cpu"
     keep_steps: bool = True
+    names_filter: object = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "maps", tuple(self.maps or ()))
@@ -59,12 +62,16 @@ def check_intervention(intervention) -> None:
 
 class Recorder:
     """What a capture saw. Scores are float32 sums over query rows (sum units), indexed
-    [step, layer, batch, head, key]; `layer_names` are the attention modules' paths in the model."""
+    [step, layer, batch, head, key]; `layer_names` are the attention modules' paths in the model, `layer_ids` their
+    blocks' numbers (every block, unless a names_filter kept some). `layers` are all the model's attention layers:
+    each is watched (an intervention acts in every one), only the kept ones are recorded."""
 
     def __init__(self, model: nn.Module, layers: list[AttentionLayer], options: CaptureOptions) -> None:
         self.model = model
         self.layers = layers
-        self.layer_names = [layer.name for layer in layers]
+        self.layer_ids = select_layers(options.names_filter, len(layers), SCORES)
+        self.layer_names = [layers[index].name for index in self.layer_ids]
+        self._kept = set(self.layer_ids)
         self.closed = False
         self.options = options
         self.intervention = options.intervention
@@ -72,7 +79,7 @@ class Recorder:
         self.watch = False  # the next forwards' attention is computed and kept as `last_step`, whatever keep_steps says
         self.maps: dict[tuple[int, int, int], torch.Tensor] = {}
         self._wanted_maps = self._resolve_maps(options.maps)
-        self._store = StepStore(len(layers), options.store_device, options.keep_steps)
+        self._store = StepStore(len(layers), options.store_device, options.keep_steps, self.layer_ids)
 
     # -- public view -------------------------------------------------------------------------------
     @property
@@ -87,17 +94,24 @@ class Recorder:
 
     @property
     def n_layers(self) -> int:
-        """Attention layers the capture watches."""
-        return len(self.layers)
+        """Attention layers whose scores the capture keeps (the scores' layer axis)."""
+        return len(self.layer_ids)
+
+    @property
+    def names(self) -> list[str]:
+        """The activation names the scores' layer axis holds: "blocks.{layer}.attn.scores" (activation_names)."""
+        return [activation_name(layer, SCORES) for layer in self.layer_ids]
 
     def layer_index(self, layer: int | str) -> int:
-        """A layer given by index or module path → its index; unknown ones raise with a suggestion."""
+        """A layer given by index or module path → its index among the model's attention layers; unknown ones
+        raise with a suggestion."""
         if isinstance(layer, str):
-            if layer in self.layer_names:
-                return self.layer_names.index(layer)
+            every = [known.name for known in self.layers]
+            if layer in every:
+                return every.index(layer)
             raise BadValue(f"layer={layer!r} is not an attention layer of this model"
-                           f"{did_you_mean(layer, self.layer_names)}; layers are {self.layer_names[:3]}…")
-        return check_int(layer, "layer", 0, self.n_layers - 1)
+                           f"{did_you_mean(layer, every)}; layers are {every[:3]}…")
+        return check_int(layer, "layer", 0, len(self.layers) - 1)
 
     def step_scores(self, step: int) -> torch.Tensor:
         """[layers, batch, heads, keys] scores of one step (sum units)."""
@@ -136,7 +150,7 @@ class Recorder:
             step = check_int(step, "maps step", 0)
             index = self.layer_index(layer)
             n_heads = self.layers[index].n_heads
-            head = check_int(head, f"maps head (layer {self.layer_names[index]})", 0, None if n_heads is None else n_heads - 1)
+            head = check_int(head, f"maps head (layer {self.layers[index].name})", 0, None if n_heads is None else n_heads - 1)
             wanted.setdefault((step, index), set()).add(head)
         return wanted
 
@@ -161,14 +175,23 @@ class Recorder:
         if output is None:  # the forward raised: nothing of it counts
             self._store.current = None
             return
+        self._check_kept_ran()
         record = self._store.end(keep_last=self.watch)
-        if record is not None and not record["scores"] and record["layers_ran"]:
+        if record is not None and not record["called"] and record["layers_ran"]:
             impl = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
             raise CaptureError(
                 f"capture saw no attention call: {len(record['layers_ran'])} attention layers ran but none called "
                 f"torch.nn.functional.scaled_dot_product_attention (attn_implementation={impl!r}). Load the model with "
                 "attn_implementation='sdpa' (or call model.set_attn_implementation('sdpa')); flash-attn kernels, "
                 "eager attention and output_attentions=True paths cannot be captured.")
+
+    def _check_kept_ran(self) -> None:
+        """Refuse a step in which attention ran, but in none of the layers a names_filter kept (nothing to stack)."""
+        current = self._store.current
+        if current["called"] and not current["scores"] and (self.keep_steps or self.watch):
+            self._store.current = None
+            raise CaptureError(f"names_filter={self.options.names_filter!r} kept layers {self.layer_ids}, none of which "
+                               f"called attention in this forward (layers {sorted(current['called'])} did)")
 
     def enter_layer(self, layer: AttentionLayer) -> None:
         """Forward pre-hook of an attention layer: route SDPA calls to this recorder until leave_layer; refuses a
@@ -193,7 +216,7 @@ class Recorder:
         """One SDPA call of `layer`, handed over by the route: the intervention picks keys to mask, the call runs,
         and its scores, masked keys, query count and asked-for maps are stored. Returns the attention output in
         the model's layout."""
-        if layer.index in self._store.current["scores"]:
+        if layer.index in self._store.current["called"]:
             raise CaptureError(f"{layer.name} called attention twice in one forward pass; pass layer_names=[...] "
                                "naming one module per attention call")
         args = SdpaArgs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, kwargs).unpack(layer)
@@ -202,7 +225,8 @@ class Recorder:
         map_heads = self._map_heads(step, layer, heads) if self._wanted_maps else ()
         stats_options = {"query_weight": None if self.query_mask is None else self._query_weight(batch, n_queries),
                          "chunk_size": self.options.chunk_size}
-        if self.intervention is None and not map_heads and not self.keep_steps and not self.watch:  # nothing is kept
+        kept = (self.keep_steps or self.watch) and layer.index in self._kept
+        if self.intervention is None and not map_heads and not kept:  # nothing is kept
             self._store.add(layer.index, None, None, None)
             return args.as_called(want_lse=False)[0]
         if self.intervention is None and not map_heads and stats_options["query_weight"] is None \

@@ -1,7 +1,10 @@
 """The step store: one forward of the captured model is one step. While a step runs, each attention layer adds
 its scores, masked keys and query count; when it ends they are stacked over layers (a layer that did not run
-gets NaN scores) and moved to the store device. Only what was asked for is kept (keep_steps=False: counts)."""
+gets NaN scores) and moved to the store device. Only what was asked for is kept (keep_steps=False: counts; a
+capture's names_filter: its layers)."""
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -15,8 +18,11 @@ class StepStore:
     """Finished steps, each {"scores": [layers, batch, heads, keys] float32, "masked": same shape bool,
     "query_count": [layers, batch]}, and the step being recorded."""
 
-    def __init__(self, n_layers: int, store_device: str | torch.device | None, keep_steps: bool) -> None:
+    def __init__(self, n_layers: int, store_device: str | torch.device | None, keep_steps: bool,
+                 kept: Sequence[int] | None = None) -> None:
         self.n_layers = n_layers
+        self.kept = list(range(n_layers)) if kept is None else list(kept)  # the layers stacked, in order
+        self._kept = set(self.kept)
         self.store_device = store_device
         self.keep_steps = keep_steps
         self.completed = 0
@@ -26,11 +32,15 @@ class StepStore:
 
     def begin(self) -> None:
         """Open a new step, empty until its attention layers add to it."""
-        self.current = {name: {} for name in FIELDS} | {"layers_ran": set(), "deferred": {}}
+        self.current = {name: {} for name in FIELDS} | {"layers_ran": set(), "called": set(), "deferred": {}}
 
     def add(self, layer: int, scores: torch.Tensor | None, masked: torch.Tensor | None,
             query_count: torch.Tensor | None) -> None:
-        """One attention layer's result for the step being recorded (scores None: it ran, nothing is kept)."""
+        """One attention layer's result for the step being recorded (scores None: it ran, nothing is kept; a layer
+        outside `kept` is only counted as called)."""
+        self.current["called"].add(layer)
+        if layer not in self._kept:
+            return
         self.current["scores"][layer] = scores
         self.current["masked"][layer] = masked
         self.current["query_count"][layer] = query_count
@@ -38,6 +48,7 @@ class StepStore:
     def defer(self, layer: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
         """A decoding row, copied now and scored with the step's other rows of its shape and scale when the step
         ends (attention_math.DecodingRows)."""
+        self.current["called"].add(layer)
         self.current["scores"][layer] = None
         shape = (tuple(q.shape), tuple(k.shape), q.device, scale)
         waiting = self.current["deferred"].setdefault(shape, ([], DecodingRows()))
@@ -60,7 +71,7 @@ class StepStore:
         if self.current is not None and (self.keep_steps or keep_last):
             self.settle()
         record, self.current = self.current, None
-        if record is not None and record["scores"]:
+        if record is not None and record["called"]:
             self.completed += 1
             stacked = self._stacked(record) if self.keep_steps or keep_last else None
             if self.keep_steps:
@@ -76,9 +87,9 @@ class StepStore:
         for name, fill in FIELDS.items():
             shape = template.shape[:1] if name == "query_count" else (*template.shape[:-1], width)
             dtype = torch.bool if name == "masked" else torch.float32
-            rows = [record[name].get(index) for index in range(self.n_layers)]
+            rows = [record[name].get(index) for index in self.kept]
             if name == "masked" and all(row is None for row in rows):  # nothing masked in any layer: one block
-                stacked[name] = torch.zeros((self.n_layers, *shape), dtype=dtype, device=self.store_device or template.device)
+                stacked[name] = torch.zeros((len(self.kept), *shape), dtype=dtype, device=self.store_device or template.device)
                 continue
             rows = [torch.full(shape, fill, dtype=dtype, device=template.device) if row is None else row for row in rows]
             stacked[name] = torch.stack(rows) if self.store_device is None else torch.stack(rows).to(self.store_device)
