@@ -36,8 +36,6 @@ and quantiles built from scores (float64 over float32 inputs).
 """
 from __future__ import annotations
 
-import base64
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -45,15 +43,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pydantic import Base64Bytes, BaseModel, ValidationError
 
 from sinklib.provenance import read_manifest
 from sinklib.ties import NEAR_TIE
-from sinklib.validation import BadValue
 from sinklib.lab.agreement_answers import compare_items
 from sinklib.lab.agreement_rows import (DIFFERS, FIGURE_PIXELS_NEAR, FIGURE_PIXELS_WITHIN, FLOAT_TOLERANCE, GENERATIONS,
                                         IDENTICAL, ITEMS, MARGIN_TOLERANCE, NEAR, TEXT_TABLES, WITHIN, Divergence, Row,
-                                        _float_difference, _missing, _read_bytes, _schema_problems, compare_file,
-                                        divergences)
+                                        compare_file, divergences, float_difference, missing, one_line, schema_problems)
+
 
 @dataclass
 class Report:
@@ -75,16 +73,12 @@ class Report:
         """The names of the artifacts that differ."""
         return [row.artifact for row in self.rows if row.status == DIFFERS]
 
-    def frame(self) -> pd.DataFrame:
-        """The rows as a DataFrame, one column per Row field."""
-        return pd.DataFrame([vars(row) for row in self.rows])
-
     def to_text(self) -> str:
         """The report as plain text: the rows' table, one line per divergence, and the tolerances used."""
         if not self.rows:
             return ("no artifact was compared: the rerun wrote no results file or explorer page that the committed "
                     "results hold (a notebook that only reads committed measurements, such as 06, writes none)")
-        frame = self.frame()
+        frame = pd.DataFrame([vars(row) for row in self.rows])
         frame["largest_difference"] = [f"{v:.2g}" if v else "0" for v in frame["largest_difference"]]
         lines = [frame.to_string(index=False, justify="left")]
         lines += [f"- {d.describe()}" for d in self.divergences]
@@ -100,23 +94,18 @@ def compare_folders(committed: Path, rerun: Path, rerun_only: bool = False, page
     files the rerun wrote, for a rerun of some of the notebooks), and, of the two figure folders in `pages`
     (committed, rerun), the explorer pages, the text tables (*.md, *.tex) and the figures (*.png, with their *.pdf)."""
     committed, rerun = Path(committed), Path(rerun)
-    report = Report()
-    names = {p.stem for p in rerun.glob("*.parquet")}
-    if not rerun_only:
-        names |= {p.stem for p in committed.glob("*.parquet")}
-    names = sorted(names)
-    explained: set[tuple] = set()
-    if GENERATIONS in names:
+    report, explained = Report(), set()
+    stems = sorted(Path(name).stem for name in _files(committed, rerun, ("*.parquet",), rerun_only))
+    if GENERATIONS in stems:
         report.rows.append(_compare_generations(committed, rerun, report, explained))
-    for name in (n for n in names if n.endswith(ITEMS)):
-        report.rows.append(compare_items(committed / f"{name}.parquet", rerun / f"{name}.parquet", explained))
-    for name in names:
-        if name == GENERATIONS or name.endswith(ITEMS):
-            continue
-        report.rows.append(compare_file(committed / f"{name}.parquet", rerun / f"{name}.parquet", explained))
+    # the items first: they tell the bounds of their runs' rows (explained)
+    for stem in sorted((s for s in stems if s != GENERATIONS), key=lambda s: not s.endswith(ITEMS)):
+        compare = compare_items if stem.endswith(ITEMS) else compare_file
+        report.rows.append(compare(committed / f"{stem}.parquet", rerun / f"{stem}.parquet", explained))
+    folders = [(committed, rerun)]
     if pages is not None:
-        report.rows += _compare_figure_folder(Path(pages[0]), Path(pages[1]), rerun_only, report, committed)
-    folders = [(committed, rerun)] + ([(Path(pages[0]), Path(pages[1]))] if pages is not None else [])
+        folders.append((Path(pages[0]), Path(pages[1])))
+        report.rows += _compare_figure_folder(*folders[1], rerun_only, report, committed)
     _compare_parameters(report, folders)
     return report
 
@@ -135,11 +124,10 @@ def _compare_figure_folder(committed: Path, rerun: Path, rerun_only: bool, repor
     by_table = {row.artifact: row for row in report.rows}
     rows += [compare_text(committed / n, rerun / n, by_table.get(Path(n).stem))
              for n in _files(committed, rerun, TEXT_TABLES, rerun_only)]
-    parted = _notebooks_of(results, [row.artifact for row in report.rows if row.status == NEAR])
+    parted = set(_notebooks_of(results, [row.artifact for row in report.rows if row.status == NEAR]).values())
     notebooks = _notebooks_of(committed, None)
-    for name in _files(committed, rerun, ("*.png",), rerun_only):
-        near = notebooks.get(name) in parted.values()
-        rows.append(compare_figure(committed / name, rerun / name, near))
+    rows += [compare_figure(committed / n, rerun / n, notebooks.get(n) in parted)
+             for n in _files(committed, rerun, ("*.png",), rerun_only)]
     return rows
 
 
@@ -158,11 +146,9 @@ def compare_text(committed: Path, rerun: Path, table: Row | None) -> Row:
     """A text rendering of a results table (figures/*.md, *.tex): equal to the committed text, or, where the table it
     renders (`table`, its row of this report) agreed only up to a near-tie, allowed to differ as that table does."""
     name = committed.name
-    missing = _missing(committed, rerun)
-    if missing:
-        return Row(name, "-", DIFFERS, detail=missing.detail)
-    a, b = _read_bytes(committed), _read_bytes(rerun)
-    if a == b:
+    if absent := missing(committed, rerun, name):
+        return absent
+    if committed.read_bytes() == rerun.read_bytes():
         return Row(name, "1 / 1", IDENTICAL)
     if table is not None and table.status == NEAR:
         return Row(name, "1 / 1", NEAR, detail=f"renders {table.artifact}, which agrees up to a near-tie")
@@ -178,17 +164,16 @@ def compare_figure(committed: Path, rerun: Path, parted: bool = False) -> Row:
     name = committed.name
     pdfs = (committed.with_suffix(".pdf"), rerun.with_suffix(".pdf"))
     for pair in ((committed, rerun), *([pdfs] if any(path.exists() for path in pdfs) else [])):
-        missing = _missing(*pair)
-        if missing:
-            return Row(name, "-", DIFFERS, detail=f"{pair[0].name} {missing.detail}")
-    if _read_bytes(committed) == _read_bytes(rerun):
+        if absent := missing(*pair):
+            return Row(name, "-", DIFFERS, detail=f"{pair[0].name} {absent.detail}")
+    if committed.read_bytes() == rerun.read_bytes():
         return Row(name, "1 / 1", IDENTICAL)
     try:
         import matplotlib.image  # noqa: PLC0415  (the notebooks' extra: only a figure check decodes PNGs)
 
         a, b = matplotlib.image.imread(committed), matplotlib.image.imread(rerun)
     except (OSError, ValueError, SyntaxError) as error:
-        return Row(name, "1 / 1", DIFFERS, detail=f"not a readable PNG: {' '.join(str(error).split())}")
+        return Row(name, "1 / 1", DIFFERS, detail=f"not a readable PNG: {one_line(error)}")
     if a.shape != b.shape:
         return Row(name, "1 / 1", DIFFERS, detail=f"another size: {a.shape[:2]} / {b.shape[:2]} pixels")
     changed = float((a != b).any(axis=-1).mean()) if a.ndim == 3 else float((a != b).mean())
@@ -228,11 +213,10 @@ def _compare_parameters(report: Report, folders: list[tuple[Path, Path]]) -> Non
             old, new = read_manifest(committed), read_manifest(rerun)
         except (ValueError, OSError) as error:  # json's JSONDecodeError is a ValueError
             report.rows.append(Row(f"{committed.name}/PROVENANCE.json", "-", DIFFERS,
-                                   detail=f"not readable: {' '.join(str(error).split())}"))
+                                   detail=f"not readable: {one_line(error)}"))
             continue
-        for file_name in set(old) & set(new):
-            configs[Path(file_name).stem if file_name.endswith(".parquet") else file_name] = (
-                old[file_name].get("config"), new[file_name].get("config"))
+        configs.update({Path(name).stem if name.endswith(".parquet") else name: (old[name].get("config"),
+                        new[name].get("config")) for name in set(old) & set(new)})
         report.provenance += provenance_differences(old, new)
     for row in report.rows:
         before, after = configs.get(row.artifact, (None, None))
@@ -245,21 +229,20 @@ def _compare_parameters(report: Report, folders: list[tuple[Path, Path]]) -> Non
 
 
 def _compare_generations(committed: Path, rerun: Path, report: Report, explained: set) -> Row:
-    missing = _missing(committed / f"{GENERATIONS}.parquet", rerun / f"{GENERATIONS}.parquet")
-    if missing:
-        return missing
-    a, b = pd.read_parquet(committed / f"{GENERATIONS}.parquet"), pd.read_parquet(rerun / f"{GENERATIONS}.parquet")
-    schema = _schema_problems(a, b, ["model", "trace", "step"])
-    schema += [f"the {side} table has no {column!r} column" for frame, side in ((a, "committed"), (b, "rerun"))
-               for column in ("canvas", "margin") if column not in frame.columns]
-    if not schema and any(a[key].dtype != b[key].dtype for key in ("model", "trace", "step")):
-        schema.append("its identifying columns (model, trace, step) are of other types on the two sides")
+    """The generations table: every canvas equal until a step decided at a near-tie in both runs (report.divergences
+    names each parting), and the margins of the steps before it within MARGIN_TOLERANCE. Adds to `explained` the
+    generations that parted at a near-tie and each model's count of generations."""
+    paths = (committed / f"{GENERATIONS}.parquet", rerun / f"{GENERATIONS}.parquet")
+    if absent := missing(*paths):
+        return absent
+    a, b = (pd.read_parquet(path) for path in paths)
+    rows = f"{len(a)} / {len(b)}"
+    schema = schema_problems(a, b, ["model", "trace", "step"], required=("canvas", "margin"))
     if schema:
-        return Row(GENERATIONS, f"{len(a)} / {len(b)}", DIFFERS, detail="; ".join(schema))
+        return Row(GENERATIONS, rows, DIFFERS, detail="; ".join(schema))
     report.divergences = divergences(a, b)
     explained.update(("trace", d.model, d.trace) for d in report.divergences if d.near_tie)
     explained.update(("generations", str(m), int(n)) for m, n in a.groupby("model")["trace"].nunique().items())
-    rows = f"{len(a)} / {len(b)}"
     margins = _margins_before_parting(a, b, report.divergences)
     if margins > MARGIN_TOLERANCE:
         return Row(GENERATIONS, rows, DIFFERS, margins, f"the margins of steps whose canvases agree differ by up to "
@@ -271,56 +254,71 @@ def _compare_generations(committed: Path, rerun: Path, report: Report, explained
 
 
 def _margins_before_parting(a: pd.DataFrame, b: pd.DataFrame, parted: list[Divergence]) -> float:
-    """The largest difference (_float_difference) of the margins both generations tables record for a step before
+    """The largest difference (float_difference) of the margins both generations tables record for a step before
     its generation parted (every step of a generation that never parted)."""
     merged = a.merge(b, on=["model", "trace", "step"], suffixes=("", "__rerun"))
     first = {(d.model, d.trace): d.step for d in parted}
-    before = [step < first.get((str(model), int(trace)), math.inf)
-              for model, trace, step in zip(merged["model"], merged["trace"], merged["step"])]
-    merged = merged[np.array(before, dtype=bool)] if len(merged) else merged
-    return _float_difference(merged["margin"], merged["margin__rerun"])
+    before = np.array([step < first.get((str(model), int(trace)), math.inf)
+                       for model, trace, step in zip(merged["model"], merged["trace"], merged["step"])], dtype=bool)
+    return float_difference(merged["margin"][before], merged["margin__rerun"][before])
 
 
-_PAGE_DATA = re.compile(r'(<script type="application/json" id="sinklib-explorer-data">)(.*?)(</script>)', re.S)
+_PAGE_DATA = re.compile(r'<script type="application/json" id="sinklib-explorer-data">(.*?)</script>', re.S)
+
+
 _PAGE_SHAPE = ("format", "model", "n_steps", "n_layers", "n_heads", "seq", "prompt_len", "layer_names", "layer_ids",
-               "model_layers")
+               "model_layers")  # the header's fields that make its shape (explorer.payload.header, explorer.page)
+
+
+class _PageHeader(BaseModel, extra="allow"):
+    model: str
+    canvas: list[list[int]]  # the canvas before each step, and the final one
+    margins: list[float | None] = []  # each step's decision margin; null where none was recorded
+
+
+class _PageData(BaseModel):
+    """The data an explorer page embeds, validated: its header and its scores (base64 of little-endian float32)."""
+    header: _PageHeader
+    scores: Base64Bytes
+
+    def steps(self) -> pd.DataFrame:
+        """The page's generation as a generations table (one trace): each step's canvas after it and its margin."""
+        canvas, n = self.header.canvas, len(self.header.canvas) - 1
+        margins = [math.nan if m is None else m for m in self.header.margins] + [math.nan] * n
+        return pd.DataFrame({"model": self.header.model, "trace": 0, "step": range(n), "canvas": canvas[1:],
+                             "margin": margins[:n]})
 
 
 def compare_page(committed: Path, rerun: Path) -> Row:
     """Compare two explorer pages: the page around the data byte for byte (the front end, its style), the data's
     shape exactly, the canvases exactly up to a near-tie, and the embedded scores within FLOAT_TOLERANCE."""
     name = committed.name
-    missing = _missing(committed, rerun)
-    if missing:
-        return Row(name, "-", DIFFERS, detail=missing.detail)
+    if absent := missing(committed, rerun, name):
+        return absent
     a_text, b_text = committed.read_text(encoding="utf-8"), rerun.read_text(encoding="utf-8")
     if a_text == b_text:
         return Row(name, "1 / 1", IDENTICAL)
-    (a_page, a), (b_page, b) = _page_parts(a_text), _page_parts(b_text)
+    try:
+        (a_page, a), (b_page, b) = _page_parts(a_text), _page_parts(b_text)
+    except (ValueError, ValidationError) as error:
+        return Row(name, "1 / 1", DIFFERS, detail=f"its data is not readable: {one_line(error, 200)}")
     if a_page != b_page:
         return Row(name, "1 / 1", DIFFERS, detail="the page around the data differs (front end or style changed)")
-    a_head, b_head = a["header"], b["header"]
-    shape = [key for key in _PAGE_SHAPE if a_head.get(key) != b_head.get(key)]
+    shape = [key for key in _PAGE_SHAPE if getattr(a.header, key, None) != getattr(b.header, key, None)]
     if shape:
         return Row(name, "1 / 1", DIFFERS, detail=f"the data's shape differs: {shape}")
-    margins = lambda h: [float("nan") if m is None else m for m in h.get("margins") or []]  # noqa: E731
-    steps = lambda h: pd.DataFrame({"model": h["model"], "trace": 0, "step": range(len(h["canvas"]) - 1),  # noqa: E731
-                                    "canvas": h["canvas"][1:],
-                                    "margin": (margins(h) + [math.nan] * len(h["canvas"]))[:len(h["canvas"]) - 1]})
-    parted = divergences(steps(a_head), steps(b_head))
+    parted = divergences(a.steps(), b.steps())
     if parted:
         return Row(name, "1 / 1", NEAR if parted[0].near_tie else DIFFERS, detail=parted[0].describe())
-    scores = [np.frombuffer(base64.b64decode(d["scores"]), dtype="<f4") for d in (a, b)]
-    largest = _float_difference(pd.Series(scores[0]), pd.Series(scores[1]))
+    largest = float_difference(*(np.frombuffer(data.scores, dtype="<f4") for data in (a, b)))
     if largest > FLOAT_TOLERANCE:
         return Row(name, "1 / 1", DIFFERS, largest, f"scores differ by {largest:.2g} of 1 + |score|")
     return Row(name, "1 / 1", WITHIN, largest, "same canvases")
 
 
-def _page_parts(text: str) -> tuple[str, dict]:
+def _page_parts(text: str) -> tuple[str, _PageData]:
+    """(the page without its data, the data validated); ValueError where the page holds no sinklib explorer data."""
     found = _PAGE_DATA.search(text)
     if found is None:
-        raise BadValue("this page holds no sinklib explorer data")
-    return text[:found.start(2)] + text[found.end(2):], json.loads(found.group(2))
-
-
+        raise ValueError("this page holds no sinklib explorer data")
+    return text[:found.start(1)] + text[found.end(1):], _PageData.model_validate_json(found.group(1))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from sinklib.ties import NEAR_TIE, is_near_tie
-from sinklib.lab.agreement_rows import (DIFFERS, MARGIN_TOLERANCE, NEAR, UNMASKED, WITHIN, Row,
-                                        _float_difference, _matched, _read_pair, _schema_problems)
+from sinklib.lab.agreement_rows import (DIFFERS, MARGIN_TOLERANCE, NEAR, UNMASKED, WITHIN, Row, float_difference,
+                                        matched, read_pair, schema_problems)
 
 
 CROSS_KERNEL_ANSWERS: dict[str, dict[tuple[str, int], tuple[int, int]]] = {
@@ -46,43 +46,47 @@ def compare_items(committed: Path, rerun: Path, explained: set[tuple]) -> Row:
     Adds, per run (model, condition, k): ("answers", …, count) how many outputs parted so, ("flagged", …, count) how
     many samples decided a near-tie in both runs — the bounds compare_file gives that run's row."""
     name = committed.stem
-    a, b, settled = _read_pair(committed, rerun)
+    a, b, settled = read_pair(committed, rerun)
     if settled:
         return settled
-    rows = f"{len(a)} / {len(b)}"
-    schema = _schema_problems(a, b, ["model", "condition", "k", "id"])
+    rows, keys = f"{len(a)} / {len(b)}", ["model", "condition", "k", "id"]
+    schema = schema_problems(a, b, keys, required=("output", "correct", "margin"))
     if schema:
         return Row(name, rows, DIFFERS, detail="; ".join(schema))
-    merged, unmatched = _matched(a, b, ["model", "condition", "k", "id"])
+    merged, unmatched = matched(a, b, keys)
     near = merged["margin"].map(is_near_tie) & merged["margin__rerun"].map(is_near_tie)
     parted = merged["output"] != merged["output__rerun"]
-    rescored = ~parted & (merged["correct"] != merged["correct__rerun"])
     problems = [f"{unmatched} samples on one side only"] if unmatched else []
-    if rescored.any():
-        first = merged[rescored].iloc[0]
-        problems.append(f"{int(rescored.sum())} answers scored differently on the same output (e.g. {first['model']} "
-                        f"{first['condition']} k={first['k']} sample {first['id']}: correct {first['correct']} / "
-                        f"{first['correct__rerun']})")
-    if (parted & ~near).any():
-        first = merged[parted & ~near].iloc[0]
-        problems.append(f"{int((parted & ~near).sum())} answers changed without a near-tie (e.g. {first['model']} "
-                        f"{first['condition']} k={first['k']} sample {first['id']}: margin {first['margin']:.2g} / "
-                        f"{first['margin__rerun']:.2g})")
-    same = ~parted & ~near
-    margins = _float_difference(merged.loc[same, "margin"], merged.loc[same, "margin__rerun"])
-    if margins > MARGIN_TOLERANCE:
-        problems.append(f"the closest margins of answers decided alike differ by up to {margins:.2g} of 1 + |margin| "
-                        f"(rounding moves them at most {MARGIN_TOLERANCE:g})")
-    problems += _answers_beyond_bound(merged, parted & near)
+    problems += _answer_problems(merged, parted, near)
     for kind, flags in (("answers", parted & near), ("flagged", near)):
         counts = merged[flags].groupby(["model", "condition", "k"]).size()
         explained.update((kind, m, c, int(k), int(n)) for (m, c, k), n in counts.items())
-    if problems:
-        return Row(name, rows, DIFFERS, detail="; ".join(problems))
-    if not parted.any():
-        return Row(name, rows, WITHIN, detail="the same answers")
-    return Row(name, rows, NEAR, detail=f"{int(parted.sum())} outputs changed, each after a near-tie "
-                                        f"(closest margins <= {NEAR_TIE:g} in both runs)")
+    note = (f"{int(parted.sum())} outputs changed, each after a near-tie (closest margins <= {NEAR_TIE:g} in both "
+            "runs)" if parted.any() else "the same answers")
+    return Row(name, rows, DIFFERS, detail="; ".join(problems)) if problems else \
+        Row(name, rows, NEAR if parted.any() else WITHIN, detail=note)
+
+
+def _answer_problems(merged: pd.DataFrame, parted: pd.Series, near: pd.Series) -> list[str]:
+    """What no CPU explains in matched samples: an answer scored otherwise on the same output, an output changed
+    without a near-tie, closest margins of answers decided alike moved beyond rounding, more answers changed at
+    near-ties than another CPU changes."""
+    problems = []
+    rescored = ~parted & (merged["correct"] != merged["correct__rerun"])
+    for flags, what, shown in ((rescored, "answers scored differently on the same output", "correct"),
+                               (parted & ~near, "answers changed without a near-tie", "margin")):
+        if flags.any():
+            first = merged[flags].iloc[0]
+            values = (f"correct {first['correct']} / {first['correct__rerun']}" if shown == "correct"
+                      else f"margin {first['margin']:.2g} / {first['margin__rerun']:.2g}")
+            problems.append(f"{int(flags.sum())} {what} (e.g. {first['model']} {first['condition']} k={first['k']} "
+                            f"sample {first['id']}: {values})")
+    same = ~parted & ~near
+    margins = float_difference(merged.loc[same, "margin"], merged.loc[same, "margin__rerun"])
+    if margins > MARGIN_TOLERANCE:
+        problems.append(f"the closest margins of answers decided alike differ by up to {margins:.2g} of 1 + |margin| "
+                        f"(rounding moves them at most {MARGIN_TOLERANCE:g})")
+    return problems + _answers_beyond_bound(merged, parted & near)
 
 
 def _answers_beyond_bound(merged: pd.DataFrame, changed: pd.Series) -> list[str]:

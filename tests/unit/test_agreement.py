@@ -603,3 +603,23 @@ def test_a_check_tells_which_provenance_differs_naming_the_artifacts():
     [line] = agreement.provenance_differences(old, new)
     assert line == "versions.transformers: '5.24.0' → '5.25.0' (t0.parquet, t1.parquet, t2.parquet and 2 more)"
     assert agreement.provenance_differences(old, old) == []
+
+
+def test_a_layout_record_that_is_not_a_layout_differs_naming_why(tmp_path):
+    """The layout a table carries is validated (pydantic, against summary.Layout): an unknown scope is a finding."""
+    for side in ("c", "r"):
+        (tmp_path / side).mkdir()
+        write_parquet(_events(score_shift=0.0 if side == "c" else 1e-6), tmp_path / side / "moving_sink_events.parquet",
+                      {}, Layout(("model", "trace", "step", "layer", "head"), "per-sample"))
+    row = agreement.compare_file(tmp_path / "c" / "moving_sink_events.parquet", tmp_path / "r" / "moving_sink_events.parquet")
+    assert row.status == DIFFERS and row.detail.startswith("its layout is not readable") and "scope" in row.detail
+
+
+def test_an_explorer_page_whose_data_is_not_explorer_data_differs_not_crashes(tmp_path):
+    committed = _page(tmp_path / "c.html", [[1, 9], [1, 2]], [1.0, 2.0, 1.5, 0.5], [0.2])
+    rerun = tmp_path / "r.html"
+    rerun.write_text(committed.read_text().replace('"scores"', '"no_scores"'))
+    row = agreement.compare_page(committed, rerun)
+    assert row.status == DIFFERS and row.detail.startswith("its data is not readable") and "scores" in row.detail
+    rerun.write_text("<p>no data</p>")
+    assert "holds no sinklib explorer data" in agreement.compare_page(committed, rerun).detail
