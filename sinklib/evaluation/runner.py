@@ -152,6 +152,33 @@ def read_run(path: str | Path) -> tuple[dict | None, list[dict]]:
     return None, lines
 
 
+def read_sealed_run(path: str | Path) -> tuple[dict, list[dict]]:
+    """A run file's header and sample records, checked as evaluate checks a file before resuming it: the header first
+    and sealed (its config_hash that of its config), then each record of that key, sealed and written once, at least
+    one of them. Anything else is refused (BadValue, naming the file and the line): a file without a header, an edited
+    or copied-in record, a record written twice."""
+    path = Path(path)
+    first_line = next((line for line in path.read_text().splitlines() if line.strip()), None)
+    if first_line is None:
+        raise BadValue(f"out={str(path)!r} is not allowed: it is empty (no run header, no record); out must be a run "
+                       "file written by sinklib.evaluate")
+    try:
+        header = json.loads(first_line)
+    except json.JSONDecodeError:
+        header = None
+    config = header.get("config") if isinstance(header, dict) else None
+    key = header.get("config_hash") if isinstance(header, dict) else None
+    if isinstance(header, dict) and header.get("header") == HEADER and (not isinstance(config, dict) or
+                                                                       key != config_hash(config)):
+        raise BadValue(f"out={str(path)!r} is not allowed: line 1's config_hash {key!r} is not the digest of its config "
+                       "(the header was edited); out must be a run file written by sinklib.evaluate")
+    done = _read_done(path, key, config, lambda: header)
+    if not done:
+        raise BadValue(f"out={str(path)!r} is not allowed: it holds a run header and no record; out must be a run "
+                       "file with at least one sample's record")
+    return header, list(done.values())
+
+
 def write_checks(out: str | Path, checks: dict[str, Any]) -> None:
     """Put a Table 1 run's checks (evaluation.checks) into its file's header, the file rewritten whole and atomically
     while it is locked (a run writing it at the same time is refused)."""

@@ -44,10 +44,19 @@ def test_the_prefix_cache_is_left_out_where_it_is_the_dual_cache(models):
     assert "prefix cache" in speed.policies_for(models["dream"], block_length=4)
 
 
-def _write(folder, policy, rows):
+def _write(folder, policy, rows, settings=None):
+    """A run file as evaluate writes one: its sealed header (the policy's fields in its settings), then each record
+    sealed with the header's key."""
+    from sinklib.evaluation.runner import HEADER, _sealed, config_hash
+
     folder.mkdir(parents=True, exist_ok=True)
     path = speed.results_path(folder.parent, folder.name, policy)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {"model": {"model": folder.name}, "settings": speed.POLICIES.get(policy, {}) if settings is None else settings}
+    key = config_hash(config)
+    lines = [_sealed({"header": HEADER, "config_hash": key, "config": config})]
+    lines += [_sealed({**r, "config_hash": key}) for r in rows]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
 
 
 def test_frontier_counts_accuracy_intervals_and_the_paired_test_by_hand(tmp_path):
@@ -159,3 +168,134 @@ def test_the_sampler_and_eviction_analyses_count_changes_by_hand():
     assert differences.loc[("dlm", "plain", "oldest-3"), "difference"] == pytest.approx(-0.2 - -1.0)
     assert differences.loc[("dlm", "fast", "oldest-1"), "difference"] == pytest.approx(1.0)
     assert len(differences) == 4  # two diffusion settings × two columns, each against the one autoregressive model
+
+
+# --- issue 69: sinklib.speed trusts none of its inputs ---------------------------------------------------------------
+ARITHMETIC = {"llada": "arithmetic", "dream": "arithmetic"}
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m, out: speed.measure(m, ARITHMETIC, out, 1, policies=["dual-cache"]),
+     "policies='dual-cache' is not allowed: policies must be one of ['plain', 'prefix cache', 'dual cache', "),
+    (lambda m, out: speed.measure(m, ARITHMETIC, out, 1, policies=["dual-cache"]), "(did you mean 'dual cache'?)"),
+    (lambda m, out: speed.measure(m, ARITHMETIC, out, 1, policies="dual cache"),
+     "policies='dual cache' is not allowed: policies must be a list"),
+    (lambda m, out: speed.measure(m, ARITHMETIC, out, 1, policies=["plain", "plain"]),
+     "policies=['plain', 'plain'] is not allowed: policies must be a non-empty list of distinct policy names"),
+    (lambda m, out: speed.time_policies(m, ARITHMETIC, 1, policies=["KV cache"]),
+     "policies=['KV cache'] is not allowed: ['KV cache'] is run by none of these models; policies must name policies "
+     "they run: {'llada': ['plain', "),
+    (lambda m, out: speed.time_policies({"dream": m["dream"]}, ARITHMETIC, 1, policies=["prefix cache"]),
+     "policies=['prefix cache'] is not allowed: ['prefix cache'] is run by none of these models"),
+    (lambda m, out: speed.time_policies({}, ARITHMETIC, 1),
+     "models={} is not allowed: models must be a non-empty mapping of model names to loaded models"),
+    (lambda m, out: speed.time_policies(m, {"llada": "arithmetic"}, 1),
+     "task_of={'llada': 'arithmetic'} is not allowed: task_of must be a mapping naming a task for every model (none "
+     "for ['dream'])"),
+    (lambda m, out: speed.time_policies(m, ARITHMETIC, 10**6),
+     "problems=1000000 is not allowed: problems must be an integer from 1 to 600: the task 'arithmetic' of llada has "
+     "600 problems"),
+    (lambda m, out: speed.time_policies(m, ARITHMETIC, 0), "problems=0 is not allowed: problems must be an integer >= 1"),
+    (lambda m, out: speed.stored_timing(m, ARITHMETIC, out, 1, block_length=0),
+     "block_length=0 is not allowed: block_length must be an integer >= 1"),
+])
+def test_a_selection_that_would_run_nothing_or_crash_is_refused_before_any_generation(models, tmp_path, monkeypatch,
+                                                                                      call, message):
+    """A typo'd policy ran nothing and said nothing, a string was matched by substring, no matching policy ended in
+    ZeroDivisionError and more problems than the task has in an IndexError: each is refused, naming the value and
+    what is allowed, before anything is generated."""
+    monkeypatch.setattr(speed, "generate", lambda *a, **k: pytest.fail("generated before refusing"))
+    monkeypatch.setattr(speed, "evaluate", lambda *a, **k: pytest.fail("evaluated before refusing"))
+    with pytest.raises(sinklib.BadValue) as caught:
+        call(models, tmp_path)
+    assert message in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _runs(tmp_path):
+    rows = [{"id": i, "correct": i < 2, "forwards": 4, "tokens": 4, "seconds": 0.1} for i in range(3)]
+    plain = _write(tmp_path / "m", "plain", rows)
+    dual = _write(tmp_path / "m", "dual cache", rows)
+    return plain, dual
+
+
+def _edit(path, change):
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    change(lines)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda plain, dual: dual.write_text(plain.read_text()),
+     "m/dual-cache.jsonl was not run under 'dual cache' (its settings have {'cache': None}, the policy {'cache': "
+     "'dual'})"),
+    (lambda plain, dual: dual.write_text(dual.read_text() + dual.read_text().splitlines()[1] + "\n"),
+     "m/dual-cache.jsonl: sample 0 is written twice (lines 2 and 5)"),
+    (lambda plain, dual: _edit(dual, lambda lines: lines[1].update(correct=False)),
+     "m/dual-cache.jsonl: line 2 was edited after it was written"),
+    (lambda plain, dual: dual.write_text("".join(line + "\n" for line in dual.read_text().splitlines()[1:])),
+     "m/dual-cache.jsonl: its first line is no run header"),
+    (lambda plain, dual: dual.write_text(dual.read_text().splitlines()[0] + "\n"),
+     "m/dual-cache.jsonl: it holds a run header and no record"),
+    (lambda plain, dual: dual.with_name("dual-cashe.jsonl").write_text(dual.read_text()),
+     "m/ holds ['dual-cashe.jsonl'], files of no policy"),
+])
+def test_the_frontier_reads_only_sealed_runs_of_their_own_policy(tmp_path, damage, message):
+    """frontier read records without their digest: another policy's file, a record written twice or edited, a file
+    without its header, were counted as real."""
+    plain, dual = _runs(tmp_path)
+    assert list(speed.frontier(tmp_path)["policy"]) == ["plain", "dual cache"]
+    damage(plain, dual)
+    with pytest.raises(sinklib.BadValue) as caught:
+        speed.frontier(tmp_path)
+    assert f"out={str(tmp_path)!r} is not allowed" in str(caught.value) or "is not allowed" in str(caught.value)
+    assert message in str(caught.value)
+
+
+def _timing(seconds=(2.0, 0.5)):
+    return pd.DataFrame([{"model": "m", "policy": p, "id": 0, "seconds": s, "forwards": 4, "tokens": 4, "settings": "{}"}
+                         for p, s in zip(("plain", "dual cache"), seconds)])
+
+
+@pytest.mark.parametrize("timing, message", [
+    (_timing((2.0, 0.0)), "timing.seconds=0.0 is not allowed: timing.seconds must be a finite number > 0 (a time "
+                          "taken) in every row; rows that are not: 1 (m / dual cache / 0 first)"),
+    (_timing((2.0, -0.5)), "timing.seconds=-0.5 is not allowed"),
+    (_timing((float("nan"), 0.5)), "timing.seconds=nan is not allowed"),
+    (_timing().assign(tokens=[4, -1]), "timing.tokens=-1 is not allowed: timing.tokens must be a whole number >= 0"),
+    (pd.concat([_timing(), _timing()]), "timing is not allowed: problem 0 is timed more than once for m / plain"),
+    (_timing().drop(columns="seconds"), "timing is not allowed: it lacks the columns ['seconds']"),
+    ("timing.csv", "timing='str' is not allowed: timing must be a table of time_policies' rows"),
+])
+def test_timings_that_are_not_times_are_refused(tmp_path, timing, message):
+    """Zero or negative seconds gave an infinite or negative speed-up."""
+    _runs(tmp_path)
+    with pytest.raises(sinklib.BadValue) as caught:
+        speed.frontier(tmp_path, timing)
+    assert message in str(caught.value)
+
+
+def test_a_stored_timing_is_sealed_and_an_empty_one_is_measured_again(tmp_path, monkeypatch):
+    """A hand-edited timing.csv was read back, and an empty one broke every later call."""
+    tiny = {"tiny-llada": sinklib.load("tiny-llada")}
+    task_of = {"tiny-llada": "arithmetic"}
+    jobs = speed._jobs(tiny, None, None)
+    made = pd.DataFrame([{"model": m, "policy": p, "id": "arith-0000", "seconds": 1.5, "forwards": 4, "tokens": 16,
+                          "settings": speed._settings_text(s)} for (m, p), s in jobs.items()])
+    monkeypatch.setattr(speed, "time_policies", lambda *a, **k: made)
+    (tmp_path / speed.TIMING_FILE).write_text("")  # an empty file: no run's timing, measured and written again
+    timing = speed.stored_timing(tiny, task_of, tmp_path, 1, progress=False)
+    assert len(timing) == len(jobs) and (tmp_path / speed.TIMING_SEAL).exists()
+    path = tmp_path / speed.TIMING_FILE
+    path.write_text(path.read_text().replace("1.5000", "0.0100", 1))
+    with pytest.raises(sinklib.BadValue, match=r"is not allowed: its timing.csv was edited after it was written \(its "
+                                               r"SHA-256 is not the one in timing.csv.sha256\)"):
+        speed.stored_timing(tiny, task_of, tmp_path, 1, progress=False)
+    (tmp_path / speed.TIMING_SEAL).unlink()  # an unsealed file (written before the seal) is still checked row by row
+    path.write_text(path.read_text().replace("0.0100", "-1.0000", 1))
+    with pytest.raises(sinklib.BadValue, match=r"in its timing.csv, timing.csv.seconds=-1.0 is not allowed: "
+                                               r"timing.csv.seconds must be a finite number > 0"):
+        speed.stored_timing(tiny, task_of, tmp_path, 1, progress=False)
+    path.write_text("model,policy\n\"unclosed")
+    with pytest.raises(sinklib.BadValue, match=r"its timing.csv is not a table of timings|lacks the columns"):
+        speed.stored_timing(tiny, task_of, tmp_path, 1, progress=False)
