@@ -8,11 +8,25 @@ from typing import Callable
 
 import numpy as np
 
+from sinklib.validation import BadValue
+
+
+def decidable(low: float, high: float) -> bool:
+    """Whether an interval [low, high] can decide a claim: not when it is undefined (no data) or of zero width (a
+    degenerate sample: every generation, or every resample, gives one value, which says nothing of its spread). A
+    reversed interval (low > high) is no interval: refused."""
+    if np.isnan(low) or np.isnan(high):
+        return False
+    if low > high:
+        raise BadValue(f"(low, high)={(float(low), float(high))!r} is not allowed: an interval must have low <= high")
+    return low < high
+
 
 def judged(low: float, high: float, threshold: float) -> str:
     """"supports" when a 95 % interval [low, high] lies at or above `threshold`, "contradicts" when it lies below,
-    "cannot decide" when it holds the threshold or is undefined (no data)."""
-    if np.isnan(low) or np.isnan(high):
+    "cannot decide" when it holds the threshold, is undefined (no data) or has zero width (degenerate evidence:
+    decidable)."""
+    if not decidable(low, high):
         return "cannot decide"
     return "supports" if low >= threshold else "contradicts" if high < threshold else "cannot decide"
 
@@ -44,6 +58,10 @@ def generation_bootstrap(sums, estimate: Callable[[np.ndarray], np.ndarray]) -> 
         with fewer than MIN_GENERATIONS generations, or where the statistic is undefined in most resamples.
     """
     sums = np.asarray(sums, dtype=float).reshape(len(sums), -1)
+    if not np.isfinite(sums).all() or (sums < 0).any():
+        wrong = sums[~(np.isfinite(sums) & (sums >= 0))][:3].tolist()
+        raise BadValue(f"sums={wrong!r} is not allowed: sums must be additive counts, finite numbers >= 0 (these are "
+                       "not)")
     nan = (float("nan"), float("nan"))
     with np.errstate(divide="ignore", invalid="ignore"):
         point = float(estimate(sums.sum(0))) if len(sums) else float("nan")
@@ -77,7 +95,7 @@ def _cost_verdict(who: str, claim: str, n: int, estimate: float, low: float, hig
     """"supports" a cost when the interval lies below 0, "contradicts" it when the interval excludes every loss of
     NEGLIGIBLE_LOSS or more, "cannot decide" otherwise."""
     verdict = "supports" if high < 0 else "contradicts" if low > -NEGLIGIBLE_LOSS else "cannot decide"
-    if np.isnan(low) or np.isnan(high):
+    if not decidable(low, high):  # no data, or a degenerate (zero-width) interval
         verdict = "cannot decide"
     return {"model": who, "claim": claim, "n": int(n), "estimate": estimate, "low": low, "high": high,
             "threshold": 0.0, "verdict": verdict}

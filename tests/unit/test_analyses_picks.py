@@ -1,5 +1,6 @@
 """The notebooks' picks (sinklib.lab.nbNN_….pick_…), each against numbers worked by hand on hand-built traces, and the
 verdicts a notebook's "what this run shows" is written from (do_sinks_move), each rule both ways and undecided."""
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -170,13 +171,17 @@ def test_generation_bootstrap_resamples_whole_generations():
 
 def test_do_sinks_move_judges_each_measure_over_generations_both_ways():
     stays, jumps = [[0] * 6], [[0, 5, 0, 5, 0, 5]]  # top-1 key kept in all 5 pairs / changed in all 5
-    traces = {"stays": [build_trace(stays) for _ in range(3)], "jumps": [build_trace(jumps) for _ in range(3)],
+    # each decided model's generations differ a little (identical ones are degenerate evidence: cannot decide, below)
+    traces = {"stays": [build_trace(stays), build_trace(stays), build_trace([[0] * 21 + [5]])],  # 1 move in 21 pairs
+              "jumps": [build_trace(jumps), build_trace(jumps), build_trace([[0, 5, 0, 5, 0, 0]])],  # 3 moves in 5
               "mixed": [build_trace(jumps), build_trace(stays), build_trace(stays)],  # one generation of three moves
               "two": [build_trace(jumps), build_trace(jumps)],  # moves, but two generations cannot decide
               "arm": [build_trace([[0, 4]])]}
     models = {name: DIFFUSION for name in traces} | {"arm": AUTOREGRESSIVE}
-    layouts = {"rides": [build_trace([[7] * 3]) for _ in range(3)],  # position 7: masked until the last step
-               "stays put": [build_trace([[0] * 3]) for _ in range(3)], "one": [build_trace([[7] * 3])]}
+    layouts = {"rides": [build_trace([[7] * 3]), build_trace([[7] * 3]), build_trace([[7, 7, 0]])],  # position 7:
+               # masked until the last step
+               "stays put": [build_trace([[0] * 3]), build_trace([[0] * 3]), build_trace([[0, 0, 7]])],
+               "one": [build_trace([[7] * 3])]}
     shown = nb02.do_sinks_move(models, traces, layouts, k=1, eps=3.0)
     assert isinstance(shown, Verdicts)
     table = shown.table.set_index(["model", "claim"])
@@ -186,6 +191,7 @@ def test_do_sinks_move_judges_each_measure_over_generations_both_ways():
     assert [verdict[(name, paper)] for name in ("stays", "jumps", "mixed", "two")] == [
         "contradicts", "supports", "cannot decide", "cannot decide"]
     assert table.loc[("mixed", paper), "estimate"] == pytest.approx(5 / 15) and table.loc[("mixed", paper), "n"] == 3
+    assert table.loc[("stays", paper), "estimate"] == pytest.approx(1 / 31)
     assert verdict[("stays", masked)] == "cannot decide"  # its sink is a prompt key: no masked pairs at all
     assert [verdict[(name, stable)] for name in ("stays", "jumps", "mixed")] == [
         "supports", "contradicts", "cannot decide"]
@@ -193,7 +199,7 @@ def test_do_sinks_move_judges_each_measure_over_generations_both_ways():
     rides = "the greatest sink rides the rightmost masked token (paper's layout)"
     assert [verdict[(name, rides)] for name in ("rides", "stays put", "one")] == [
         "supports", "contradicts", "cannot decide"]
-    assert "stays: sinks move (paper's measure, all keys): contradicts (0.000 [0.000, 0.000], n = 3" in shown.text()
+    assert "stays: sinks move (paper's measure, all keys): contradicts (0.032 [0.000, 0.048], n = 3" in shown.text()
     markdown = shown._repr_markdown_().splitlines()
     rows = [line for line in markdown[2:] if line.startswith("|")]
     assert [row.split("|")[1].strip() for row in rows].count("stays") == 3 and "**contradicts**" in rows[0]
@@ -243,7 +249,8 @@ def test_does_a_sink_store_its_token_compares_first_correct_layers_over_generati
                           for index, (sink, other) in enumerate(generations)], ignore_index=True)
 
     frame = pd.concat([cases("early", [([20.0, 21], [28.0, 29]), ([22.0, np.nan], [30.0, 28]), ([21.0], [29.0, 30])]),
-                       cases("same", [([28.0, 29], [28.0, 29])] * 3),  # 0 in every generation: below 1 layer
+                       cases("same", [([28.0, 29], [28.0, 29]), ([28.0], [28.5]), ([29.0], [29.2])]),  # 0, 0.5, 0.2
+                       # layers: below 1 layer
                        cases("unsure", [([20.0], [29.0]), ([29.0], [29.0]), ([30.0], [29.0])]),  # 9, 0 and −1
                        cases("two", [([20.0], [29.0])] * 2)], ignore_index=True)
     rows = nb07.does_a_sink_store_its_token(frame).table.set_index("model")
@@ -303,3 +310,31 @@ def test_a_run_without_paper_layouts_says_so():
     table = nb02.pick_paper_layout({}, 3.0)
     assert nb02.report_paper_layout(table, heads, None).shown == \
         "paper_layouts is empty: no long canvas was generated."
+
+
+def test_degenerate_evidence_cannot_decide_and_a_reversed_interval_is_refused():
+    """Issue 69: three identical generations gave a zero-width bootstrap interval, and that interval a "supports"; a
+    reversed interval was judged; negative or NaN counts were resampled."""
+    same = [build_trace([[0, 5, 0, 5, 0, 5]]) for _ in range(3)]  # every generation moves in every step pair
+    shown = nb02.do_sinks_move({"same": DIFFUSION}, {"same": same}, {}, k=1, eps=3.0).table.set_index("claim")
+    row = shown.loc["sinks move (paper's measure, all keys)"]
+    assert (row["low"], row["high"], row["verdict"]) == (1.0, 1.0, "cannot decide")
+    assert verdicts.judged(0.2, 0.2, nb02.MOVES_OFTEN) == "cannot decide"
+    assert verdicts._cost_verdict("m", "costs", 200, 0.0, 0.0, 0.0)["verdict"] == "cannot decide"
+    with pytest.raises(ValueError, match=r"\(low, high\)=\(0.3, 0.1\) is not allowed: an interval must have low <= high"):
+        verdicts.judged(0.3, 0.1, nb02.MOVES_OFTEN)
+    with pytest.raises(ValueError, match=r"\(low, high\)=\(-0.01, -0.2\) is not allowed"):
+        verdicts._cost_verdict("m", "costs", 200, -0.1, -0.01, -0.2)
+    for counts, shown_value in (([(1, 5), (-1, 5), (2, 5)], "[-1.0]"), ([(1, 5), (float("nan"), 5), (2, 5)], "[nan]")):
+        with pytest.raises(ValueError, match=rf"sums={re.escape(shown_value)} is not allowed: sums must be additive "
+                                             r"counts, finite numbers >= 0"):
+            verdicts.generation_bootstrap(counts, verdicts._share)
+    from sinklib import stats
+
+    with pytest.raises(ValueError, match=r"resamples=0 is not allowed: resamples must be an integer >= 1"):
+        stats.difference_of_changes([True], [False], [True], [True], resamples=0)
+    for call, message in ((lambda: stats.wilson_interval(-1, 5), "successes=-1 is not allowed"),
+                          (lambda: stats.wilson_interval(1, float("nan")), "n=nan is not allowed"),
+                          (lambda: stats.paired_difference(1, -2, 0, 3), "lost=-2 is not allowed")):
+        with pytest.raises(ValueError, match=message):
+            call()
