@@ -153,9 +153,16 @@ def _prompt_list(prompt) -> tuple[list, bool]:
 
 def _check_fits_model(loaded: LoadedModel, encoded: list[list[int]], gen_length: int) -> None:
     longest = max(len(ids) for ids in encoded)
-    if loaded.max_length is not None and longest + gen_length > loaded.max_length:
-        raise bad_value("gen_length", gen_length, f"at most {loaded.max_length - longest}: the prompt has {longest} tokens and "
-                        f"{loaded.name} handles {loaded.max_length} positions")
+    if loaded.max_length is None or longest + gen_length <= loaded.max_length:
+        return
+    context = f"{loaded.name}'s context is {loaded.max_length} positions, the prompt's tokens and the answer's together"
+    if longest >= loaded.max_length:  # no answer fits, however short: the prompt is what must change
+        raise BadValue(f"prompt is not allowed: the longest prompt has {longest} tokens and {context}, so no answer "
+                       f"fits; prompt must be at most {loaded.max_length - gen_length} tokens for gen_length="
+                       f"{gen_length}: shorten the prompt")
+    raise bad_value("gen_length", gen_length, f"at most {loaded.max_length - longest}: the longest prompt has {longest} "
+                    f"tokens and {context}; lower gen_length or shorten the prompt to {loaded.max_length - gen_length} "
+                    "tokens")
 
 
 def _sample(loaded: LoadedModel, rec, encoded: list[list[int]], settings: Settings, seed: int, total: int,

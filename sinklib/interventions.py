@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from sinklib.validation import BadValue, bad_value, check_choice, check_eps, check_int
+from sinklib.validation import BadValue, Count, bad_value, check_choice, check_eps, check_int, check_value
 from sinklib.attention_math import AttentionStats
 from sinklib.capturing import AttentionCall, check_intervention
 from sinklib.layers import AttentionLayer
@@ -248,8 +248,17 @@ def _check_layers_steps(chosen_layers, chosen_steps, layers: Sequence[AttentionL
         raise bad_value("steps", late, f"step indices < {n_steps}, the number of forwards this run makes")
 
 
-def _index_list(values: Sequence[int] | None, param: str) -> tuple[int, ...] | None:
-    return None if values is None else tuple(check_int(x, param, 0) for x in values)
+def _index_list(values: Sequence[int] | None, param: str, optional: bool = True) -> tuple[int, ...] | None:
+    """None (every one; where `optional`), or a non-empty sequence of integers >= 0 as a tuple: an empty one would
+    select nothing, so the policy would mask nothing and a masked condition run unmasked."""
+    if values is None and optional:
+        return None
+    items = None if values is None else list(values.tolist() if isinstance(values, torch.Tensor) else values)
+    if not items:
+        name = param.removesuffix("[]")
+        every = ", or None for every one" if optional else ""
+        raise bad_value(name, values, f"a non-empty sequence of integers >= 0{every} (an empty {name} masks nothing)")
+    return tuple(check_int(x, param, 0) for x in items)
 
 
 def _index_set(values: Sequence[int] | None, param: str) -> tuple[int, ...] | None:
@@ -274,8 +283,7 @@ class MaskKeys(Intervention):
     steps: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        positions = self.positions.tolist() if isinstance(self.positions, torch.Tensor) else self.positions
-        _settle(self, positions=tuple(check_int(p, "positions[]", 0) for p in positions),
+        _settle(self, positions=_index_list(self.positions, "positions[]", optional=False),
                 layers=_index_set(self.layers, "layers[]"), heads=_index_list(self.heads, "heads[]"),
                 steps=_index_set(self.steps, "steps[]"))
 
@@ -313,13 +321,14 @@ class EvictOldest(Intervention):
     every step — whether or not they are sinks.
 
     Attributes:
-        k: the keys evicted, counted from the first real token (left padding skipped, the first token included).
+        k: the keys evicted, counted from the first real token (left padding skipped, the first token included);
+            at least 1 (k = 0 would evict nothing: a run without an intervention is the unmasked one).
     """
 
-    k: int
+    k: Count
 
     def __post_init__(self) -> None:
-        _settle(self, k=check_int(self.k, "k", 0))
+        _settle(self, k=check_value(self.k, Count, "k"))  # as declared (not @validated: its check() is the run's)
 
     def keys_to_mask(self, call: AttentionCall) -> torch.Tensor | None:
         """bool [batch, heads, keys]: each row's first k valid keys (all of them where fewer are valid); None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from transformers.dynamic_module_utils import get_class_from_dynamic_module
 from transformers.utils import cached_file
 
 from sinklib import compat, mmada_repo, named
-from sinklib.validation import BadValue, Consent, Index, bad_value, check_choice, checked
+from sinklib.validation import AnyDevice, BadValue, Consent, Index, ModelSource, bad_value, check_choice, checked
 from sinklib.families.base import LAYOUT, Family, check_options, family_names, get_family, layout_changes
 from sinklib.families.cached import Window, forward_cached
 from sinklib.cache_manifest import weights_fingerprint
@@ -195,10 +194,10 @@ def _load_config(path: str, trust_remote_code: bool):
 
 @checked
 def load(
-    name_or_model: str | os.PathLike | nn.Module,
+    name_or_model: ModelSource,
     family: str | None = None,
     dtype: str | torch.dtype | None = None,
-    device: str | torch.device | None = None,
+    device: AnyDevice | None = None,
     trust_remote_code: Consent = False,
     *,
     tokenizer: Any = None,

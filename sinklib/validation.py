@@ -23,6 +23,8 @@ import functools
 import inspect
 import math
 import numbers
+import os
+import reprlib
 import typing
 from typing import Annotated, Any, Callable, Iterable, TypeVar
 
@@ -87,6 +89,38 @@ def _device(value: Any) -> str:
     return value
 
 
+def _where(value: Any) -> Any:
+    """A device as load and the configs take it: a str (as _device) or a torch.device this machine has."""
+    import torch  # noqa: PLC0415
+
+    if isinstance(value, torch.device):
+        _device(str(value))
+        return value
+    return _device(value)
+
+
+def _path(value: Any) -> Any:
+    """A local path: a non-empty str or os.PathLike (kept as given)."""
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(Allowed("a non-empty path to a local file (a str or os.PathLike)"))
+    return value
+
+
+def _model_source(value: Any) -> Any:
+    """What sinklib.load takes: a zoo name, a named model, a local folder or a hub id (a non-empty str or
+    os.PathLike), or a torch module."""
+    from torch import nn  # noqa: PLC0415
+
+    if isinstance(value, nn.Module):
+        return value
+    try:
+        return _path(value)
+    except ValueError:
+        raise ValueError(Allowed("a zoo name, a named model, a local folder or a hub id (a non-empty str or "
+                                 "os.PathLike), or an nn.Module")) from None
+
+
 def _folder(value: Any) -> str:
     """An output folder: a non-empty path that is not an existing file and lies under no file (relative paths are
     read from notebooks/, where the notebooks run)."""
@@ -129,6 +163,9 @@ Consent = Annotated[bool, BeforeValidator(_consent)]
 Flag = Annotated[bool, BeforeValidator(_flag)]  # an on/off setting: a real bool, never text or a number
 Text = Annotated[str, BeforeValidator(_text)]
 Device = Annotated[str, BeforeValidator(_device)]  # "cpu", "cuda:0", … : one this machine has
+AnyDevice = Annotated[Any, BeforeValidator(_where)]  # a Device, or a torch.device this machine has
+FilePath = Annotated[Any, BeforeValidator(_path)]  # a local file: a non-empty str or os.PathLike, kept as given
+ModelSource = Annotated[Any, BeforeValidator(_model_source)]  # what sinklib.load loads or wraps
 Folder = Annotated[str, BeforeValidator(_folder)]  # an output folder, never an existing file
 DType = typing.Literal["float32", "float16", "bfloat16", "auto"]  # as sinklib.load reads dtype
 # a run's models: each named once (a name twice would load and evaluate it twice, then break every per-model view)
@@ -179,9 +216,24 @@ def check_value(value: Any, hint: Any, name: str) -> Any:
         raise _named(error, name) from None
 
 
+_SHOWN = reprlib.Repr()  # its limits set one by one (the keyword form is Python 3.12's)
+for _limit, _value in (("maxlevel", 3), ("maxtuple", 12), ("maxlist", 12), ("maxarray", 12), ("maxdict", 12),
+                       ("maxset", 12), ("maxfrozenset", 12), ("maxdeque", 12), ("maxstring", 240), ("maxlong", 120),
+                       ("maxother", 240)):
+    setattr(_SHOWN, _limit, _value)
+SHOWN_LENGTH = 400  # the most of a value a message shows
+
+
+def shown(value: Any) -> str:
+    """A value as a message shows it: its repr, cut where it is long or deep (a YAML alias bomb of a few hundred bytes
+    expands to a list whose full repr is megabytes; the message shows its start)."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= SHOWN_LENGTH else f"{text[:SHOWN_LENGTH]}… (cut)"
+
+
 def _named(error: ValidationError, name: str) -> ValueError:
     first = error.errors(include_url=False)[0]
-    return BadValue(f"{name}={first.get('input')!r} is not allowed: {name} must be {_allowed(first)}")
+    return BadValue(f"{name}={shown(first.get('input'))} is not allowed: {name} must be {_allowed(first)}")
 
 
 def checked(function: Callable[..., T]) -> Callable[..., T]:
@@ -248,7 +300,7 @@ class BadValue(ValueError):
 def bad_value(param: str, value: Any, allowed: str) -> BadValue:
     """The BadValue every check raises (returned, not raised): "{param}={value!r} is not allowed: {param} must
     be {allowed}"."""
-    return BadValue(f"{param}={value!r} is not allowed: {param} must be {allowed}")
+    return BadValue(f"{param}={shown(value)} is not allowed: {param} must be {allowed}")
 
 
 def check_eps(eps: Any, param: str = "eps") -> float:
@@ -279,5 +331,6 @@ def check_choice(value: Any, param: str, choices: Iterable[str]) -> str:
     """`value` when it is one of `choices`; otherwise a ValueError listing them, with a "did you mean"."""
     choices = list(choices)
     if value not in choices:
-        raise BadValue(f"{param}={value!r} is not allowed: {param} must be one of {choices}{did_you_mean(value, choices)}")
+        raise BadValue(f"{param}={shown(value)} is not allowed: {param} must be one of {choices}"
+                       f"{did_you_mean(value, choices)}")
     return value

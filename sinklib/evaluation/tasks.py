@@ -15,7 +15,7 @@ from sinklib.keys import code_of, function_code
 from sinklib.loading import LoadedModel, is_default_model
 from sinklib.paths import DATA_DIR
 from sinklib.registry import Registry
-from sinklib.validation import BadValue, Flag, bad_value, check_choice, check_int, validated
+from sinklib.validation import BadValue, FilePath, Flag, bad_value, check_choice, check_int, validated
 from sinklib.evaluation.extract import (contains_phrase, cut_at_stops, first_sentence, flexible_answer, normalise_number,
                                         strict_answer)
 
@@ -63,7 +63,8 @@ class Task:
     # None: the model's own length. A zoo model always keeps its 16-token answer slot.
     gen_length: int | None = None
     stops: tuple[str, ...] = ()  # the output is scored up to the first of these
-    path: str | None = None  # a local file of samples for load (e.g. GSM8K on an offline node); None: the default source
+    path: FilePath | None = None  # a local file of samples for load (e.g. GSM8K on an offline node); None: the default
+    # source ("" is refused: it would read the default source while saying a file was given)
     limit: int | None = None  # its first `limit` samples (None: all)
     sandbox: Any = None  # a task that runs code: the SandboxLimits its programs run under (None: the defaults)
 

@@ -756,3 +756,81 @@ def test_a_family_is_read_before_loading_only_from_what_declares_it(tmp_path, mo
     assert family_before_loading(str(tmp_path / "odd")) is None
     assert family_before_loading("tiny-dream").name == "dream"
     assert family_before_loading("smollm2-135m-diffusion").name == "dream"
+
+
+# --- issue 69: nothing silent, nothing unclear -------------------------------------------------------------------------
+def _long_prompt() -> list[int]:
+    loaded = model("tiny-llada")
+    return [5] * (loaded.max_length + 3)
+
+
+CASES_69 = [
+    # a Table 1 condition whose policy masks nothing ran unmasked and was reported as a masked column
+    (lambda t: sinklib.EvictOldest(0), ["k=0 is not allowed: k must be an integer >= 1"]),
+    (lambda t: sinklib.EvictOldest(k=-1), ["k=-1 is not allowed: k must be an integer >= 1"]),
+    (lambda t: sinklib.MaskSinks(top_k=1, layers=()),
+     ["layers=() is not allowed: layers must be a non-empty sequence of integers >= 0, or None for every one (an "
+      "empty layers masks nothing)"]),
+    (lambda t: sinklib.MaskSinks(top_k=1, steps=[]), ["steps=[] is not allowed: steps must be a non-empty sequence"]),
+    (lambda t: sinklib.MaskKeys(positions=()),
+     ["positions=() is not allowed: positions must be a non-empty sequence of integers >= 0 (an empty positions masks "
+      "nothing)"]),
+    (lambda t: sinklib.MaskKeys(positions=torch.tensor([], dtype=torch.long)), ["positions=tensor([], dtype=torch.int64) is not allowed"]),
+    (lambda t: sinklib.MaskKeys([1], heads=[]), ["heads=[] is not allowed: heads must be a non-empty sequence"]),
+    # get_task(path="") read the built-in data
+    (lambda t: get_task("arithmetic", path=""),
+     ["path='' is not allowed: path must be a non-empty path to a local file (a str or os.PathLike)"]),
+    # load(None) advised downloading "None"; load(device="cuda:0") without CUDA raised torch's AssertionError
+    (lambda t: sinklib.load(None),
+     ["name_or_model=None is not allowed: name_or_model must be a zoo name, a named model, a local folder or a hub id "
+      "(a non-empty str or os.PathLike), or an nn.Module"]),
+    (lambda t: sinklib.load("tiny-llada", device="cuda:99"),
+     ["device='cuda:99' is not allowed: device must be 'cpu' or a device this machine has (CUDA devices: "]),
+    (lambda t: sinklib.load("tiny-llada", device=torch.device("cuda", 99)),
+     ["device=device(type='cuda', index=99) is not allowed: device must be 'cpu' or a device this machine has"]),
+    # a prompt longer than the context said "gen_length must be at most -277"
+    (lambda t: gen(prompt=_long_prompt()),
+     ["prompt is not allowed: the longest prompt has ", " tokens and tiny-llada's context is ",
+      " positions, the prompt's tokens and the answer's together, so no answer fits; prompt must be at most ",
+      "tokens for gen_length=4: shorten the prompt"]),
+    (lambda t: gen(prompt=_long_prompt()[:-6]),
+     ["gen_length=4 is not allowed: gen_length must be at most 3: the longest prompt has ",
+      "lower gen_length or shorten the prompt to "]),
+]
+
+
+@pytest.mark.parametrize("index", range(len(CASES_69)))
+def test_issue_69_bad_input_is_refused_clearly(index, tmp_path):
+    call, parts = CASES_69[index]
+    with pytest.raises(sinklib.BadValue) as caught:
+        call(tmp_path)
+    for part in parts:
+        assert part in str(caught.value)
+
+
+def test_a_long_value_is_shown_cut_in_a_message():
+    """A YAML alias bomb of a few hundred bytes expanded into a value whose repr is megabytes, echoed whole."""
+    bomb = ["x"] * 9
+    for _ in range(6):
+        bomb = [bomb] * 9
+    with pytest.raises(sinklib.BadValue) as caught:
+        sinklib.validation.check_value(bomb, sinklib.validation.ModelNames, "models")
+    assert str(caught.value).startswith("models=[[[[") and len(str(caught.value)) < 1_000
+
+
+# one parameter's value, 9 levels of 9 aliases each: about 500 bytes of YAML, a repr of hundreds of megabytes
+_BOMB = "\n  - &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"  - &{name} [{', '.join([f'*{before}'] * 9)}]\n" for before, name in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("key", ["models", "n_promts"])
+def test_a_yaml_alias_bomb_in_params_is_refused_without_echoing_its_expansion(key, tmp_path, capsys):
+    if importlib.util.find_spec("papermill") is None:
+        pytest.skip("sinklib.reproduce runs the notebooks: it needs the notebooks extra")
+    text = f"{key}:{_BOMB}"
+    assert len(text) < 600
+    code, stderr = _cli_in_process(capsys, "sinklib.reproduce", "--params", _yaml(tmp_path, text))
+    last = stderr.strip().splitlines()[-1]
+    assert code == 2 and f"{key}=[" in last or f"parameter {key!r} is not allowed" in last, last[:500]
+    assert len(stderr) < 5_000, len(stderr)
