@@ -775,7 +775,8 @@ CASES_69 = [
     (lambda t: sinklib.MaskKeys(positions=()),
      ["positions=() is not allowed: positions must be a non-empty sequence of integers >= 0 (an empty positions masks "
       "nothing)"]),
-    (lambda t: sinklib.MaskKeys(positions=torch.tensor([], dtype=torch.long)), ["positions=tensor([], dtype=torch.int64) is not allowed"]),
+    (lambda t: sinklib.MaskKeys(positions=torch.tensor([], dtype=torch.long)),
+     ["positions=tensor([], dtype=torch.int64) is not allowed"]),
     (lambda t: sinklib.MaskKeys([1], heads=[]), ["heads=[] is not allowed: heads must be a non-empty sequence"]),
     # get_task(path="") read the built-in data
     (lambda t: get_task("arithmetic", path=""),
