@@ -62,7 +62,8 @@ def grid(frame: pd.DataFrame, shape: tuple[int, int], value: str = "score") -> n
 def token_step_heatmap(trace: Trace, layer: int, head: int, max_labels: int = 60,
                        scores: pd.DataFrame | None = None) -> plt.Figure:
     """Fig. 1: incoming score of every token (x) at every denoising step (y) for one layer and head; `scores`: that
-    head's comparable scores as rows (step, position, comparable: analyses.pick_token_step's), None: from the trace."""
+    head's comparable scores as rows (step, position, comparable: lab.nb01_attention_distributions.pick_token_step's),
+    None: from the trace."""
     shape = (trace.n_steps, trace.tokens.shape[1])
     scores = comparable_scores(trace)[:, layer, head].numpy() if scores is None else grid(scores, shape, "comparable")
     fig, ax = plt.subplots(figsize=(min(16, 3 + 0.12 * scores.shape[1]), 4.5))
@@ -86,7 +87,7 @@ def _score_label(trace: Trace) -> str:
 
 def score_histograms(histograms: pd.DataFrame) -> plt.Figure:
     """Fig. 3 / 9: distribution of scores across steps, layers and heads, one panel per model (log count), from
-    counts in bins (columns model, left, right, count: analyses.pick_score_histograms')."""
+    counts in bins (columns model, left, right, count: lab.nb01_attention_distributions.pick_score_histograms')."""
     models = in_order(histograms["model"])
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
     for ax, model, colour in zip(axes[0], models, PALETTE):
@@ -186,7 +187,7 @@ def query_split(attention: np.ndarray, is_masked: np.ndarray, trace: Trace, step
 def transient_sink(trace: Trace, step: int, layer: int, head: int, position: int,
                    scores: pd.DataFrame | None = None) -> plt.Figure:
     """Fig. 6b: a sink that exists for one step only — scores of that head at step−1, step and step+1; `scores`:
-    those steps' comparable scores as rows (step, position, score: analyses.pick_transient_scores'), None: from the
+    those steps' comparable scores as rows (step, position, score: lab.nb02_moving_sinks.pick_transient_scores'), None: from the
     trace."""
     shape = (trace.n_steps, trace.tokens.shape[1])
     every = comparable_scores(trace)[:, layer, head].numpy() if scores is None else grid(scores, shape)
@@ -381,7 +382,7 @@ def key_type_stability_plot(frame: pd.DataFrame) -> plt.Figure:
 def lens_plot(curve: pd.DataFrame) -> plt.Figure:
     """What sinks store (logit lens): by layer (relative depth), the share of positions whose lens argmax is already
     the token the generation ends with there, one panel per model, one line per group (masked sinks, other masked
-    positions, sinks on decoded or prompt keys). `curve`: analyses.share_final_by_layer of the lens's reads."""
+    positions, sinks on decoded or prompt keys). `curve`: lab.nb07_what_sinks_carry.share_final_by_layer of the lens's reads."""
     models = in_order(curve["model"])
     fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.6), squeeze=False)
     styles = {"masked sink": ("tab:red", "-"), "other masked": ("tab:blue", "-"), "sink, not masked": ("tab:red", ":"),
@@ -467,7 +468,7 @@ def cached_attention_plot(traces: Mapping[str, Trace], means: pd.DataFrame | Non
     """What caching does to attention, one panel per trace of the same prompt: each step's incoming attention per
     position (comparable scores, mean over layers and heads; log colour), the greatest key of each step ringed, and
     on the left which steps were full forwards and which a cached window's (Trace.recomputed). `means`: the averaged
-    scores as rows (trace, step, position, score: analyses.pick_mean_scores'), None: from the traces."""
+    scores as rows (trace, step, position, score: lab.nb08_sinks_for_speed.pick_mean_scores'), None: from the traces."""
     fig, axes = plt.subplots(len(traces), 1, figsize=(11, 2.2 + 1.6 * len(traces)), squeeze=False)
     for ax, (name, trace) in zip(axes[:, 0], traces.items()):
         shape = (trace.n_steps, trace.tokens.shape[1])

@@ -243,7 +243,7 @@ def checked(function: Callable[..., T]) -> Callable[..., T]:
     @functools.cache
     def declared_rules() -> dict[str, Any]:
         # resolved at the first call, not at import: an annotation may name a class whose module is slow to import
-        # (zoo.train returns a transformers model class: 2 s), which a process that never calls the function skips
+        # (a function returning a transformers model class: 2 s), which a process that never calls the function skips
         hints = typing.get_type_hints(function, include_extras=True)
         return {name: hints[name] for name in signature.parameters if name in hints and _constrained(hints[name])}
 

@@ -38,7 +38,7 @@ from sinklib.evaluation.extract import cut_at_stops
 from sinklib.evaluation.conditions import CONDITIONS
 from sinklib.families.base import RENAMED, Family, check_options, get_family, option_owners
 from sinklib.generation import generate
-from sinklib.interventions import MASKING_POLICIES as POLICIES, AblateValues, MaskSinks, make_policy
+from sinklib.interventions import MASKING_POLICIES, AblateValues, MaskSinks, make_policy
 from sinklib.loading import LoadedModel, load
 
 logger = logging.getLogger(__name__)
@@ -52,18 +52,18 @@ def _named_policy(name: str, settings: dict[str, Any]):
     against what that policy takes before it is built: an unknown or missing one is refused naming
     policy.<setting>, never a raw TypeError. A policy that wraps another (ablate_values) is refused with the
     model_args that build it."""
-    check_choice(name, "policy", POLICIES.names())
+    check_choice(name, "policy", MASKING_POLICIES.names())
     if name == "ablate_values":
         raise bad_value("policy", name, "a policy that chooses keys; ablate_values wraps one: give mask_values=zero "
                         "or mask_values=mean beside mask_top_k, mask_random_k or policy")
-    parameters = inspect.signature(POLICIES.get(name)).parameters
+    parameters = inspect.signature(MASKING_POLICIES.get(name)).parameters
     takes = [key for key, parameter in parameters.items() if parameter.kind is not parameter.VAR_KEYWORD]
     for key in settings:
         if key not in takes:
             raise BadValue(f"model_args {POLICY_PREFIX}{key}= is not allowed: policy {name!r} takes "
                            f"{[POLICY_PREFIX + t for t in takes]}"
                            f"{did_you_mean(POLICY_PREFIX + key, [POLICY_PREFIX + t for t in takes])}")
-    hints = typing.get_type_hints(POLICIES.get(name))
+    hints = typing.get_type_hints(MASKING_POLICIES.get(name))
     # one value where the policy takes several ("policy.layers=3") is a list of one, as "policy.layers=3 5" is of two
     settings = {key: [value] if _takes_several(hints.get(key)) and not isinstance(value, (list, tuple)) else value
                 for key, value in settings.items()}
@@ -166,7 +166,7 @@ class SinklibLM(LM):
     name (steps, gen_length, block_length, temperature, alg, remasking, threshold, cache, refresh, …: laid over the
     model's own settings by LoadedModel.settings_for); mask_top_k / mask_eps / mask_source (the paper's masking: Eq. 3
     on the previous step), mask_random_k (the random-key control), policy (any registered masking policy by name,
-    sinklib.interventions.POLICIES, its settings given as policy.<setting>=value; a list as values separated by
+    sinklib.interventions.MASKING_POLICIES, its settings given as policy.<setting>=value; a list as values separated by
     spaces: policy=mask_keys,policy.positions=0 3), mask_values ("zero" or "mean": the chosen keys keep their attention
     and their values are ablated instead), seed; batch_size, max_batch_size."""
 

@@ -17,7 +17,7 @@ import pandas as pd
 from sinklib import stats
 from sinklib.validation import BadValue, Consent, Count, Index, Ks, bad_value, checked
 from sinklib.evaluation.runner import config_hash, evaluate, run_config
-from sinklib.evaluation.tasks import Task, by_task, get_task, require_code_execution_opt_in  # noqa: F401  (by_task: runs.py's)
+from sinklib.evaluation.tasks import Task, by_task, get_task, require_code_execution_opt_in  # noqa: F401  (by_task: lab/runs.py's)
 from sinklib.evaluation.checks import CHECK_COLUMNS, Audit
 from sinklib.evaluation.conditions import (CONDITIONS, Condition, checked_conditions, column_name,  # noqa: F401
                                           column_words, paper_masking, table_conditions)
@@ -36,7 +36,7 @@ class MaskingTable:
     """frame: one row per (model, condition, k) with accuracy, stderr (binomial standard error), its Wilson 95 %
     interval (ci_low, ci_high) and n. items: one row per (model, condition, k, sample) with its correctness, output
     and closest decision margin — what lets a rerun on another CPU name a flipped answer as a near-tie
-    (sinklib.agreement), and what the paired tests (`paired`, `sinks_against_random`) and the competence-matched
+    (sinklib.lab.agreement), and what the paired tests (`paired`, `sinks_against_random`) and the competence-matched
     table read."""
     frame: pd.DataFrame
     task: str

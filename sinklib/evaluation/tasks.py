@@ -259,7 +259,7 @@ def plain(question: str) -> str:
 
 def _arithmetic_english(path: str | None = None) -> list[Sample]:
     """The same held-out arithmetic in plain English ("Tom has 5 apples. …?"), read through a chat template: what
-    the adapted SmolLM2 twins were trained on (sinklib/zoo/adapt.py)."""
+    the adapted SmolLM2 twins were trained on (experiments/zoo/adapt.py)."""
     return [Sample(s.id, plain(s.prompt), s.target) for s in _arithmetic(path)]
 
 

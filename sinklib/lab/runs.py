@@ -64,7 +64,7 @@ RUNS: Registry[type] = Registry("notebook")  # notebook stem → its run config 
 
 
 # Traces that take minutes to make and that only one analysis reads, kept apart from the traces store so that
-# `make figures` reads them rather than making them again (sinklib.reproduce.COMMITTED_RUNS): notebook 02's canvases
+# `make figures` reads them rather than making them again (lab.stores.COMMITTED_RUNS): notebook 02's canvases
 # under the paper's layout (the twin: 128 tokens in 128 forwards, about 80 s) and the generations notebook 07's logit
 # lens reads, with its measurements (a forward and a vocabulary softmax per step and layer: about 2 minutes).
 LONG_TRACES = "long-traces"
