@@ -110,14 +110,25 @@ def layer_head_map(frame: pd.DataFrame, model: str) -> plt.Figure:
     return fig
 
 
+MARK_STYLES = (":", "--", "-.")  # one line style per kind of marked position, in the order given
+
+
 def attention_pair(maps: Sequence[np.ndarray], steps: Sequence[int], trace: Trace, layer: int, head: int,
-                   marked: Sequence[int] = ()) -> plt.Figure:
-    """Fig. 4 / 8: full attention maps (queries × keys) at consecutive steps, sink positions marked."""
+                   marked: Sequence[int] | Mapping[str, Sequence[int]] = ()) -> plt.Figure:
+    """Fig. 4 / 8: full attention maps (queries × keys) at consecutive steps, sink positions marked.
+
+    `marked`: key positions drawn as vertical lines on every panel — a sequence (one style, "sink"), or a mapping from
+    what the positions are (e.g. "greatest sink at step 3") to them, each with its own line style (MARK_STYLES, in
+    order) and named in the legend."""
+    kinds = dict(marked) if isinstance(marked, Mapping) else {"sink": list(marked)}
     fig, axes = plt.subplots(1, len(maps), figsize=(5.2 * len(maps), 4.6), squeeze=False)
     for ax, attention, step in zip(axes[0], maps, steps):
         image = ax.imshow(attention, cmap=CMAP, aspect="auto", interpolation="nearest")
-        for position in marked:
-            ax.axvline(position, color=PALETTE[3], linewidth=0.8, linestyle=":")
+        for (kind, positions), style in zip(kinds.items(), MARK_STYLES):
+            for index, position in enumerate(positions):
+                ax.axvline(position, color=PALETTE[3], linewidth=0.9, linestyle=style, label=None if index else kind)
+        if isinstance(marked, Mapping) and kinds:
+            ax.legend(loc="lower left", fontsize=7, framealpha=0.8)
         ax.set_title(f"step {step}")
         ax.set_xlabel("key position")
         ax.set_ylabel("query position")

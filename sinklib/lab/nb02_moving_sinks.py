@@ -161,7 +161,8 @@ def draw_moving_sinks(models: Models, traces: Traces, events: pd.DataFrame) -> d
         step, layer, head = int(top["step"]), int(top["layer"]), int(top["head"])
         maps = [replay_map(models[name], trace, s, layer, head).numpy() for s in (step - 1, step)]
         figures[name] = plots.attention_pair(maps, [step - 1, step], trace, layer, head,
-                                             marked=[int(top["position_before"]), int(top["position"])])
+                                             marked={f"greatest sink at step {step - 1} (before)": [int(top["position_before"])],
+                                                     f"greatest sink at step {step} (after)": [int(top["position"])]})
     return figures
 
 
