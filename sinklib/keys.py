@@ -8,7 +8,7 @@ A trace, an evaluation record, a measurement or a notebook's pick is found again
 - what was asked of it: every setting, the prompt, the seed, the chat flag, the intervention (each store adds these);
 - the code that computes the numbers (numerics_code): the sampler and the families, the capture, the attention
   maths, the interventions, the sink rule and the decision margins: their definitions, each reduced to its code
-  (digest.code_only), whichever numeric module holds it.
+  (digest.code_only), whichever numeric module holds it; of the families, only the model's own (numerics_code).
 
 It does not hold what cannot change a number: sinklib's version, the transformers version (the lock pins it, and each
 result's provenance records it: `make check` reports a difference), messages, validation, caching and loading
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import inspect
 import json
 import textwrap
@@ -70,13 +71,45 @@ def code_of(names: tuple[str, ...]) -> str:
     return code_digest((name, path.read_text(encoding="utf-8")) for name, path in module_files(names).items())
 
 
+# definitions in NUMERIC_MODULES that compute nothing: the families' registry of import paths (a family added beside
+# the others shapes none of their numbers)
+NOT_NUMERIC = ("assign FAMILIES",)
+
+
 @functools.cache
-def numerics_code() -> str:
+def numerics_code(family: str | None = None) -> str:
     """The fingerprint of the code that computes a trace's or a record's numbers: every definition in
     NUMERIC_MODULES (definitions), whichever of them holds it. So moving a function, class or constant from one
-    numeric module to another (a module split in two, say) keys nothing anew; editing one does."""
-    return code_digest(part for path in module_files(NUMERIC_MODULES).values()
-                       for part in definitions(path.read_text(encoding="utf-8")))
+    numeric module to another (a module split in two, say) keys nothing anew; editing one does.
+
+    Args:
+        family: a registered family's name: of sinklib.families, only the module that defines its sampler and the
+            family modules that module imports (base, cached) — another family's sampler shapes none of its numbers.
+            None: every numeric module (what provenance records).
+    """
+    files = module_files(NUMERIC_MODULES)
+    if family is not None:
+        own = _family_modules(family)
+        files = {name: path for name, path in files.items() if not name.startswith("sinklib.families.") or name in own}
+    return code_digest(part for path in files.values() for part in definitions(path.read_text(encoding="utf-8"))
+                       if part[0] not in NOT_NUMERIC)
+
+
+def _family_modules(family: str) -> set[str]:
+    """The sinklib.families modules a family's numbers come from: its sampler's module and, followed through their
+    imports, every family module they read."""
+    from sinklib.families.base import get_family  # noqa: PLC0415  (families import keys' neighbours: no cycle at import)
+
+    found, todo = set(), [get_family(family).sample.__module__]
+    while todo:
+        name = todo.pop()
+        if name in found or not name.startswith("sinklib.families"):
+            continue
+        found.add(name)
+        module = importlib.import_module(name)
+        todo += [value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
+                 for value in vars(module).values()]
+    return found
 
 
 def definitions(source: str) -> list[tuple[str, str]]:

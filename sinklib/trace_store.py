@@ -46,10 +46,10 @@ MEASURED = "measured"  # a trace folder's subfolder of measurements (stored_meas
 def trace_key(loaded: LoadedModel, prompt: str, settings: Settings, seed: int, chat: bool, intervention=None) -> dict:
     """Every input a trace depends on (a JSON-able dict): what its folder's name is the digest of. The model as
     keys.model_identity (name, family, weights, forward-shaping files, dtype), the settings' every field, the prompt,
-    seed, chat flag, intervention, and keys.numerics_code()."""
+    seed, chat flag, intervention, and keys.numerics_code of its family."""
     return {"store": STORE_FORMAT, **model_identity(loaded), "settings": record(settings), "prompt": prompt,
             "seed": seed, "chat": chat, "intervention": identity(intervention) if intervention is not None else None,
-            "code": numerics_code()}
+            "code": numerics_code(loaded.family.name)}
 
 
 def trace_folder(store: str | Path, key: dict) -> Path:

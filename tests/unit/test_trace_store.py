@@ -55,7 +55,7 @@ def test_a_trace_of_other_inputs_is_never_read(llada, tmp_path, change):
 
 def test_the_key_holds_what_shapes_the_numbers_and_no_version(llada):
     key = trace_store.trace_key(llada, PROMPTS[0], llada.settings_for(), 0, chat=False)
-    assert key["weights"] and key["files"] and key["dtype"] == "float32" and key["code"] == keys.numerics_code()
+    assert key["weights"] and key["files"] and key["dtype"] == "float32" and key["code"] == keys.numerics_code("llada")
     assert not {"sinklib", "transformers", "torch"} & set(key), "versions are the lock's and the provenance's"
     assert "sinklib.families.dream" in keys.module_files(keys.NUMERIC_MODULES)
     assert not {"sinklib.validation", "sinklib.loading", "sinklib.cache_manifest", "sinklib.named", "sinklib.trace_store",
@@ -204,6 +204,28 @@ def test_pick_carry_keeps_its_forwards_beside_the_stored_traces_and_reads_them_b
     assert len(list(kept.parent.glob("sink_carry-*.parquet"))) == 2
 
 
+@pytest.mark.parametrize("family", ["llada", "dream", "arm"])
+def test_a_trace_is_keyed_by_its_own_familys_sampler_not_anothers(family, monkeypatch):
+    """Editing Dream's sampler re-keys Dream's traces only; registering a new family re-keys none (its module and its
+    line in the families' registry shape no other family's numbers); editing the shared capture re-keys them all."""
+    files = keys.module_files(keys.NUMERIC_MODULES)
+    texts = {files["sinklib.families.dream"]: files["sinklib.families.dream"].read_text().replace("torch.log(probs + 1e-10)", "torch.log(probs + 1e-9)", 1),
+             files["sinklib.families.base"]: files["sinklib.families.base"].read_text().replace(
+                 '"arm": "sinklib.families.arm:ARM",', '"arm": "sinklib.families.arm:ARM", "new": "sinklib.families.new:NEW",')}
+    assert all(text != path.read_text() for path, text in texts.items()), "the edits apply"
+    before = keys.numerics_code(family)
+    real_read = type(keys.PACKAGE).read_text
+    monkeypatch.setattr(type(keys.PACKAGE), "read_text",
+                        lambda path, *args, **kwargs: texts[path] if path in texts else real_read(path, *args, **kwargs))
+    keys.numerics_code.cache_clear()
+    try:
+        after = keys.numerics_code(family)
+    finally:
+        monkeypatch.undo()
+        keys.numerics_code.cache_clear()
+    assert (after != before) is (family == "dream")
+
+
 def test_every_committed_trace_is_keyed_by_this_checkouts_numeric_code():
     """An edit of a numeric module (keys.NUMERIC_MODULES) re-keys what the committed stores hold, so nbval and a reader
     would make it all again (minutes): caught here in seconds, naming the store. (Run `make figures` after such an
@@ -212,7 +234,7 @@ def test_every_committed_trace_is_keyed_by_this_checkouts_numeric_code():
 
     stale = [str(meta.parent.relative_to(DATA_DIR)) for store in ("traces", "long-traces")
              for meta in sorted((DATA_DIR / "results" / store).glob("*/*/meta.json"))
-             if trace_store.Trace.load_light(meta.parent).meta["store_key"]["code"] != keys.numerics_code()]
+             if (key := trace_store.Trace.load_light(meta.parent).meta["store_key"])["code"] != keys.numerics_code(key["family"])]
     assert stale == [], f"made by other code than this checkout's: {stale[:5]} ({len(stale)} in all)"
 
 
