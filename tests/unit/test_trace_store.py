@@ -207,9 +207,11 @@ def test_pick_carry_keeps_its_forwards_beside_the_stored_traces_and_reads_them_b
 @pytest.mark.parametrize("family", ["llada", "dream", "arm"])
 def test_a_trace_is_keyed_by_its_own_familys_sampler_not_anothers(family, monkeypatch):
     """Editing Dream's sampler re-keys Dream's traces only; registering a new family re-keys none (its module and its
-    line in the families' registry shape no other family's numbers); editing the shared capture re-keys them all."""
+    line in the families' registry shape no other family's numbers); an edit of shared code re-keys them all (the
+    refactor test above)."""
     files = keys.module_files(keys.NUMERIC_MODULES)
-    texts = {files["sinklib.families.dream"]: files["sinklib.families.dream"].read_text().replace("torch.log(probs + 1e-10)", "torch.log(probs + 1e-9)", 1),
+    dream = files["sinklib.families.dream"].read_text()
+    texts = {files["sinklib.families.dream"]: dream.replace("torch.log(probs + 1e-10)", "torch.log(probs + 1e-9)", 1),
              files["sinklib.families.base"]: files["sinklib.families.base"].read_text().replace(
                  '"arm": "sinklib.families.arm:ARM",', '"arm": "sinklib.families.arm:ARM", "new": "sinklib.families.new:NEW",')}
     assert all(text != path.read_text() for path, text in texts.items()), "the edits apply"
