@@ -26,7 +26,8 @@ from pydantic import AfterValidator, BeforeValidator
 from tqdm.auto import tqdm
 
 from sinklib.digest import text_digest
-from sinklib.evaluation.runner import evaluate, read_sealed_run
+from sinklib.evaluation.records import read_sealed_run
+from sinklib.evaluation.runner import evaluate
 from sinklib.evaluation.tasks import get_task
 from sinklib.families.base import record
 from sinklib.generation import generate
@@ -286,7 +287,7 @@ def stored_timing(models: Mapping[str, Any], task_of: Mapping[str, str], out: st
 
 def _records(out: str | Path, path: Path, policy: str) -> list[dict]:
     """The sample records of one (model, policy) evaluation's file, checked as evaluate checks it
-    (runner.read_sealed_run: its header, every record sealed, of the header's key and written once), and made under
+    (records.read_sealed_run: its header, every record sealed, of the header's key and written once), and made under
     the policy its name says (the header's settings carry that policy's fields): another policy's file copied in,
     an edited or doubled record, a file without its header are refused."""
     try:

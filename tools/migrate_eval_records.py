@@ -38,7 +38,7 @@ from typing import Any
 import sinklib
 from sinklib.cache_manifest import MANIFEST
 from sinklib.digest import digest, file_sha256
-from sinklib.evaluation import runner
+from sinklib.evaluation import records as run_file, runner
 from sinklib.evaluation.table1 import CONDITIONS
 from sinklib.evaluation.tasks import get_task, qualified_name
 from sinklib.families.base import get_family, record
@@ -69,7 +69,7 @@ class Run:
 
 def read_stored(path: Path) -> Run:
     """A run file of format 3 (with its sidecars) or 4 (its header), every record's seal and key checked."""
-    header, records = runner.read_run(path)
+    header, records = run_file.read_run(path)
     if header is not None:
         run = Run(path, header["config_hash"], header["config"], header["provenance"], records, header.get("checks"),
                   header.get("inputs"), format=4, origin=header.get("migrated_from"))
@@ -86,7 +86,7 @@ def read_stored(path: Path) -> Run:
     if run.format == 3 and digest(run.config) != run.key:
         raise ValueError(f"{path.name}: its config is not the one its config_hash {run.key} names")
     for number, item in enumerate(records, 2 if run.format == 4 else 1):
-        if item.get("config_hash") != run.key or item.get("record_sha256") != runner.record_digest(item):
+        if item.get("config_hash") != run.key or item.get("record_sha256") != run_file.record_digest(item):
             raise ValueError(f"{path.name}: line {number} is not a sealed record of {run.key}")
     return run
 
@@ -170,7 +170,7 @@ def recompute(run: Run, loaded, made: Rebuilt) -> dict[str, Any]:
     stored records: per record equal, a near-tie (outputs differ where either decision was one) or different."""
     size = made.config["batch_size"]
     batches = [made.samples[start:start + size] for start in range(0, len(made.samples), size)][:2 if size == 1 else 1]
-    generator = runner._Run(loaded, made.task, made.intervention, made.settings, runner.config_hash(made.config),
+    generator = runner._Run(loaded, made.task, made.intervention, made.settings, run_file.config_hash(made.config),
                             made.config["seed"])
     stored = {item["id"]: item for item in run.records}
     outcome: dict[str, Any] = {"equal": 0, "near_tie": [], "different": []}
@@ -189,14 +189,14 @@ def recompute(run: Run, loaded, made: Rebuilt) -> dict[str, Any]:
 def migrated_lines(run: Run, loaded, made: Rebuilt) -> list[dict]:
     """The new file's lines: its header (the new key, the inputs, the records' own provenance, the checks, the key it
     had), then every record re-sealed under the new config_hash."""
-    key = runner.config_hash(made.config)
-    header = {"header": runner.HEADER, "config_hash": key, "config": made.config,
+    key = run_file.config_hash(made.config)
+    header = {"header": run_file.HEADER, "config_hash": key, "config": made.config,
               "inputs": runner.run_inputs(loaded, made.task, made.samples), "provenance": run.provenance,
-              **({runner.CHECKS: run.checks} if run.checks is not None else {}),
+              **({run_file.CHECKS: run.checks} if run.checks is not None else {}),
               "migrated_from": run.origin or {"config_hash": run.key, "records": run.config.get("records")}}
-    records = [runner._sealed({**{k: v for k, v in item.items() if k != "record_sha256"}, "config_hash": key})
+    records = [run_file._sealed({**{k: v for k, v in item.items() if k != "record_sha256"}, "config_hash": key})
                for item in run.records]
-    return [runner._sealed(header), *records]
+    return [run_file._sealed(header), *records]
 
 
 def target_path(run: Run, key: str) -> Path:
@@ -235,7 +235,7 @@ def migrate(path: Path, models: dict, dry_run: bool, keys_only: bool = False) ->
         made = rebuild(run, loaded)
     except ValueError as error:
         return {**report, "status": "refused", "why": str(error)}
-    key = runner.config_hash(made.config)
+    key = run_file.config_hash(made.config)
     if run.format == 4 and key == run.key:
         return {**report, "status": "current"}
     report.update(new_key=key, target=str(target_path(run, key)))
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _model_of(path: Path) -> str:
     """The model a run file's key names (read from its provenance or header)."""
-    header, _ = runner.read_run(path)
+    header, _ = run_file.read_run(path)
     if header is not None:
         return header["config"]["model"]["model"]
     entry = next(iter(json.loads(Path(f"{path}{PROVENANCE}").read_text()).values()))

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from sinklib.capturing import capture
-from sinklib.evaluation.runner import CHECKS, read_run, write_checks
+from sinklib.evaluation.records import CHECKS, read_run
+from sinklib.evaluation.runner import write_checks
 from sinklib.generation import encode, generate
 from sinklib.interventions import Audited, MaskSinks
 from sinklib.loading import LoadedModel

@@ -16,7 +16,8 @@ import pandas as pd
 
 from sinklib import stats
 from sinklib.validation import BadValue, Consent, Count, Index, Ks, bad_value, checked
-from sinklib.evaluation.runner import config_hash, evaluate, run_config
+from sinklib.evaluation.records import config_hash
+from sinklib.evaluation.runner import evaluate, run_config
 from sinklib.evaluation.tasks import Task, by_task, get_task, require_code_execution_opt_in  # noqa: F401  (by_task: lab/runs.py's)
 from sinklib.evaluation.checks import CHECK_COLUMNS, Audit
 from sinklib.evaluation.conditions import (CONDITIONS, Condition, checked_conditions, column_name,  # noqa: F401
@@ -190,7 +191,7 @@ class MaskingTable:
         (folder / f"{name}.tex").write_text(self.to_latex())
         fig = self.figure()
         paths = plots.save_figure(fig, name, folder)
-        plots.plt.close(fig)
+        plots.close(fig)
         return [folder / f"{name}.md", folder / f"{name}.tex", *paths]
 
 

@@ -13,7 +13,7 @@ import pytest
 import sinklib
 from sinklib.evaluation import evaluate, get_task
 from sinklib.evaluation.extract import flexible_answer, strict_answer
-from sinklib.evaluation.runner import read_run
+from sinklib.evaluation.records import read_run
 
 pytestmark = pytest.mark.transformers  # runs transformers models: the transformers-4.56 tier runs it too
 
@@ -89,7 +89,7 @@ def test_one_file_per_run_its_header_holding_the_key_and_the_provenance(tmp_path
     """Before: NAME.jsonl beside NAME.jsonl.provenance.json and, for Table 1, NAME.jsonl.checks.json. Now one file:
     its first line the run's key, inputs and provenance (versions, machine, code), none of which is in the key."""
     from sinklib import provenance
-    from sinklib.evaluation.runner import config_hash
+    from sinklib.evaluation.records import config_hash
 
     loaded = sinklib.load("tiny-arm")
     out = tmp_path / "run.jsonl"
@@ -621,7 +621,7 @@ def test_every_committed_evaluation_run_is_one_sealed_file_under_records_format_
     settings class, record as they were (families.base.record, KEYED_WHEN_SET)."""
     from sinklib import named
     from sinklib.cache_manifest import weights_fingerprint
-    from sinklib.evaluation.runner import RECORD_FORMAT, config_hash, record_digest
+    from sinklib.evaluation.records import RECORD_FORMAT, config_hash, record_digest
     from sinklib.families.base import get_family, record
     from sinklib.paths import DATA_DIR, ZOO_DIR
 

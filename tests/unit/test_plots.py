@@ -17,7 +17,7 @@ def test_the_moving_sink_figure_tells_the_sink_before_from_the_sink_after():
         lines = {line.get_label(): (line.get_linestyle(), line.get_xdata()[0]) for line in ax.get_lines()}
         assert lines == {"greatest sink at step 3 (before)": (":", 2), "greatest sink at step 4 (after)": ("--", 5)}
         assert [text.get_text() for text in ax.get_legend().get_texts()] == list(lines)
-    plots.plt.close(figure)
+    plots.close(figure)
 
 
 def test_positions_given_as_a_list_are_sinks_of_one_style_without_a_legend():
@@ -26,4 +26,4 @@ def test_positions_given_as_a_list_are_sinks_of_one_style_without_a_legend():
     ax = figure.axes[0]
     assert [(line.get_linestyle(), line.get_xdata()[0]) for line in ax.get_lines()] == [(":", 1), (":", 4)]
     assert ax.get_legend() is None
-    plots.plt.close(figure)
+    plots.close(figure)

@@ -281,7 +281,7 @@ def test_notebook_07s_dose_response_samples_with_the_runs_layout_as_notebook_04s
     """steps / gen_length / block_length reach the dose-response's evaluations (a paper parameter file sets them: 04's
     Table 1 and 07's dose-response must then run the same generation)."""
     import sinklib
-    from sinklib.evaluation.runner import read_run
+    from sinklib.evaluation.records import read_run
 
     run = nb07.CarryRun(models=["tiny-llada"], gen_length=8, steps=4, block_length=4, n_problems=2, ks=[0, 1],
                         results_dir=str(tmp_path), figures_dir=str(tmp_path), progress=False)
@@ -297,7 +297,7 @@ def test_notebook_08s_masking_sections_run_each_model_under_its_samplers_where_t
     (fast-sampling/table1), an autoregressive one with its KV cache; collect_eviction: eviction_policy; each run
     samples with what its sampler says."""
     import sinklib
-    from sinklib.evaluation.runner import read_run
+    from sinklib.evaluation.records import read_run
 
     run = nb08.SpeedRun(models=["tiny-llada", "tiny-arm"], n_problems=2, masking_batch_size=2, evicted=[1],
                         results_dir=str(tmp_path), figures_dir=str(tmp_path), progress=False)

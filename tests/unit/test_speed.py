@@ -47,7 +47,7 @@ def test_the_prefix_cache_is_left_out_where_it_is_the_dual_cache(models):
 def _write(folder, policy, rows, settings=None):
     """A run file as evaluate writes one: its sealed header (the policy's fields in its settings), then each record
     sealed with the header's key."""
-    from sinklib.evaluation.runner import HEADER, _sealed, config_hash
+    from sinklib.evaluation.records import HEADER, _sealed, config_hash
 
     folder.mkdir(parents=True, exist_ok=True)
     path = speed.results_path(folder.parent, folder.name, policy)
@@ -92,7 +92,7 @@ def test_frontier_reads_a_run_file_with_its_header_as_one_run(tmp_path):
 
 def test_the_committed_speed_runs_are_one_file_each_read_whole():
     """data/results/fast-sampling: every (model, policy) run is one file (its header, then its 200 records)."""
-    from sinklib.evaluation.runner import read_run
+    from sinklib.evaluation.records import read_run
     from sinklib.paths import DATA_DIR
 
     store = DATA_DIR / "results" / "fast-sampling"

@@ -244,7 +244,7 @@ def test_every_committed_evaluation_is_keyed_as_this_checkout_keys_its_settings(
     """A settings field added to a family re-keys every committed evaluation unless its default leaves the key as it
     was (families.base.record, KEYED_WHEN_SET): the notebooks would then rerun Table 1 at n = 200 (hours). Each
     committed run's recorded settings, rebuilt into its family's settings class, must record as they were."""
-    from sinklib.evaluation.runner import read_run
+    from sinklib.evaluation.records import read_run
     from sinklib.families.base import get_family, record
     from sinklib.paths import DATA_DIR
 

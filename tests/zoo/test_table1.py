@@ -90,7 +90,8 @@ def test_each_row_carries_its_audits_closest_margin_and_checks_without_it_are_ma
     elsewhere needs to know whether the audit may take another path: equal to the margin of the same generation made
     by hand (the task's first sample, the row's policy). Checks written before that column existed (in the run's
     header) are this run's own and are made again, with the same counts."""
-    from sinklib.evaluation.runner import read_run, write_checks
+    from sinklib.evaluation.records import read_run
+    from sinklib.evaluation.runner import write_checks
     from sinklib.ties import smallest_margin
 
     llada = models[0]
@@ -123,7 +124,7 @@ def _as_format_3(run, loaded, task, intervention, seed, batch_size, settings):
     import json
 
     from sinklib.digest import digest
-    from sinklib.evaluation.runner import read_run, record_digest
+    from sinklib.evaluation.records import read_run, record_digest
 
     migration = _migration_tool()
     header, records = read_run(run)
@@ -157,7 +158,7 @@ def test_a_migrated_run_is_read_by_masking_table_without_generating(models, tmp_
     """tools/migrate_eval_records.py: a format-3 run (three files, the old key) becomes one file under the new key,
     its records and checks unchanged, its first batch re-generated and found equal; masking_table then reads it
     without a forward, and the migration removed exactly the files it replaced."""
-    from sinklib.evaluation.runner import read_run
+    from sinklib.evaluation.records import read_run
 
     arm = models[1]
     task, settings = get_task("arithmetic", limit=4), arm.settings_for()
