@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import json
-import pickle
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,8 +55,8 @@ from sinklib.zoo import over_training
 from experiments.zoo import retrain
 from experiments.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl
 from experiments.zoo.evaluate import accuracy, by_template
-from experiments.zoo.loop import (RunState, card_record, checkpoint_folder, restores_torch_threads, run, saved_checkpoints,
-                                  state_header, write_whole)
+from experiments.zoo.loop import (RunState, card_record, checkpoint_folder, read_state_file, restores_torch_threads, run,
+                                  saved_checkpoints, state_header, write_whole)
 
 BASE = ADAPTED_MODELS["smollm2-135m-diffusion"].base
 MASK_ID = ADAPTED_MODELS["smollm2-135m-diffusion"].mask_id  # 16, `<empty_output>`: unused by SmolLM2's chat template
@@ -339,18 +338,9 @@ def _load_weights(model, weights: dict[str, torch.Tensor]) -> None:
 
 def read_state(path: Path, name: str) -> dict:
     """A checkpoint's state.pt, read as tensors and plain values only (never unpickling code); a damaged or foreign
-    file is refused naming it, with the fix (remove it, train again), never torch's advice to load it unsafely."""
-    try:
-        state = torch.load(path, weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
-        reason = "it is not a checkpoint sinklib wrote" if isinstance(error, pickle.UnpicklingError) else \
-            " ".join(str(error).split())[:200]
-        raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read ({reason}); remove "
-                       f"it and train again (python -m experiments.zoo adapt {name})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("spec"), dict) or "step" not in state:
-        raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt is not a twin's training state "
-                       f"(a spec and a step); remove it and train again (python -m experiments.zoo adapt {name})")
-    return state
+    file is refused naming it, with the fix (resume from the checkpoint before it, or start over), never torch's
+    advice to load it unsafely (loop.read_state_file)."""
+    return read_state_file(path, f"python -m experiments.zoo adapt {name}")
 
 
 def checked_state(folder: Path, name: str, step: int) -> dict:
@@ -402,14 +392,27 @@ def _checked_run(name: str, spec: AdaptSpec | None, steps: int | None, threads: 
     return spec, spec.steps if steps is None else check_int(steps, "steps", 1, spec.steps)  # past it the cosine turns back
 
 
+def _refuse_past(folder: Path, total: int) -> None:
+    """Refuse `total` steps when `folder` already holds the run past them: resuming there would return that later
+    model, not the one asked for (a run never goes back)."""
+    saved = saved_checkpoints(folder, STATE_FILE)
+    if saved and max(saved) > total:
+        raise bad_value("steps", total, f"at least {max(saved)}: {str(folder)!r} already holds this run after step "
+                        f"{max(saved)}, and a run never goes back (a saved step's model: checkpoint_model(name, step, "
+                        f"checkpoints), saved steps {sorted(saved)}; or give an empty checkpoints folder)")
+
+
 @restores_torch_threads
 def train(name: str, threads: int = 1, checkpoints: Path | None = None, steps: int | None = None,
           progress: bool = True, spec: AdaptSpec | None = None):
     """Train one twin from its seed, resuming from the latest checkpoint in `checkpoints` (default
-    data/checkpoints/NAME); returns (peft model, loss curve rows). `spec`: another recipe under that name (a trial)."""
+    data/checkpoints/NAME); returns (peft model, loss curve rows). `spec`: another recipe under that name (a trial).
+    `steps` stops the run early: at most the recipe's (the schedule is the recipe's), and not fewer than the folder
+    already holds (refused: the run would return that later model)."""
     spec, total = _checked_run(name, spec, steps, threads)
     torch.set_num_threads(threads)
     folder = CHECKPOINT_ROOT / name if checkpoints is None else checkpoints
+    _refuse_past(folder, total)  # before the base loads
     folder.mkdir(parents=True, exist_ok=True)
     model, tokenizer = build(spec)
     model.train()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any, Callable, Protocol, TypeVar
 
 import torch
 from tqdm.auto import tqdm
+
+from sinklib.validation import BadValue
 
 T = TypeVar("T")
 
@@ -84,13 +87,54 @@ def checkpoint_folder(folder: Path, step: int) -> Path:
     return folder / f"step-{step:05d}"
 
 
+def checkpoint_step(name: str) -> int | None:
+    """The step of checkpoint folder name `name` when it is the one name checkpoint_folder writes for it (step-00002,
+    step-123456), else None: step-2, step-002 or step-٠٠٠٠٢ would read as step 2 beside step-00002, two folders for
+    one step."""
+    digits = name[5:] if name.startswith("step-") else ""
+    if not (digits.isascii() and digits.isdigit()) or name != checkpoint_folder(Path(), int(digits)).name:
+        return None
+    return int(digits)
+
+
 def saved_checkpoints(folder: Path | None, state_file: str) -> dict[int, Path]:
     """The whole checkpoints in `folder` by step: step-NNNNN folders holding `state_file` (a scratch folder a killed
-    run left, step-NNNNN.partial, is not one)."""
+    run left, step-NNNNN.partial, is not one). Any other step-… name is refused (BadValue naming the folder): a
+    checkpoint is read under the one name a run writes, never under a second spelling of its step."""
     if folder is None or not folder.is_dir():
         return {}
-    return {int(path.name[5:]): path for path in folder.glob("step-[0-9]*")
-            if path.name[5:].isdigit() and (path / state_file).is_file()}
+    saved, foreign = {}, []
+    for path in sorted(folder.glob("step-*")):
+        step = checkpoint_step(path.name)
+        if step is not None:
+            if (path / state_file).is_file():
+                saved[step] = path
+        elif not (path.name.endswith(".partial") and checkpoint_step(path.name[:-len(".partial")]) is not None):
+            foreign.append(path.name)
+    if foreign:
+        raise BadValue(f"checkpoints={str(folder)!r} is not allowed: it holds {foreign}, not named as a run names its "
+                       "checkpoints (step-NNNNN: five digits or more, e.g. step-00002); rename or remove them")
+    return saved
+
+
+def read_state_file(path: Path, command: str) -> dict:
+    """A checkpoint's saved run state (torch.load with weights_only: tensors and plain values, never code), refused
+    when damaged or foreign (BadValue naming the folder, and what to do: resume from the checkpoint before it, or start
+    over with `command`), never with torch's advice to load it unsafely."""
+    redo = (f"it is damaged: remove {str(path.parent)!r} to resume from the checkpoint before it, or start over "
+            f"(remove the run's checkpoints and run {command})")
+    try:
+        state = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
+        text = " ".join(str(error).split())
+        reason = "it is not a checkpoint sinklib wrote" if isinstance(error, pickle.UnpicklingError) or \
+            "weights_only" in text else (text[:200] or "it is empty or cut short")
+        raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its {path.name} cannot be read ({reason}); "
+                       f"{redo}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("spec"), dict) or not isinstance(state.get("step"), int):
+        raise BadValue(f"checkpoint {str(path.parent)!r} is not allowed: its {path.name} is not a run's training state "
+                       f"(a recipe and a step); {redo}")
+    return state
 
 
 def write_whole(final: Path, write: Callable[[Path], None]) -> bool:

@@ -19,11 +19,11 @@ import transformers
 
 from sinklib import compat
 from sinklib.cache_manifest import check_shipped, sha256_of, write_shipped_manifest
-from sinklib.validation import BadValue, Count, checked
+from sinklib.validation import BadValue, Count, Index, bad_value, check_int, checked
 from sinklib.zoo.recipes import GEN_LENGTH, ZOO, ZooSpec, recipe
 from experiments.zoo.data import Problem, held_out, problems
-from experiments.zoo.loop import (RunState, card_record, checkpoint_folder, restores_torch_threads, run, saved_checkpoints,
-                                  state_header, write_whole)
+from experiments.zoo.loop import (RunState, card_record, checkpoint_folder, read_state_file, restores_torch_threads, run,
+                                  saved_checkpoints, state_header, write_whole)
 from experiments.zoo.tokenizer import build_tokenizer, save_tokenizer
 
 MASK_EPS = 1e-3
@@ -170,7 +170,7 @@ def checked_checkpoint(path: Path, name: str, step: int) -> dict:
     if not weights.is_file() or not state_file.is_file():
         raise BadValue(f"checkpoint {str(path)!r} is not allowed: it lacks "
                        f"{'model.safetensors' if not weights.is_file() else TRAINING_STATE}; {redo}")
-    saved = torch.load(state_file, weights_only=True)
+    saved = read_state_file(state_file, f"python -m experiments.zoo over-training {name}")
     if saved["spec"].get("name") != name:
         raise BadValue(f"checkpoint {str(path)!r} is not allowed: recipe {saved['spec'].get('name')!r} saved it, "
                        f"not {name!r}; give {name}'s checkpoints folder")
@@ -200,7 +200,8 @@ def _safetensors_whole(path: Path) -> bool:
 def training_state(path: Path, spec: ZooSpec | None = None, threads: int | None = None) -> dict:
     """A checkpoint's saved run state; with `spec` / `threads`, refused unless it was saved by that recipe and
     thread count (another thread count sums floats in another order: the run would not have the same bits)."""
-    saved = torch.load(path / TRAINING_STATE, weights_only=True)
+    saved = read_state_file(path / TRAINING_STATE, f"python -m experiments.zoo over-training "
+                            f"{spec.name if spec is not None else path.parent.name}")
     if spec is not None and saved["spec"] != asdict(spec):
         raise BadValue(f"checkpoints={str(path.parent)!r} is not allowed: {path.name} was saved by another recipe "
                        f"({saved['spec']}), not {asdict(spec)}; give an empty folder or that recipe's")
@@ -229,20 +230,38 @@ def _resume_point(checkpoints: Path | None, checkpoint_at: tuple[int, ...], tota
     return saved[max(usable)] if usable else None
 
 
+def _checked_run(spec: ZooSpec, steps: int | None, checkpoints: Path | None, checkpoint_at: tuple[int, ...]) -> int:
+    """The steps to run, refusing before any work: more steps than the recipe's (past spec.steps the cosine schedule
+    turns back up: a longer run is another recipe, spec=dataclasses.replace(recipe(name), steps=...)), checkpoints
+    asked at steps this run never reaches, or asked without a folder to save them in."""
+    total = spec.steps if steps is None else check_int(steps, "steps", 1, spec.steps)
+    unreached = sorted(step for step in checkpoint_at if step > total)
+    if unreached:
+        raise bad_value("checkpoint_at", checkpoint_at,
+                        f"steps this run reaches, 0 to {total} ({unreached} would never be saved; a run stopped early "
+                        "with steps= saves the ones it reaches, and the run that resumes it asks for the rest)")
+    if checkpoint_at and checkpoints is None:
+        raise bad_value("checkpoint_at", checkpoint_at, "() when checkpoints is None (a folder to save them in)")
+    return total
+
+
 @checked
 @restores_torch_threads
 def train(name: str, zoo_dir: Path, steps: Count | None = None, progress: bool = True, threads: Count = 2,
           curve_path: Path | None = None, spec: ZooSpec | None = None, checkpoints: Path | None = None,
-          checkpoint_at: tuple[int, ...] = ()) -> tuple[transformers.LlamaForCausalLM, list[dict]]:
+          checkpoint_at: tuple[Index, ...] = ()) -> tuple[transformers.LlamaForCausalLM, list[dict]]:
     """Train one zoo model from its seed; returns the model and the loss curve (one row per step).
 
-    `spec` replaces the recipe of `name` (train.recipe) for experiments with other settings. With `checkpoints`,
-    the weights are saved to checkpoints/step-NNNNN after each step count in `checkpoint_at` (0: the
-    initialisation), and a run that finds checkpoints there goes on from the latest one before the first missing
-    one: the same batches, masks and updates as an uninterrupted run with the same thread count (a checkpoint of
-    another recipe or thread count is refused). The donor of spec.init_from is read from zoo_dir."""
+    `spec` replaces the recipe of `name` (train.recipe) for experiments with other settings. `steps` stops the run
+    early (at most the recipe's steps: the learning-rate schedule is the recipe's). With `checkpoints`, the weights
+    are saved to checkpoints/step-NNNNN after each step count in `checkpoint_at` (0: the initialisation; each at
+    most the steps this run makes), and a run that finds checkpoints there goes on from the latest one before the
+    first missing one and not past `steps`: the same batches, masks and updates as an uninterrupted run with the same
+    thread count (a checkpoint of another recipe or thread count is refused). The donor of spec.init_from is read
+    from zoo_dir."""
     spec = recipe(name) if spec is None else spec
-    total = spec.steps if steps is None else steps
+    total = _checked_run(spec, steps, checkpoints, checkpoint_at)
+    latest = _resume_point(checkpoints, checkpoint_at, total)  # a misnamed checkpoint folder refused before any work
     torch.set_num_threads(threads)
     tokenizer = build_tokenizer()
     model = build_model(spec, tokenizer, zoo_dir).train()
@@ -251,7 +270,6 @@ def train(name: str, zoo_dir: Path, steps: Count | None = None, progress: bool =
     # one masking generator and one data stream for the whole run (a twin's step k draws from its own seed instead):
     # a checkpoint carries the generator's state, and a resumed run skips the batches already drawn
     generator = torch.Generator().manual_seed(spec.seed)
-    latest = _resume_point(checkpoints, checkpoint_at, total)
     state = _resume(latest, spec, threads, model, optimizer, generator) if latest else RunState(step=0, curve=[])
     stream = problems(spec.seed, {p.question for p in held_out()})
     for _ in range(state.step * spec.batch_size):  # the batches the checkpoint has already seen

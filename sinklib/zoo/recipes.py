@@ -6,33 +6,52 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sinklib.validation import BadValue
+from sinklib.validation import (BadValue, Count, Flag, Index, Positive, Text, bad_value, check_choice,
+                                validated)
 
 
 GEN_LENGTH = 16  # response slot: worked answer + "#### N" + [EOS] padding
 
 
+OBJECTIVES = ("llada", "arm", "dream")  # ZooSpec.objective: LLaDA's masked diffusion, next token, Dream's shifted one
+
+
+@validated
 @dataclass(frozen=True)
 class ZooSpec:
     """One zoo model's recipe: its name, sampler family and training objective, causal or bidirectional attention,
-    seed, optimiser steps and settings, the zoo model whose weights it starts from (init_from), and its sizes."""
+    seed, optimiser steps and settings, the zoo model whose weights it starts from (init_from), and its sizes.
+    Checked when made (validation.validated): each field as annotated, then `check`'s cross-field rules."""
 
-    name: str
-    family: str  # the sinklib sampler family
-    objective: str  # "llada", "arm" or "dream"
-    causal: bool
-    seed: int
-    steps: int
-    batch_size: int = 64
-    lr: float = 2e-3
-    warmup: int = 100
-    init_from: str | None = None
-    stratified_t: bool = False  # t_i = (i + u_i) / B across the batch: the same U(0,1) marginal, lower variance
-    mask_prompt: bool = False  # diffusion objectives: in every other row the prompt after [BOS] is masked and predicted too
-    hidden_size: int = 128
-    intermediate_size: int = 344
-    layers: int = 4
-    heads: int = 4
+    name: Text
+    family: Text  # the sinklib sampler family
+    objective: str  # "llada", "arm" or "dream" (OBJECTIVES)
+    causal: Flag
+    seed: Index
+    steps: Count
+    batch_size: Count = 64
+    lr: Positive = 2e-3
+    warmup: Index = 100
+    init_from: Text | None = None
+    stratified_t: Flag = False  # t_i = (i + u_i) / B across the batch: the same U(0,1) marginal, lower variance
+    mask_prompt: Flag = False  # diffusion objectives: in every other row the prompt after [BOS] is masked and predicted too
+    hidden_size: Count = 128
+    intermediate_size: Count = 344
+    layers: Count = 4
+    heads: Count = 4
+
+    def check(self) -> None:
+        """The objective and family by name ("did you mean"); settings only a diffusion objective reads refused for
+        "arm" (they would be ignored); heads that divide the width."""
+        from sinklib.families.base import family_names  # noqa: PLC0415  (the registry imports torch)
+
+        check_choice(self.objective, "objective", OBJECTIVES)
+        check_choice(self.family, "family", family_names())
+        for setting in ("stratified_t", "mask_prompt"):
+            if self.objective == "arm" and getattr(self, setting):
+                raise bad_value(setting, True, "False when objective='arm' (only a diffusion objective masks tokens)")
+        if self.hidden_size % self.heads:
+            raise bad_value("heads", self.heads, f"a divisor of hidden_size={self.hidden_size}")
 
 
 ZOO = {

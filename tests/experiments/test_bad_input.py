@@ -3,6 +3,7 @@ training starts, with a message that names the parameter that was wrong; the com
 exits 2 naming it, in this process and once in its own."""
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import re
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 import pytest
+import torch
 
 import sinklib
 from sinklib.paths import ZOO_DIR
@@ -110,16 +112,124 @@ def test_a_recipe_that_starts_from_a_model_without_an_adapter_is_refused_before_
         adapt.build(adapt.AdaptSpec("trial", "dream", init_from="tiny-llada"))
 
 
-@pytest.mark.parametrize("content", [b"garbage, not a checkpoint", b"", "pickled code"])
-def test_a_damaged_training_state_is_refused_naming_it_never_with_advice_to_load_it_unsafely(content, tmp_path):
-    path = tmp_path / "step-00050" / "state.pt"
-    path.parent.mkdir()
+def _damaged(path: Path, content: bytes | str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     if content == "pickled code":  # what weights_only refuses to unpickle: an object that would run code
         path.write_bytes(pickle.dumps(print))
+    elif content == "cut":  # a state torch wrote, cut short
+        torch.save({"spec": {"name": "tiny-arm"}, "step": 50}, path)
+        path.write_bytes(path.read_bytes()[:60])
     else:
         path.write_bytes(content)
+
+
+DAMAGED = [b"garbage, not a checkpoint", b"", "pickled code", "cut"]
+
+
+@pytest.mark.parametrize("content", DAMAGED)
+def test_a_damaged_training_state_is_refused_naming_it_never_with_advice_to_load_it_unsafely(content, tmp_path):
+    path = tmp_path / "step-00050" / "state.pt"
+    _damaged(path, content)
     with pytest.raises(ValueError) as caught:
         adapt.checked_state(tmp_path, "smollm2-135m-diffusion", 50)
     message = str(caught.value)
     assert message.startswith(f"checkpoint {str(path.parent)!r} is not allowed: its state.pt cannot be read")
-    assert "remove it and train again" in message and "weights_only" not in message
+    assert "it is damaged" in message and "resume from the checkpoint before it, or start over" in message
+    assert "weights_only" not in message and type(caught.value) is sinklib.BadValue
+
+
+@pytest.mark.parametrize("content", DAMAGED)
+def test_a_damaged_zoo_training_state_is_refused_the_same_way(content, tmp_path):
+    """Issue 69: the zoo's checkpoints (training_state.pt) were read with torch's own error, which advises
+    weights_only=False for a damaged file; they are now refused as the twins' are, by every reader."""
+    folder = tmp_path / "tiny-arm" / "step-00050"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    _damaged(folder / train.TRAINING_STATE, content)
+    for read in (lambda: train.checked_checkpoint(folder, "tiny-arm", 50), lambda: train.training_state(folder)):
+        with pytest.raises(ValueError) as caught:
+            read()
+        message = str(caught.value)
+        assert message.startswith(f"checkpoint {str(folder)!r} is not allowed: its training_state.pt cannot be read")
+        assert "it is damaged" in message and "resume from the checkpoint before it, or start over" in message
+        assert "weights_only" not in message and type(caught.value) is sinklib.BadValue
+
+
+ZOO_SPEC = {"name": "x", "family": "llada", "objective": "llada", "causal": False, "seed": 1, "steps": 4}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"objective": "bogus"}, r"objective='bogus' is not allowed: objective must be one of \['llada', 'arm', 'dream'\]"),
+    ({"warmup": -5}, r"warmup=-5 is not allowed: warmup must be an integer >= 0"),
+    ({"steps": 0}, r"steps=0 is not allowed: steps must be an integer >= 1"),
+    ({"lr": float("nan")}, r"lr=nan is not allowed: lr must be a finite number"),
+    ({"causal": "no"}, r"causal='no' is not allowed: causal must be True or False"),
+    ({"family": "lada"}, r"family='lada' is not allowed: family must be one of .* \(did you mean 'llada'\?\)"),
+    ({"objective": "arm", "causal": True, "family": "arm", "stratified_t": False, "mask_prompt": True},
+     r"mask_prompt=True is not allowed: mask_prompt must be False when objective='arm'"),
+    ({"heads": 3}, r"heads=3 is not allowed: heads must be a divisor of hidden_size=128"),
+])
+def test_a_zoo_recipe_is_checked_where_it_is_declared(change, message):
+    """Issue 69: ZooSpec(objective="bogus") trained a diffusion loss, and warmup=-5 was taken; every field is now
+    checked when a recipe is made (dataclasses.replace included), naming it."""
+    from sinklib.zoo.recipes import ZOO, ZooSpec
+
+    with pytest.raises(sinklib.BadValue, match=message):
+        ZooSpec(**{**ZOO_SPEC, **change})
+    with pytest.raises(sinklib.BadValue, match=message):
+        dataclasses.replace(ZOO["tiny-llada"], **change)
+
+
+@pytest.mark.parametrize("call, message", [
+    # past the recipe's steps the cosine schedule turns back up: the learning rate climbed again
+    (lambda t: train.train("tiny-arm", t, steps=1201), r"steps=1201 is not allowed: steps must be an integer >= 1 and "
+                                                       r"<= 1200"),
+    (lambda t: train.train("tiny-arm", t, steps=3, checkpoints=t, checkpoint_at=(0, 3, 5)),
+     r"checkpoint_at=\(0, 3, 5\) is not allowed: checkpoint_at must be steps this run reaches, 0 to 3 \(\[5\] would "
+     r"never be saved"),
+    (lambda t: train.train("tiny-arm", t, steps=3, checkpoint_at=(0, 3)),
+     r"checkpoint_at=\(0, 3\) is not allowed: checkpoint_at must be \(\) when checkpoints is None"),
+    (lambda t: train.train("tiny-arm", t, steps=3, checkpoints=t, checkpoint_at=(-1,)),
+     r"checkpoint_at=-1 is not allowed: checkpoint_at must be an integer >= 0"),
+])
+def test_a_zoo_run_that_is_not_what_was_asked_is_refused_before_any_model_is_built(call, message, tmp_path,
+                                                                                    monkeypatch):
+    monkeypatch.setattr(train, "build_model", lambda *a, **k: pytest.fail("a model was built"))
+    with pytest.raises(sinklib.BadValue, match=message):
+        call(tmp_path)
+
+
+def test_a_twin_run_asked_for_fewer_steps_than_its_checkpoints_hold_is_refused(tmp_path, monkeypatch):
+    """Issue 69: adapt.train(steps=2) after checkpoints to step 5 resumed at step 5, trained nothing and returned the
+    5-step model; it is refused, before the base loads, saying which steps are saved."""
+    monkeypatch.setattr(adapt, "base_model", lambda: pytest.fail("the base was loaded"))
+    for step in (0, 5):
+        (tmp_path / f"step-{step:05d}").mkdir()
+        (tmp_path / f"step-{step:05d}" / "state.pt").write_bytes(b"a state")
+    with pytest.raises(sinklib.BadValue, match=r"steps=2 is not allowed: steps must be at least 5: .* already holds "
+                                               r"this run after step 5, and a run never goes back .*saved steps \[0, 5\]"):
+        adapt.train("smollm2-135m-diffusion", checkpoints=tmp_path, steps=2, progress=False)
+
+
+@pytest.mark.parametrize("names", [["step-2", "step-00002"], ["step-002"], ["step-1x"], ["step-٠٠٠٠٢"]])
+def test_a_checkpoint_folder_is_read_under_its_one_name(names, tmp_path, monkeypatch):
+    """Issue 69: step-2 and step-00002 were both read as step 2 (one of them silently ignored); a step-… name other
+    than the one a run writes is refused naming it, by the zoo's training and the twins' before anything loads."""
+    from experiments.zoo.loop import checkpoint_step, saved_checkpoints
+
+    assert [checkpoint_step(n) for n in ("step-00002", "step-123456", "step-2", "step-002", "step-1x")] == \
+        [2, 123456, None, None, None]
+    (tmp_path / "step-00003.partial").mkdir()  # a killed run's scratch: not a checkpoint, not refused
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.pt").write_bytes(b"a state")
+    foreign = [n for n in names if n != "step-00002"]
+    message = rf"checkpoints='{tmp_path}' is not allowed: it holds {foreign!r}, not named as a run names"
+    with pytest.raises(sinklib.BadValue, match=re.escape(message[:-len(", not named as a run names")])):
+        saved_checkpoints(tmp_path, "state.pt")
+    monkeypatch.setattr(adapt, "base_model", lambda: pytest.fail("the base was loaded"))
+    monkeypatch.setattr(train, "build_model", lambda *a, **k: pytest.fail("a model was built"))
+    for run in (lambda: adapt.train("smollm2-135m-diffusion", checkpoints=tmp_path, progress=False),
+                lambda: train.train("tiny-arm", tmp_path, checkpoints=tmp_path, checkpoint_at=(0,), progress=False)):
+        with pytest.raises(sinklib.BadValue, match="not named as a run names its checkpoints"):
+            run()

@@ -32,7 +32,7 @@ def test_a_resumed_run_has_the_bits_of_an_uninterrupted_one(tmp_path):
     whole, whole_curve = train("tiny-llada", tmp_path, spec=SMALL, progress=False, checkpoints=tmp_path / "whole",
                                checkpoint_at=(0, 3, 6))
     train("tiny-llada", tmp_path, spec=SMALL, steps=5, progress=False, checkpoints=tmp_path / "cut",
-          checkpoint_at=(0, 3, 6), curve_path=tmp_path / "curve.csv")  # stops after step 5, as a killed run would
+          checkpoint_at=(0, 3), curve_path=tmp_path / "curve.csv")  # stops after step 5, as a killed run would
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["step-00000", "step-00003"]
     assert pd.read_csv(tmp_path / "curve.csv")["step"].tolist() == list(range(5))
     with pytest.raises(ValueError, match="threads=1 is not allowed: .* was trained with threads=2"):
@@ -113,7 +113,7 @@ def test_measure_counts_sink_tokens_and_accuracy_as_an_independent_loop_does(arm
 
 
 def test_measurements_are_written_as_they_go_and_never_redone(tmp_path, monkeypatch, arm):
-    small_arm = dataclasses.replace(SMALL, objective="arm", causal=True, family="arm", name="tiny-arm")
+    small_arm = dataclasses.replace(SMALL, objective="arm", causal=True, family="arm", name="tiny-arm", stratified_t=False)
     train("tiny-arm", tmp_path, spec=small_arm, progress=False, checkpoints=tmp_path / "tiny-arm", checkpoint_at=(0, 6))
     monkeypatch.setattr(retrain, "checkpoint_steps", lambda total, count: [0, 6])  # this small run's
     measured = []
@@ -159,7 +159,7 @@ def test_a_checkpoint_is_read_only_as_what_it_says_it_is(tmp_path, monkeypatch):
     """Checkpoints name their recipe, step and weights inside: another recipe's folder under this name, a folder
     linked under another step's name and a cut weights file are each refused by measure_all before anything is
     measured, and by retrain instead of counting as done."""
-    small_arm = dataclasses.replace(SMALL, objective="arm", causal=True, family="arm", name="tiny-arm")
+    small_arm = dataclasses.replace(SMALL, objective="arm", causal=True, family="arm", name="tiny-arm", stratified_t=False)
     train("tiny-arm", tmp_path, spec=small_arm, progress=False, checkpoints=tmp_path / "tiny-arm", checkpoint_at=(0, 3, 6))
     monkeypatch.setattr(retrain, "checkpoint_steps", lambda total, count: [0, 3, 6])  # this small run's
     monkeypatch.setattr(retrain, "measure", lambda *a, **k: pytest.fail("a checkpoint was measured"))
