@@ -53,7 +53,7 @@ from sinklib.paths import DATA_DIR, ZOO_DIR
 from sinklib.evaluation.tasks import plain
 from sinklib.zoo import over_training
 from experiments.zoo import retrain
-from experiments.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl
+from experiments.zoo.data import Problem, held_out, held_out_by_work, problems, read_jsonl, story
 from experiments.zoo.evaluate import accuracy, by_template
 from experiments.zoo.loop import (RunState, card_record, checkpoint_folder, read_state_file, restores_torch_threads, run,
                                   saved_checkpoints, state_header, write_whole)
@@ -192,6 +192,32 @@ def seen_work(spec: AdaptSpec) -> frozenset[str]:
     exclude = frozenset(p.question for p in held_out())
     own = frozenset(p.work for step in range(spec.steps) for p in batch_problems(spec, step, exclude))
     return own | (seen_work(TWINS[spec.init_from]) if spec.init_from else frozenset())
+
+
+def lineage(spec: AdaptSpec) -> list[AdaptSpec]:
+    """The recipe and each it started from (init_from, recursively), the recipe first."""
+    return [spec, *(lineage(TWINS[spec.init_from]) if spec.init_from else [])]
+
+
+def text_split_overlap(name: str, n: int) -> dict:
+    """How "held out" the first n problems of the new-text split are from twin `name` and the runs it started from
+    (lineage): none of their questions was trained on, but some share a trained problem's story once the
+    distractor sentences are left out (data.story), and more its template and work string (the operands). Returns
+    {"n", "lineage", "same_question", "same_story", "same_template_and_work"}: counts of the n problems."""
+    chain = lineage(TWINS[check_choice(name, "name", TWINS)])
+    questions, stories, works = set(), set(), set()
+    for spec in chain:
+        exclusions = training_exclusions(spec)
+        for step in range(spec.steps):
+            for problem in batch_problems(spec, step, *exclusions):
+                questions.add(problem.question)
+                stories.add(story(problem.question))
+                works.add((problem.template, problem.work))
+    items = read_jsonl(DATA_DIR / CARD_SPLITS["text"][1])[:n]
+    return {"n": len(items), "lineage": [spec.name for spec in chain],
+            "same_question": sum(p.question in questions for p in items),
+            "same_story": sum(story(p.question) in stories for p in items),
+            "same_template_and_work": sum((p.template, p.work) in works for p in items)}
 
 
 def work_split(n: int = 600) -> list[Problem]:
@@ -505,6 +531,7 @@ def write_card(name: str, eval_n: int | dict[str, int] = 500, checkpoints: Path 
     card = {**card_record(name, spec, curve), "base": BASE, "tokens_seen": curve[-1]["tokens"],
             "problems_seen": _problems_seen(spec, len(curve)), "machine": machine(threads),
             "accuracy": overall["accuracy"], "accuracy_n": overall["n"], "held_out": splits,
+            "held_out_overlap": text_split_overlap(name, overall["n"]),
             "adapter_parameters": _adapter_parameters(ZOO_DIR / name)}
     if curve_steps:
         card["learning_curve"] = _card_curve(name, curve_steps, curve_n, checkpoints, progress)
@@ -559,6 +586,7 @@ def remeasure_card(name: str, eval_n: int | dict[str, int] = 500, progress: bool
     card["held_out"] = measure_held_out(load(name), eval_n, progress, results)
     overall = card["held_out"]["text"]["rows"][0]  # the text split, all templates
     card["accuracy"], card["accuracy_n"] = overall["accuracy"], overall["n"]
+    card["held_out_overlap"] = text_split_overlap(name, overall["n"])
     if curve_steps:
         card["learning_curve"] = _card_curve(name, curve_steps, curve_n, checkpoints, progress)
     (target / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True) + "\n")
@@ -578,6 +606,18 @@ def _held_out_table(splits: dict) -> str:
                          f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}] | {row['sound_work']:.3f} | "
                          f"{row['right_on_unsound_work']} |")
     return "\n".join(lines) + "\n"
+
+
+def _overlap_note(overlap: dict, splits: bool) -> str:
+    """What "held out" means for the new-text split (text_split_overlap): the questions, not their stories or sums
+    (`splits`: the card's table of both splits follows)."""
+    runs = " → ".join(f"`{name}`" for name in reversed(overlap["lineage"]))
+    return (f"\n\"Held out\" means new question text: none of the first {overlap['n']} new-text problems was trained on "
+            f"({overlap['same_question']} questions in common). It does not mean unseen problems: the training of this "
+            f"adapter's lineage ({runs}) held the same story, without its distractor sentences, for "
+            f"{overlap['same_story']} of them, and the same template and operands (work string) for "
+            f"{overlap['same_template_and_work']}."
+            + (" The new-arithmetic split below is the one held out by its sums.\n" if splits else "\n"))
 
 
 def _curve_table(rows: list[dict]) -> str:
@@ -632,7 +672,8 @@ def render_card(card: dict) -> str:
               f"seed {spec['seed']}")
     wall = f"{card['wall_seconds'] / 60:.0f} min on {card['machine']}"
     score = f"{card['accuracy']:.3f} on {card['accuracy_n']} problems (task `arithmetic-english`)"
-    held_out = _held_out_table(card["held_out"]) if "held_out" in card else ""
+    held_out = _overlap_note(card["held_out_overlap"], "held_out" in card) if "held_out_overlap" in card else ""
+    held_out += _held_out_table(card["held_out"]) if "held_out" in card else ""
     held_out += _curve_table(card["learning_curve"]) if card.get("learning_curve") else ""
     return f"""# {card['name']}
 

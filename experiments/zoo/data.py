@@ -50,6 +50,18 @@ def _distractor(rng: random.Random, avoid: set[str]) -> str:
     ])
 
 
+# the sentences _distractor writes (never one of a template's own: those have, get, give, buy or hold)
+_DISTRACTOR = re.compile(r"^(the sky is blue|it is a sunny day|\w+ likes \w+|\w+ is \d+ years old|\w+ lives on street \d+) \.$")
+
+
+def story(question: str) -> tuple[str, ...]:
+    """A question's story without its distractor sentences: its template's facts and question, names, items and
+    numbers as written (two questions that differ only in their distractors have one story)."""
+    body = question.removeprefix("Q: ").removesuffix(" A:")
+    sentences = re.findall(r"[^.?]+[.?]", body)
+    return tuple(s.strip() for s in sentences if not _DISTRACTOR.match(s.strip()))
+
+
 def _core(rng: random.Random) -> tuple[list[str], str, str, int, set[str]]:
     name, other = rng.sample(NAMES, 2)
     item = rng.choice(ITEMS)

@@ -68,3 +68,36 @@ def test_a_learning_curve_pairs_each_checkpoint_with_the_shipped_adapter_problem
     assert rows.iloc[1]["accuracy"] == 0.75 and "lost" not in rows.columns[rows.iloc[1].notna()]
     with pytest.raises(ValueError, match="holds other problems than the last entry"):
         curve_rows([({"step": 0}, right({0})[:3]), ({"step": "shipped"}, shipped)], items, against_last=True)
+
+
+def test_a_story_leaves_out_the_distractor_sentences_only():
+    from experiments.zoo.data import story
+
+    assert story("Q: tom is 87 years old . raj has 19 apples . the sky is blue . raj gets 2 more apples . leo likes "
+                 "cards . how many apples does raj have now ? A:") == \
+        ("raj has 19 apples .", "raj gets 2 more apples .", "how many apples does raj have now ?")
+    assert story("Q: ben buys 3 boxes . ben lives on street 4 . each box holds 5 pens . how many pens does ben buy ? A:") == \
+        ("ben buys 3 boxes .", "each box holds 5 pens .", "how many pens does ben buy ?")
+
+
+@pytest.mark.slow  # replays the three twins' training draws: about 20 s
+def test_the_twins_cards_say_how_held_out_the_new_text_split_is():
+    """Issue 69: "held out" said less than it could. Of the 200 new-text problems behind the twins' Table 1, none is a
+    trained question, but the diffusion twin's lineage (the autoregressive twin, the first diffusion twin, its own 1,600
+    steps) trained on the same story without distractors for 34 and on the same template and operands for 181; each
+    twin's card records its own counts, and its README says them (rendered from the card)."""
+    import json
+
+    from experiments.zoo import adapt
+    from sinklib.paths import ZOO_DIR
+
+    assert adapt.text_split_overlap("smollm2-135m-diffusion", 200) == {
+        "n": 200, "lineage": ["smollm2-135m-diffusion", "smollm2-135m-diffusion-v1", "smollm2-135m-autoregressive"],
+        "same_question": 0, "same_story": 34, "same_template_and_work": 181}
+    for name in adapt.TWINS:
+        card = json.loads((ZOO_DIR / name / "card.json").read_text())
+        assert card["held_out_overlap"] == adapt.text_split_overlap(name, card["accuracy_n"]), name
+        readme = (ZOO_DIR / name / "README.md").read_text()
+        assert readme == adapt.render_card(card)
+        assert f"same story, without its distractor sentences, for {card['held_out_overlap']['same_story']} of them" \
+            in readme.replace("\n", " ")
