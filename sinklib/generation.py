@@ -173,13 +173,15 @@ def _sample(loaded: LoadedModel, rec, encoded: list[list[int]], settings: Settin
     ids, prompt_mask = ids.to(loaded.device), prompt_mask.to(loaded.device)
     generator = torch.Generator(device=loaded.device).manual_seed(seed)
     with tqdm(total=total, desc=f"{loaded.family.name} steps", disable=not progress, leave=False) as bar:
-        def forward(x, attention_mask=None, position_ids=None, keep=False, window=None, watch=False):
+        def forward(x, attention_mask=None, position_ids=None, keep=False, window=None, watch=False, **stage):
+            if stage.get("stage") == "encode":  # a family's encoder pass (Family.run): not a step of the trace
+                return loaded.logits(x, attention_mask, position_ids, **stage)
             if rec is not None:  # a window's rows are answer positions: all real
                 rec.query_mask = attention_mask if window is None else None
                 rec.watch = watch
             windows.append(None if window is None else (window.start, window.stop))
             bar.update(1)
-            logits = loaded.logits(x, attention_mask, position_ids, keep=keep, window=window)
+            logits = loaded.logits(x, attention_mask, position_ids, keep=keep, window=window, **stage)
             return (logits, rec.last_step) if watch else logits
 
         def forward_cached(x, attention_mask, position_ids, cache):

@@ -135,14 +135,16 @@ class LoadedModel:
         return {"mask_id": self.mask_id, "eos_ids": self.eos_ids, "pad_id": self.pad_id}
 
     def logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               position_ids: torch.Tensor | None = None, keep: bool = False, window: Window | None = None):
+               position_ids: torch.Tensor | None = None, keep: bool = False, window: Window | None = None, **stage):
         """One forward over full sequences, called the way this model's own code expects. For the cached diffusion
         samplers (families.cached.forward_cached; native models only): keep=True also returns the keys and values
-        to reuse, and a `window` computes only its rows beside the kept keys."""
+        to reuse, and a `window` computes only its rows beside the kept keys; `stage` keywords go to Family.run."""
         if keep or window is not None:
             if self.calling == "remote":
                 raise TypeError(f"{self.name} runs its own modelling code: the cached samplers need a native model")
             return forward_cached(self.model, ids, attention_mask, position_ids, window, compat.cache_keyword(self.model))
+        if stage:  # a family whose sampler calls its model by stages (Family.run)
+            return self.family.run(self.model, ids, attention_mask, position_ids, **stage)
         if self.calling == "remote":
             return self.family.call(self.model, ids, attention_mask, position_ids)
         if attention_mask is not None and self.bidirectional:
@@ -249,6 +251,7 @@ def load(
     max_length = getattr(config, "max_position_embeddings", None) or getattr(config, "max_sequence_length", None)
     return LoadedModel(model=model, family=spec, tokenizer=tokenizer, mask_id=resolved_mask, eos_ids=eos, pad_id=pad,
                        name=name, calling=_calling_for(model, spec), max_length=max_length,
+                       layer_names=spec.layer_names(model),
                        weights=_weights_of(name, config),
                        bidirectional=bidirectional, compat_fixes=tuple(fixes))
 
@@ -355,8 +358,9 @@ def _load_model(path: str, config, family: str | None, dtype, trust_remote_code:
     kwargs: dict[str, Any] = {"dtype" if compat.transformers_major() >= 5 else "torch_dtype": dtype or torch.float32}
     if compat.is_native(config):
         kwargs["attn_implementation"] = "sdpa"
+        native_class = get_family(family).native_class if family in family_names() else "AutoModelForCausalLM"
         try:
-            return transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            return getattr(transformers, native_class).from_pretrained(path, **kwargs)
         except OSError as error:
             raise OSError(_offline_hint(path)) from error
     model_class = _remote_class(path, config, family)
@@ -446,7 +450,7 @@ def _load_tokenizer(path: str, trust_remote_code: bool):
 
 
 def _mask_id(spec: Family, tokenizer, mask_id: int | None, name: str) -> int | None:
-    if not spec.is_diffusion:
+    if not spec.is_diffusion or not spec.has_mask_token:
         return mask_id
     if mask_id is None:
         mask_id = getattr(tokenizer, "mask_token_id", None) if tokenizer is not None else None

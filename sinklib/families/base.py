@@ -79,6 +79,11 @@ class Family:
     is_diffusion: ClassVar[bool] = False
     canvas_moves: ClassVar[bool] = False
     scores_cover_the_canvas: ClassVar[bool] = False
+    # whether its canvas marks undecided positions with a mask token (a uniform-noise family's holds random tokens
+    # instead, and its sampler records which positions are not yet accepted), and the transformers class that loads
+    # its native checkpoints (a class name of transformers)
+    has_mask_token: ClassVar[bool] = True
+    native_class: ClassVar[str] = "AutoModelForCausalLM"
 
     def __post_init__(self) -> None:
         # settings that were never checked would reach the sampler unchecked: refused where the family is declared
@@ -121,6 +126,16 @@ class Family:
         if self.remote_call is None:
             raise TypeError(f"the {self.name} family has no remote modelling code to call")
         return self.remote_call(model, ids, attention_mask, position_ids)
+
+    def layer_names(self, model: torch.nn.Module) -> list[str] | None:
+        """The attention modules the capture records, one per layer (None: found by sinklib.layers)."""
+        return None
+
+    def run(self, model: torch.nn.Module, ids, attention_mask, position_ids, **stage):
+        """A native forward its sampler asks for by keywords (`stage`: an encoder pass, a decoder step with its
+        own inputs), for a family whose model is not called as one causal or masked LM."""
+        raise TypeError(f"the {self.name} family's model takes no keywords beyond (ids, attention_mask, position_ids): "
+                        f"{sorted(stage)}")
 
     # --- how a run's canvases become traces (diffusion and autoregressive families differ) ---
     uses_cache: ClassVar[bool] = False
@@ -218,6 +233,7 @@ FAMILIES: Registry[Family] = Registry("family", {
     "mmada": "sinklib.families.llada:MMADA",
     "dream": "sinklib.families.dream:DREAM",
     "arm": "sinklib.families.arm:ARM",
+    "diffusion_gemma": "sinklib.families.diffusion_gemma:DIFFUSION_GEMMA",
 })
 
 
