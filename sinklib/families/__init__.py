@@ -4,6 +4,8 @@
 - `llada`: LLaDA and MMaDA (low-confidence remasking in blocks); `LLaDASettings`.
 - `dream`: Dream and the diffusion twin (entropy / confidence orders, shifted logits); `DreamSettings`.
 - `arm`: autoregressive models (Llama, SmolLM2, the autoregressive twin; greedy with a KV cache); `ARMSettings`.
+- `diffusion_gemma`: DiffusionGemma (block diffusion over uniform noise, no mask token: "not yet accepted" stands
+  for masked); `DiffusionGemmaSettings`.
 - `cached`: the Fast-dLLM samplers (dual cache, parallel decoding by a confidence threshold) the two diffusion
   families share.
 
