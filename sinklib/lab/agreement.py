@@ -231,7 +231,7 @@ def _compare_parameters(report: Report, folders: list[tuple[Path, Path]]) -> Non
 def _compare_generations(committed: Path, rerun: Path, report: Report, explained: set) -> Row:
     """The generations table: every canvas equal until a step decided at a near-tie in both runs (report.divergences
     names each parting), and the margins of the steps before it within MARGIN_TOLERANCE. Adds to `explained` the
-    generations that parted at a near-tie and each model's count of generations."""
+    generations that parted at a near-tie, each with its parting step, and each model's count of generations."""
     paths = (committed / f"{GENERATIONS}.parquet", rerun / f"{GENERATIONS}.parquet")
     if absent := missing(*paths):
         return absent
@@ -241,7 +241,7 @@ def _compare_generations(committed: Path, rerun: Path, report: Report, explained
     if schema:
         return Row(GENERATIONS, rows, DIFFERS, detail="; ".join(schema))
     report.divergences = divergences(a, b)
-    explained.update(("trace", d.model, d.trace) for d in report.divergences if d.near_tie)
+    explained.update(("trace", d.model, d.trace, d.step) for d in report.divergences if d.near_tie)
     explained.update(("generations", str(m), int(n)) for m, n in a.groupby("model")["trace"].nunique().items())
     margins = _margins_before_parting(a, b, report.divergences)
     if margins > MARGIN_TOLERANCE:

@@ -3,6 +3,7 @@ against its rerun (identifying columns equal, floats within FLOAT_TOLERANCE, nea
 tables and pooled tables. The module docstring of sinklib.lab.agreement says how each tolerance was measured."""
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -107,7 +108,8 @@ def divergences(committed: pd.DataFrame, rerun: pd.DataFrame) -> list[Divergence
 
 def compare_file(committed: Path, rerun: Path, explained: set[tuple] = frozenset()) -> Row:
     """Compare one results file; rows downstream of the `explained` near-ties may differ within their bounds
-    (("trace", model, trace): a generation that parted at a near-tie; ("answers" / "flagged", model, condition, k,
+    (("trace", model, trace, step): a generation that parted at a near-tie at that step, which explains its rows from
+    that step on; ("answers" / "flagged", model, condition, k,
     count): an evaluation run's samples whose outputs parted / that decided a near-tie, from compare_items)."""
     name = committed.stem
     a, b, settled = read_pair(committed, rerun)
@@ -273,12 +275,17 @@ def _model_scale(x: np.ndarray, models) -> np.ndarray:
 
 
 def _downstream(frame: pd.DataFrame, layout: Layout, explained: set[tuple]) -> np.ndarray:
-    """Which rows come from a generation that parted at a near-tie (scope "trace": the row's; "first": its
-    model's first)."""
+    """Which rows a near-tie explains: rows of a generation that parted at a near-tie (scope "trace": the row's;
+    "first": its model's first) from its parting step on — a row at an earlier step was computed on canvases both
+    runs agree on, so it must agree; a row with no step column summarises the whole generation."""
     if layout.scope not in ("trace", "first"):
         return np.zeros(len(frame), dtype=bool)
+    parted = {(entry[1], int(entry[2])): int(entry[3]) if len(entry) > 3 else 0
+              for entry in explained if entry[0] == "trace"}
     traces = frame["trace"] if layout.scope == "trace" else [0] * len(frame)
-    return np.array([("trace", m, int(t)) in explained for m, t in zip(_owners(frame), traces)], dtype=bool)
+    steps = frame["step"] if "step" in frame.columns else [math.inf] * len(frame)
+    return np.array([(m, int(t)) in parted and step >= parted[(m, int(t))]
+                     for m, t, step in zip(_owners(frame), traces, steps)], dtype=bool)
 
 
 def _compare_rows(name: str, rows: str, a: pd.DataFrame, b: pd.DataFrame, layout: Layout, skipped: int) -> Row:
@@ -298,7 +305,7 @@ def _compare_rows(name: str, rows: str, a: pd.DataFrame, b: pd.DataFrame, layout
         elif changed := _changed(merged, column):
             problems.append(f"{column} differs in {changed} rows")
     note = "; ".join(part for part in (
-        f"{skipped} rows after a near-tie set aside" if skipped else "",
+        f"{skipped} rows after a near-tie set aside (its generation's, from its parting step on)" if skipped else "",
         f"{at_threshold} rows on one side only, each decided by a threshold test within rounding" if at_threshold
         else "") if part)
     return verdict(name, rows, problems, largest, note, NEAR if note else WITHIN)

@@ -110,6 +110,42 @@ def test_rows_after_a_near_tie_are_set_aside_and_named(tmp_path):
     assert report.agrees and "near-tie" in report.to_text()
 
 
+@pytest.mark.parametrize("from_step, agrees", [(0, False), (8, True)])
+def test_a_near_tie_sets_aside_only_its_generations_rows_from_its_parting_step_on(tmp_path, from_step, agrees):
+    """The committed results with one canvas token of tiny-llada's first generation changed at step 8, a near-tie in
+    both runs (margin 0.001), and fig01's tiny-llada scores (that generation's) tripled from `from_step` on: the
+    parting explains the rows from step 8 on, and says how many it set aside, never the rows of the steps before,
+    which were computed on canvases both runs agree on."""
+    import shutil
+
+    from sinklib.paths import DATA_DIR
+
+    for side in ("c", "r"):
+        (tmp_path / side).mkdir()
+        for stem in ("generations", "fig01_token_step"):
+            shutil.copy2(DATA_DIR / "results" / f"{stem}.parquet", tmp_path / side / f"{stem}.parquet")
+    generations = pd.read_parquet(tmp_path / "c" / "generations.parquet")
+    [row] = generations.index[(generations["model"] == "tiny-llada") & (generations["trace"] == 0)
+                              & (generations["step"] == 8)]
+    assert 0 < generations.at[row, "margin"] <= NEAR_TIE
+    generations.at[row, "canvas"] = [*generations.at[row, "canvas"][:-1], -1]
+    _write(tmp_path / "c", "generations", generations)
+    fig01 = pd.read_parquet(tmp_path / "c" / "fig01_token_step.parquet")
+    doctored = (fig01["model"] == "tiny-llada") & (fig01["step"] >= from_step)
+    fig01.loc[doctored, "score"] *= 3
+    write_parquet(fig01, tmp_path / "c" / "fig01_token_step.parquet", {},
+                  Layout(("model", "step", "layer", "head", "position"), "first"))
+    report = agreement.compare_folders(tmp_path / "c", tmp_path / "r")
+    rows = {row.artifact: row for row in report.rows}
+    assert rows["generations"].status == NEAR and "tiny-llada #0 parts at step 8" in rows["generations"].detail
+    aside = int(((fig01["model"] == "tiny-llada") & (fig01["step"] >= 8)).sum())
+    assert report.agrees is agrees, report.to_text()
+    if agrees:
+        assert f"{aside} rows after a near-tie set aside" in rows["fig01_token_step"].detail
+    else:
+        assert report.failing == ["fig01_token_step"] and "score differs" in rows["fig01_token_step"].detail
+
+
 def test_a_divergence_that_is_no_near_tie_fails_the_check(tmp_path):
     report = _folders(tmp_path, rerun_margin=0.3)
     assert not report.agrees and report.failing == ["generations", "moving_sink_events"]
