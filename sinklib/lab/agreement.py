@@ -48,7 +48,8 @@ from pydantic import Base64Bytes, BaseModel, ValidationError
 from sinklib.provenance import read_manifest
 from sinklib.ties import NEAR_TIE
 from sinklib.lab.agreement_answers import compare_items
-from sinklib.lab.agreement_rows import (DIFFERS, FIGURE_PIXELS_NEAR, FIGURE_PIXELS_WITHIN, FLOAT_TOLERANCE, GENERATIONS,
+from sinklib.lab.agreement_figures import compare_figure
+from sinklib.lab.agreement_rows import (DIFFERS, FLOAT_TOLERANCE, GENERATIONS,
                                         IDENTICAL, ITEMS, MARGIN_TOLERANCE, NEAR, TEXT_TABLES, WITHIN, Divergence, Row,
                                         compare_file, divergences, float_difference, missing, one_line, schema_problems)
 
@@ -155,35 +156,6 @@ def compare_text(committed: Path, rerun: Path, table: Row | None) -> Row:
     why = "its table agrees exactly" if table is not None and table.status != DIFFERS else (
         "its table differs" if table is not None else "no results table of this name was compared")
     return Row(name, "1 / 1", DIFFERS, detail=f"the text differs from the committed one ({why})")
-
-
-def compare_figure(committed: Path, rerun: Path, parted: bool = False) -> Row:
-    """A figure (PNG; its PDF twin follows it): the same bytes, or the same size with at most FIGURE_PIXELS_WITHIN of
-    its pixels changed (anti-aliasing of values that agree), or FIGURE_PIXELS_NEAR where its notebook's data parted
-    at a near-tie (`parted`); the PDF twin must exist on both sides. Another plot, or a figure missing, differs."""
-    name = committed.name
-    pdfs = (committed.with_suffix(".pdf"), rerun.with_suffix(".pdf"))
-    for pair in ((committed, rerun), *([pdfs] if any(path.exists() for path in pdfs) else [])):
-        if absent := missing(*pair):
-            return Row(name, "-", DIFFERS, detail=f"{pair[0].name} {absent.detail}")
-    if committed.read_bytes() == rerun.read_bytes():
-        return Row(name, "1 / 1", IDENTICAL)
-    try:
-        import matplotlib.image  # noqa: PLC0415  (the notebooks' extra: only a figure check decodes PNGs)
-
-        a, b = matplotlib.image.imread(committed), matplotlib.image.imread(rerun)
-    except (OSError, ValueError, SyntaxError) as error:
-        return Row(name, "1 / 1", DIFFERS, detail=f"not a readable PNG: {one_line(error)}")
-    if a.shape != b.shape:
-        return Row(name, "1 / 1", DIFFERS, detail=f"another size: {a.shape[:2]} / {b.shape[:2]} pixels")
-    changed = float((a != b).any(axis=-1).mean()) if a.ndim == 3 else float((a != b).mean())
-    detail = f"{changed:.2%} of its pixels differ"
-    if changed <= FIGURE_PIXELS_WITHIN:
-        return Row(name, "1 / 1", WITHIN, changed, detail)
-    if parted and changed <= FIGURE_PIXELS_NEAR:
-        return Row(name, "1 / 1", NEAR, changed, f"{detail}; its notebook's data parted at a near-tie")
-    bound = FIGURE_PIXELS_NEAR if parted else FIGURE_PIXELS_WITHIN
-    return Row(name, "1 / 1", DIFFERS, changed, f"{detail} (more than {bound:.0%}: another plot)")
 
 
 PROVENANCE_FIELDS = ("versions", "machine", "code")

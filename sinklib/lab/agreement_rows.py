@@ -41,10 +41,6 @@ MARGIN_TOLERANCE = 1e-2
 # many answers as another CPU changes cannot be told from one; only more measurement narrows it.
 UNMASKED = "unmasked"  # the key of a k = 0 run, whatever its condition's name (Table 1 writes "sinks", 0)
 
-# A figure drawn from data that agrees may differ in a few anti-aliased pixels; one drawn from data that parted at a
-# near-tie (its notebook's tables say so) in a few more; a figure that is another plot differs in far more.
-FIGURE_PIXELS_WITHIN, FIGURE_PIXELS_NEAR = 0.01, 0.10
-
 TEXT_TABLES = ("*.md", "*.tex")  # figures/: text renderings of results tables (the table of the same name)
 IDENTICAL, WITHIN, NEAR, DIFFERS = "identical", "within tolerance", "near-tie", "differs"
 
