@@ -11,6 +11,12 @@ import re
 from pathlib import Path
 
 _PROGRESS_BAR = re.compile(r"\d+%\|.*\| *[\d.?]+[kMG]?/[\d.?]+[kMG]? \[")
+# A line about a model whose run decided some step within float rounding ("<model> ≈", sinklib.summary): another CPU
+# may take the other branch there. Its label is compared, its numbers masked (as tests/notebooks/nbval_sanitize.cfg
+# masks them for nbval): the results tables they come from are compared near-tie by near-tie.
+NEAR_TIE_LINE = re.compile(r"(?m)^(\S+ ≈)[: ].*$")
+NEAR_TIE_MASK = r"\1 (decided at a near-tie: compared by reproduce --check)"
+INJECTED = "injected-parameters"  # papermill's cell of the run's parameters: in a rerun's copy only
 
 
 def is_progress_bar(output: dict) -> bool:
@@ -42,3 +48,17 @@ def strip_volatile(path: Path) -> None:
             output.get("data", {}).pop("application/vnd.jupyter.widget-view+json", None)
             output.get("metadata", {}).pop("application/vnd.jupyter.widget-view+json", None)
     nbformat.write(notebook, str(path))
+
+
+def text_outputs(path: Path) -> list[list[str]]:
+    """Per code cell (but papermill's injected parameters), the text a reader sees: its streams and the text/plain
+    of its results, progress bars left out (is_progress_bar) and every near-tie line masked (NEAR_TIE_LINE)."""
+    import nbformat  # noqa: PLC0415  (the notebooks extra: only a check of notebooks reads them)
+
+    notebook = nbformat.read(str(path), as_version=4)
+    cells = [cell for cell in notebook.cells
+             if cell.cell_type == "code" and INJECTED not in cell.metadata.get("tags", [])]
+    texts = [[output.get("text", "") if output.get("output_type") == "stream"
+              else str(output.get("data", {}).get("text/plain", "")) for output in cell.outputs
+              if not is_progress_bar(output)] for cell in cells]
+    return [[NEAR_TIE_LINE.sub(NEAR_TIE_MASK, text) for text in cell] for cell in texts]

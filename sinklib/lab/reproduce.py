@@ -41,6 +41,7 @@ except ModuleNotFoundError as missing:
                       "missing): pip install -e '.[notebooks]'") from missing
 
 from sinklib.lab import agreement
+from sinklib.lab.agreement_notebooks import compare_notebook
 from sinklib.lab.notebook_outputs import strip_volatile
 from sinklib.validation import BadValue, did_you_mean
 from sinklib.model_names import is_default_model, resolve_name
@@ -354,8 +355,9 @@ def committed_folders(params: dict[str, Any]) -> tuple[Path, Path]:
 
 def check(params: dict[str, Any] | None = None, only: list[str] | None = None, progress: bool = True,
           jobs: int | None = None):
-    """Run the notebooks into a temporary folder and compare each results file and explorer page with the
-    committed one (git HEAD's, in a checkout: committed_version): an agreement.Report (print report.to_text();
+    """Run the notebooks into a temporary folder and compare each results file, figure and explorer page with the
+    committed one (git HEAD's, in a checkout: committed_version), and, for the default run, each notebook's printed
+    text (agreement_notebooks.compare_notebook): an agreement.Report (print report.to_text();
     report.agrees; report.compared_with says against what). The checkout is never written."""
     params = dict(params or {})
     results, figures = committed_folders(params)
@@ -364,11 +366,15 @@ def check(params: dict[str, Any] | None = None, only: list[str] | None = None, p
         results, results_source = committed_version(results, scratch / "committed")
         figures, figures_source = committed_version(figures, scratch / "committed")
         seed_committed_runs(scratch / "results", results, COMMITTED_RUNS)  # the stores are made again
-        run(params, out=scratch / "executed", only=only, figures_dir=scratch / "figures",
-            results_dir=scratch / "results", progress=progress, jobs=jobs)
+        notebooks, notebooks_source = committed_version(NOTEBOOKS, scratch / "committed")
+        executed = run(params, out=scratch / "executed", only=only, figures_dir=scratch / "figures",
+                       results_dir=scratch / "results", progress=progress, jobs=jobs)
         report = agreement.compare_folders(results, scratch / "results", rerun_only=bool(only),
                                            pages=(figures, scratch / "figures"))
         report.compared_with = [results_source, figures_source]
+        if not params:  # the committed notebooks show the default run: what a run with other parameters prints differs
+            report.rows += [compare_notebook(notebooks / path.name, path) for path in executed]
+            report.compared_with.append(notebooks_source)
         return report
 
 
