@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from sinklib import named
+from sinklib.families.base import get_family
 from sinklib.digest import code_digest, digest, file_sha256
 
 PACKAGE = Path(__file__).resolve().parent
@@ -98,8 +99,6 @@ def numerics_code(family: str | None = None) -> str:
 def _family_modules(family: str) -> set[str]:
     """The sinklib.families modules a family's numbers come from: its sampler's module and, followed through their
     imports, every family module they read."""
-    from sinklib.families.base import get_family  # noqa: PLC0415  (families import keys' neighbours: no cycle at import)
-
     found, todo = set(), [get_family(family).sample.__module__]
     while todo:
         name = todo.pop()

@@ -108,7 +108,8 @@ def test_the_registry_imports_lazily_and_refuses_unknown_and_duplicate_names():
     assert family_names() == ["arm", "diffusion_gemma", "dream", "llada", "mmada"]
 
 
-# `.kind` reads that mean something else: inspect.Parameter's (harness, compat) and a Registry's own (registry.py)
+# `.kind` reads that mean something else: inspect.Parameter's (harness, compat), a Registry's own (registry.py) and a
+# numpy dtype's (a dtype's kind: "i", "f", "O"…)
 OTHER_KINDS = {("parameter", None), ("p", None), ("self", "registry.py")}
 
 
@@ -127,7 +128,8 @@ def _kind_and_zoo_reads(root: Path, skip: Path | None = None) -> list[str]:
                 name, receiver = node.args[1].value, ast.unparse(node.args[0])
             else:
                 continue
-            other = (receiver, None) in OTHER_KINDS or (receiver, path.name) in OTHER_KINDS
+            other = ((receiver, None) in OTHER_KINDS or (receiver, path.name) in OTHER_KINDS
+                     or receiver.endswith(".dtype") or receiver == "dtype")
             if name == "is_zoo" or (name == "kind" and not other):
                 found.append(f"{path.relative_to(root.parent)}:{node.lineno} {receiver}.{name}")
     return found

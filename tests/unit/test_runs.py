@@ -324,10 +324,19 @@ def _stand_in(name: str):
     import sinklib
     from tests.models import MASK_ID, diffusion_llama, llama
 
-    family = next(f for word, f in (("llada", "llada"), ("mmada", "mmada"), ("dream", "dream"), ("llama", "arm"))
-                  if word in name.lower())
-    module = llama(causal=True) if family == "arm" else diffusion_llama(family)
-    loaded = sinklib.load(module, family=family, mask_id=None if family == "arm" else MASK_ID)
+    family = next(f for word, f in (("llada", "llada"), ("mmada", "mmada"), ("dream", "dream"), ("llama", "arm"),
+                                    ("diffusiongemma", "diffusion_gemma")) if word in name.lower())
+    if family == "diffusion_gemma":  # transformers' own class, at the release's canvas of 256 (no mask token)
+        from tests.parity.test_diffusion_gemma import tiny_config  # skips where transformers < 5.25
+
+        config = tiny_config()
+        config.canvas_length = 256
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        module, mask_id = DiffusionGemmaForBlockDiffusion(config).eval(), None
+    else:
+        module, mask_id = (llama(causal=True), None) if family == "arm" else (diffusion_llama(family), MASK_ID)
+    loaded = sinklib.load(module, family=family, mask_id=mask_id)
     module.config.sinklib_family = None  # a real checkpoint's config declares no zoo family: the paper's settings
     assert loaded.prompt_style == "chat"
     return dataclasses.replace(loaded, name=name)
