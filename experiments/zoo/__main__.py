@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from sinklib.paths import DATA_DIR, ZOO_DIR
+from sinklib.validation import BadValue
 from sinklib.zoo.recipes import VARIANTS, ZOO
 from experiments.zoo import adapt, retrain
 from experiments.zoo.data import held_out, write_jsonl
@@ -52,8 +53,19 @@ def _adapt(name: str, threads: int, eval_n: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The command line above: `train` retrains, saves and evaluates a zoo model and prints its card's headline
-    numbers; `data` writes the held-out test set; `over-training` retrains with checkpoints and measures them."""
-    args = _parser().parse_args(argv)
+    numbers; `data` writes the held-out test set; `over-training` retrains with checkpoints and measures them. A
+    value the programs refuse before any work (sinklib's BadValue: a step count past the recipe's, say) ends as a
+    usage error naming it, like argparse's own, not a traceback."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        _run(args)
+    except BadValue as error:
+        parser.error(" ".join(str(error).split()))
+
+
+def _run(args: argparse.Namespace) -> None:
+    """One sub-command, as parsed."""
     if args.command == "adapt":
         _adapt(args.name, args.threads, args.eval_n)
         return
@@ -67,7 +79,6 @@ def main(argv: list[str] | None = None) -> None:
             retrain.retrain(name, count=args.checkpoint_count, threads=args.threads)
         print(retrain.measure_all(names, count=args.checkpoint_count).to_string())
         return
-    args.out.mkdir(parents=True, exist_ok=True)
     model, curve = train(args.name, args.out, steps=args.steps, curve_path=args.out / f"{args.name}.loss.csv")
     folder = save(args.name, model, args.out, curve, {})
     (args.out / f"{args.name}.loss.csv").replace(folder / "loss_curve.csv")

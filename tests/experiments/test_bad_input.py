@@ -68,6 +68,18 @@ def test_cli_bad_input_exits_2_naming_the_parameter(name, argv, param, capsys):
     assert "error:" in last and param in last, last
 
 
+def test_steps_past_the_recipe_end_the_command_as_a_usage_error_and_leave_no_folder(tmp_path, capsys):
+    """A step count the recipe refuses (train's own check, after argparse's) ends as argparse's usage error naming
+    it, not a traceback, and the refused run leaves no output folder behind."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        zoo_main(["train", "tiny-llada", "--steps", "99999", "--out", str(out)])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exited.value.code == 2 and last.startswith("python -m experiments.zoo: error: steps=99999 is not allowed: "
+                                                      "steps must be an integer >= 1 and <= "), last
+    assert not out.exists()
+
+
 @pytest.mark.process
 def test_the_command_exits_2_naming_the_parameter_in_its_own_process():
     """The command as a user types it from a checkout: `python -m experiments.zoo ...` exits 2 without a traceback."""
