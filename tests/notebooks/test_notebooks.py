@@ -126,7 +126,12 @@ def test_paper_parameter_files_name_real_checkpoints():
     import yaml
 
     files = sorted((reproduce.NOTEBOOKS / "params").glob("paper-*.yaml"))
-    assert [f.stem for f in files] == ["paper-dream", "paper-llada", "paper-llama", "paper-mmada"]
+    # the paper's four models, and DiffusionGemma (not in the paper) at its release's generation config
+    assert [f.stem for f in files] == ["paper-diffusion-gemma", "paper-dream", "paper-llada", "paper-llama",
+                                       "paper-mmada"]
     for file in files:
         params = yaml.safe_load(file.read_text())
         assert params["device"] == "cuda" and params["dtype"] == "bfloat16" and params["models"]
+    gemma = yaml.safe_load(files[0].read_text())
+    assert gemma["models"] == ["google/diffusiongemma-26B-A4B-it"] and gemma["trust_remote_code"] is False
+    assert gemma["block_length"] == 256 and gemma["gen_length"] % 256 == 0  # the release's canvas, whole canvases
