@@ -160,3 +160,30 @@ def test_settings_refuse_a_layout_the_model_cannot_run(loaded):
         DiffusionGemmaSettings(steps=4, gen_length=16, block_length=16, t_min=0.8, t_max=0.4)
     with pytest.raises(ValueError, match="block_length=32 is not allowed"):
         sinklib.generate(loaded, [2, 5], loaded.settings_for(block_length=32, gen_length=32, steps=4), progress=False)
+
+
+def test_the_papers_masking_policy_runs_on_the_decoder_over_prompt_and_canvas(loaded):
+    """Table 1's policies on a model without a mask token: MaskSinks masks, at each denoising step t >= 1, the top
+    Eq. 3 sink that step t-1 found in each layer and head of the decoder (keys over [prompt ; canvas], computed here
+    from the trace's scores by the definition); a masked key
+    receives exactly nothing and its share goes to the others (each step's scores still sum to the canvas's 16
+    queries: the key left the softmax, it was not zeroed after); an explicit key (MaskKeys) is masked at every step."""
+    from tests.parity.test_interventions import reference_top
+
+    settings = loaded.settings_for(block_length=CANVAS, gen_length=16, steps=8, entropy_bound=9.0)
+    prompt = [2, 5, 7, 9, 11]
+    trace = sinklib.generate(loaded, prompt, settings, seed=4, progress=False, intervention=sinklib.MaskSinks(top_k=1))
+    scores, masked = trace.require_scores(), trace.masked_keys
+    assert not masked[0].any()  # step 0 has no earlier step to read sinks from
+    # the decoder's pass is not square (16 canvas queries over 21 keys): the policy reads Eq. 3 in key units, the
+    # scores scaled to mean 1 over the keys (interventions.key_normalised; a factor of 1 for a square pass)
+    in_key_units = scores * len(prompt + [0] * CANVAS) / CANVAS
+    for t in range(1, trace.n_steps):
+        assert torch.equal(masked[t], reference_top(in_key_units[t - 1], 1))
+        assert torch.all(scores[t][masked[t]] == 0)
+    assert masked[1:].any()  # the tiny model has sinks for the policy to mask
+    torch.testing.assert_close(scores.sum(-1), torch.full(scores.shape[:-1], float(CANVAS)), atol=1e-4, rtol=0)
+
+    keyed = sinklib.generate(loaded, prompt, settings, seed=4, progress=False, intervention=sinklib.MaskKeys([1]))
+    assert keyed.masked_keys[..., 1].all() and keyed.masked_keys.sum() == keyed.masked_keys[..., 1].numel()
+    assert torch.all(keyed.require_scores()[..., 1] == 0)
