@@ -80,8 +80,10 @@ def carry_plot(frame: pd.DataFrame) -> plt.Figure:
     left.set_title("Does the sink carry a value?", fontsize=9)
     for index, name in enumerate(names):
         rows = sinks[sinks["model"] == name]
+        # tens of thousands of points: drawn as pixels in the PDF (its axes, text and legend stay vector), so the
+        # PDF is a few hundred kB that a viewer opens at once, not a megabyte of markers
         right.scatter(rows["score_share"], rows["output_share"], s=4, alpha=0.3, color=PALETTE[index % len(PALETTE)],
-                      label=name)
+                      label=name, rasterized=True)
     right.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
     right.set_xlabel("sink's share of the head's attention")
     right.set_ylabel("sink's share of the head's output")
