@@ -5,11 +5,13 @@ import shutil
 
 import numpy as np
 import pytest
-from PIL import Image
 
-from sinklib.lab import agreement_figures
-from sinklib.lab.agreement_rows import DIFFERS, IDENTICAL, NEAR, WITHIN
-from sinklib.paths import FIGURES_DIR as FIGURES
+Image = pytest.importorskip("PIL.Image", reason="the figures' check reads PNGs with Pillow (matplotlib's dependency: "
+                                                "the notebooks extra, not in the transformers-4.56 environment)")
+
+from sinklib.lab import agreement_figures  # noqa: E402
+from sinklib.lab.agreement_rows import DIFFERS, IDENTICAL, NEAR, WITHIN  # noqa: E402
+from sinklib.paths import FIGURES_DIR as FIGURES  # noqa: E402
 
 
 
