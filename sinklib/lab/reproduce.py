@@ -311,15 +311,21 @@ def execute_all(runs: list[Execution], jobs: int = 1, progress: bool = True) -> 
 
 
 def execute(path: Path, target: Path, parameters: dict[str, Any], progress: bool = True) -> Path:
-    """Execute one notebook with papermill (from notebooks/, so its relative folders resolve there) into a
-    temporary file beside `target`, strip what changes on every run, then move it over `target`: an interrupted
-    run leaves the previous notebook whole."""
+    """Execute one notebook with papermill (its kernel started in notebooks/, so its relative folders resolve there)
+    into a temporary file beside `target`, strip what changes on every run, then move it over `target`: an
+    interrupted run leaves the previous notebook whole.
+
+    The kernel is given its folder itself (nbclient's resources path: the kernel's own cwd), never by papermill's
+    `cwd=`, which changes the working directory of this whole process for the run: with two notebooks run from two
+    threads (execute_all), one run's change back let the other's kernel start in the checkout's root, where
+    "../data/results" is a folder outside the checkout — it wrote there and made every stored result again."""
     # a name no other file has (created exclusively), so the run can only ever replace or remove its own file
     handle, scratch_name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".executing.ipynb", dir=target.parent)
     os.close(handle)
     scratch = Path(scratch_name)
     try:
-        papermill.execute_notebook(str(path), str(scratch), parameters=parameters, cwd=str(NOTEBOOKS),
+        papermill.execute_notebook(str(path), str(scratch), parameters=parameters, cwd=None,
+                                   resources={"metadata": {"path": str(NOTEBOOKS)}},
                                    progress_bar=progress, kernel_name="python3", execution_timeout=3600)
         strip_volatile(scratch)
         os.chmod(scratch, target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask())

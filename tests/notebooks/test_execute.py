@@ -42,3 +42,24 @@ def test_execute_touches_only_its_target_and_its_own_scratch_file(tmp_path):
     assert os.stat(target).st_mode & 0o777 == 0o640  # the notebook keeps its permissions
     assert bystander.read_text() == "someone else's"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".target.executing.ipynb", "source.ipynb", "target.ipynb"]
+
+
+def test_the_kernel_starts_in_the_notebooks_folder_and_this_process_never_changes_its_own(tmp_path, monkeypatch):
+    """make figures runs two notebooks from two threads of one process: a working directory changed for one run
+    (papermill's cwd=) and changed back while the other kernel started put that kernel in the checkout's root, and
+    its "../data/results" outside the checkout. The kernel gets notebooks/ as its own cwd; this process's stays."""
+    from sinklib.paths import NOTEBOOKS
+
+    here, chdir = os.getcwd(), os.chdir
+
+    def refuse(path):  # papermill's file reads and writes step into the folder they are already in: harmless
+        if os.path.realpath(path) != os.path.realpath(here):
+            raise AssertionError(f"os.chdir({path!r}) in the process that runs notebooks from threads")
+        chdir(path)
+
+    source, target = tmp_path / "source.ipynb", tmp_path / "target.ipynb"
+    _notebook(source, "import os\nprint(os.getcwd())")
+    monkeypatch.setattr(os, "chdir", refuse)
+    execute(source, target, {"value": 2}, progress=False)
+    executed = nbformat.read(str(target), as_version=4)
+    assert executed.cells[-1].outputs[0]["text"].strip() == str(NOTEBOOKS)
