@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,12 @@ def machine() -> str:
             f"({torch.backends.cpu.get_cpu_capability()}), python {platform.python_version()}")
 
 
+def failures(output: str) -> list[str]:
+    """pytest's short summary lines naming a test that failed or errored (`FAILED tests/...::name - why`), so a red
+    run's table says which tests, not only pytest's last line."""
+    return [line.strip() for line in output.splitlines() if re.match(r"(FAILED|ERROR) \S+::", line.strip())]
+
+
 def time_tiers() -> list[tuple[str, float, str]]:
     """(command, seconds, pytest's last line) for each pytest command of `make test-quick`, then of `make test`."""
     rows = []
@@ -55,6 +62,7 @@ def time_tiers() -> list[tuple[str, float, str]]:
                                   cwd=ROOT, capture_output=True, text=True)
             seconds = time.perf_counter() - began
             last = (done.stdout.strip().splitlines() or ["(no output)"])[-1].strip("= ")
+            last = "; ".join([last] + failures(done.stdout))
             label = f"make {target}: {command.split(' -m pytest', 1)[1].strip() or '(every tier)'}"
             rows.append((label, seconds, last))
             print(f"{seconds:7.1f} s  {label}  ->  {last}", flush=True)
@@ -102,9 +110,11 @@ def time_notebooks() -> tuple[list[tuple[str, float, float]], dict[str, float]]:
     return rows, walls
 
 
-def time_fresh_clone() -> list[str]:
-    """The README's commands in a depth-1 clone of HEAD, one after another: (command, seconds, its last line) as
-    table rows, and whether `make figures` changed any tracked file."""
+def time_fresh_clone(logs: Path) -> list[str]:
+    """The README's commands in a depth-1 clone of HEAD, one after another: (command, seconds, its last line and the
+    tests that failed) as table rows, and whether `make figures` changed any tracked file. Each command's whole
+    output is kept in LOGS/make-TARGET.log (the clone itself is removed)."""
+    logs.mkdir(parents=True, exist_ok=True)
     rows = ["| command (fresh depth-1 clone of HEAD) | seconds | minutes | last line |", "|---|---:|---:|---|"]
     with tempfile.TemporaryDirectory(prefix="fresh-clone-") as scratch:
         clone = Path(scratch) / "sinklib"
@@ -113,7 +123,9 @@ def time_fresh_clone() -> list[str]:
             began = time.perf_counter()
             done = subprocess.run(["make", target], cwd=clone, capture_output=True, text=True)
             seconds = time.perf_counter() - began
-            last = ((done.stdout + done.stderr).strip().splitlines() or ["(no output)"])[-1][:120].replace("|", "/")
+            (logs / f"make-{target}.log").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+            last = ((done.stdout + done.stderr).strip().splitlines() or ["(no output)"])[-1][:120]
+            last = "; ".join([last] + failures(done.stdout)).replace("|", "/")
             rows.append(f"| `make {target}` | {seconds:.0f} | {seconds / 60:.1f} | {last} (exit {done.returncode}) |")
             print(rows[-1], flush=True)
             if target == "figures":
@@ -130,10 +142,12 @@ def main() -> None:
     parser.add_argument("--only", choices=["tiers", "notebooks"])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--fresh-clone", action="store_true", help="time make setup, figures and test in a new clone")
+    parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "suite-time-logs",
+                        help="where --fresh-clone keeps each command's whole output (default: %(default)s)")
     args = parser.parse_args()
     lines = [f"# Suite and notebook times\n\n{machine()}; wall seconds, measured one after another in one run.\n"]
     if args.fresh_clone:
-        lines += time_fresh_clone()
+        lines += time_fresh_clone(args.logs)
         text = "\n".join(lines) + "\n"
         print(text)
         if args.out:
