@@ -8,7 +8,6 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 import torch
-from scipy.stats import spearmanr
 
 from sinklib.dynamics import KEY_TYPES, greatest_sinks, key_types
 from sinklib.trace import Trace
@@ -56,6 +55,8 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman's rank correlation; NaN with fewer than two points or a constant side (it is undefined there)."""
     if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
+    from scipy.stats import spearmanr  # noqa: PLC0415  (scipy.stats: 2 s of import, for the one rank correlation)
+
     return float(spearmanr(x, y)[0])
 
 

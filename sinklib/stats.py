@@ -18,9 +18,16 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import binomtest
 
 from sinklib.validation import BadValue, Count, Index, bad_value, checked
+
+
+def _binomtest():
+    """scipy.stats.binomtest, imported on first use: scipy.stats takes about 2 s to import, and every process that
+    imports sinklib (each notebook kernel, each command) would pay it, most of them computing no interval."""
+    from scipy.stats import binomtest  # noqa: PLC0415  (2 s of import, for the processes that test)
+
+    return binomtest
 
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
@@ -34,7 +41,7 @@ def wilson_interval(successes: Index, n: Index, z: float = Z95) -> tuple[float, 
     if n == 0:
         return math.nan, math.nan
     if z == Z95:
-        interval = binomtest(successes, n).proportion_ci(0.95, method="wilson")
+        interval = _binomtest()(successes, n).proportion_ci(0.95, method="wilson")
         return float(interval.low), float(interval.high)
     share = successes / n
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
@@ -47,7 +54,7 @@ def mcnemar_exact(lost: int, gained: int) -> float:
     only, `gained` right under the second only. 1.0 when there are none."""
     if lost + gained == 0:
         return 1.0
-    return float(binomtest(lost, lost + gained, 0.5).pvalue)
+    return float(_binomtest()(lost, lost + gained, 0.5).pvalue)
 
 
 @dataclass(frozen=True)

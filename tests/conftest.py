@@ -18,8 +18,9 @@ TIERS = ("unit", "parity", "zoo", "experiments", "notebooks", "install")
 SLOW_TIERS = ("zoo", "experiments", "notebooks", "install")
 MARKED_PROCESSES = ("process", "browser", "notebooks", "install")  # markers of tests that may start processes
 # short queries libraries make to describe the machine or the checkout (platform.processor runs `uname -p`, lm-eval
-# `git describe`, reproduce reads git HEAD): not the processes the marker is about
-INCIDENTAL = ("uname", "git")
+# `git describe`, reproduce reads git HEAD, matplotlib lists the fonts with `fc-list` where its font cache is not yet
+# written — a fresh MPLCONFIGDIR): not the processes the marker is about
+INCIDENTAL = ("uname", "git", "fc-list")
 platform.processor()  # its `uname -p` runs now, not inside the first test that records a machine
 
 

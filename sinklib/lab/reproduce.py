@@ -31,7 +31,10 @@ from typing import Any, Iterator
 import yaml
 
 try:  # the notebooks extra: papermill runs them (nbformat, a dependency of it, edits them), and their figures need matplotlib
-    import papermill
+    import importlib.util
+
+    if importlib.util.find_spec("papermill") is None:  # found now, imported where a notebook runs (3.7 s of import
+        raise ModuleNotFoundError("No module named 'papermill'", name="papermill")  # a refused argument need not wait)
 
     from tqdm.auto import tqdm
 
@@ -324,6 +327,8 @@ def execute(path: Path, target: Path, parameters: dict[str, Any], progress: bool
     os.close(handle)
     scratch = Path(scratch_name)
     try:
+        import papermill  # noqa: PLC0415  (3.7 s of import: only where a notebook runs)
+
         papermill.execute_notebook(str(path), str(scratch), parameters=parameters, cwd=None,
                                    resources={"metadata": {"path": str(NOTEBOOKS)}},
                                    progress_bar=progress, kernel_name="python3", execution_timeout=3600)

@@ -11,7 +11,6 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from sinklib.dynamics import comparable_scores
 from sinklib.trace import Trace
@@ -66,6 +65,8 @@ def score_histograms(histograms: pd.DataFrame) -> plt.Figure:
 
 def layer_head_map(frame: pd.DataFrame, model: str) -> plt.Figure:
     """Fig. 5: score of the main sink per layer and head, averaged over steps."""
+    import seaborn as sns  # noqa: PLC0415  (2.4 s of import, scipy.stats with it: only this figure draws with it)
+
     grid = frame.pivot(index="layer", columns="head", values="score")
     fig, ax = plt.subplots(figsize=(1.2 + 0.35 * grid.shape[1], 1.2 + 0.3 * grid.shape[0]))
     sns.heatmap(grid, ax=ax, cmap=CMAP, cbar_kws={"label": "main-sink score (sum units), mean over steps"})

@@ -11,12 +11,15 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
+from matplotlib.colors import to_rgb
 
 from sinklib.provenance import KEY, as_text, content_part
 
 
-PALETTE = sns.color_palette("colorblind")
+# seaborn's "colorblind" palette (sns.color_palette("colorblind"), the same ten RGB triples), written out: importing
+# seaborn costs every notebook kernel about 2.4 s (it imports scipy.stats), and only the heatmap needs it
+PALETTE = [to_rgb(colour) for colour in ("#0173B2", "#DE8F05", "#029E73", "#D55E00", "#CC78BC", "#CA9161", "#FBAFE4",
+                                         "#949494", "#ECE133", "#56B4E9")]
 
 
 CMAP = "cividis"
