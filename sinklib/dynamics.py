@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sinklib.validation import BadValue, check_eps, check_int
+from sinklib.validation import BadValue, Flag, check_eps, check_int, checked
 from sinklib.sinks import find_sinks, single_row_scores, sink_margin
 from sinklib.stats import wilson_interval
 from sinklib.trace import Trace
@@ -106,27 +106,44 @@ def moving_sink_events(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
     return moved[EVENT_COLUMNS].sort_values(["score", "step"], ascending=[False, True]).reset_index(drop=True)
 
 
-TRANSIENT_COLUMNS = ["step", "layer", "head", "position", "token", "score", "threshold_gap"]
+TRANSIENT_COLUMNS = ["step", "layer", "head", "position", "token", "score", "threshold_gap", "transient"]
+# An Eq. 3 test closer to its threshold than this (relative, as threshold_gap) is one whose outcome a table of one-step
+# sinks writes down either way (transient_sinks(undecided=True)): about 300 times the largest attention-score
+# difference measured between two CPUs' kernels (3.5e-6 of 1 + |score|, sinklib.lab.agreement), so that a rerun on
+# another CPU finds every row the committed table has, and can tell a one-step sink flipped by rounding from one
+# written by hand.
+THRESHOLD_BAND = 1e-3
 
 
-def transient_sinks(trace: Trace, eps: float = 3.0) -> pd.DataFrame:
-    """Positions that are a sink at one step only: not at step−1 nor at step+1 (paper Fig. 6b). threshold_gap: of
-    the three steps that decide the event, the closest Eq. 3 test, |s_j − mean_{k≠j} s_k − eps| / (1 + |s_j|) (a
-    relative float; where it is within float rounding, another CPU's scores may decide the event otherwise)."""
+@checked
+def transient_sinks(trace: Trace, eps: float = 3.0, undecided: Flag = False) -> pd.DataFrame:
+    """Positions that are a sink at one step only: not at step−1 nor at step+1 (paper Fig. 6b), `transient` True.
+    threshold_gap: of the three steps that decide the event, the closest Eq. 3 test, |s_j − mean_{k≠j} s_k − eps| /
+    (1 + |s_j|) (a relative float; where it is within float rounding, another CPU's scores may decide the event
+    otherwise).
+
+    undecided: also the positions that tests within THRESHOLD_BAND of their threshold could make one-step sinks
+    (taking each such test either way), with `transient` False: what a rerun on another CPU needs to tell a one-step
+    sink that rounding made or unmade from one that is not there."""
     sinks = sink_mask(trace, eps)
     if sinks.shape[0] < 3:
         return pd.DataFrame(columns=TRANSIENT_COLUMNS)
     alone = sinks[1:-1] & ~sinks[:-2] & ~sinks[2:]
-    found = alone.nonzero()
-    steps, layers, heads, positions = (found[:, i] for i in range(4))
     comparable = torch.nan_to_num(comparable_scores(trace))
     gaps = (sink_margin(comparable, valid=_valid(trace)) - eps).abs() / (1 + comparable.abs())  # inf: no test
+    found = alone
+    if undecided:
+        firm = gaps > THRESHOLD_BAND
+        could_be, surely = sinks | ~firm, sinks & firm
+        found = could_be[1:-1] & ~surely[:-2] & ~surely[2:]
+    steps, layers, heads, positions = found.nonzero().unbind(1)
     deciding = torch.stack([gaps[steps + shift, layers, heads, positions] for shift in (0, 1, 2)]).amin(0)
     scores = comparable_scores(trace)[steps + 1, layers, heads, positions]
     tokens = trace.tokens[steps + 1, positions].tolist()
     return pd.DataFrame({"step": (steps + 1).numpy(), "layer": layers.numpy(), "head": heads.numpy(),
                          "position": positions.numpy(), "token": [trace.token_text(t) for t in tokens],
-                         "score": scores.double().numpy(), "threshold_gap": deciding.double().numpy()},
+                         "score": scores.double().numpy(), "threshold_gap": deciding.double().numpy(),
+                         "transient": alone[steps, layers, heads, positions].numpy()},
                         columns=TRANSIENT_COLUMNS)
 
 
@@ -274,9 +291,9 @@ def moving_events(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
     return pd.concat([moving_sink_events(t, eps).assign(trace=i) for i, t in enumerate(traces)])
 
 
-def transient_events(traces: Sequence[Trace], eps: float = 3.0) -> pd.DataFrame:
-    """transient_sinks of every trace, with a `trace` column (its index in `traces`)."""
-    return pd.concat([transient_sinks(t, eps).assign(trace=i) for i, t in enumerate(traces)])
+def transient_events(traces: Sequence[Trace], eps: float = 3.0, undecided: bool = False) -> pd.DataFrame:
+    """transient_sinks of every trace (with the `undecided` ones), with a `trace` column (its index in `traces`)."""
+    return pd.concat([transient_sinks(t, eps, undecided).assign(trace=i) for i, t in enumerate(traces)])
 
 
 def top_moving_event(events: pd.DataFrame) -> pd.Series | None:

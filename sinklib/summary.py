@@ -123,10 +123,13 @@ class Layout:
     keys: tuple[str, ...]
     scope: Literal["trace", "first", "model", "run", "none"] = "model"
     index: bool = False  # the frame's index holds the model names (pandas describe())
-    # a column holding how close the threshold test that makes each row a row came to its threshold, relative
-    # (dynamics.transient_sinks' threshold_gap): a row only one side has is another CPU's rounding where that is
-    # within float tolerance
+    # a column holding how close the threshold tests that decide each row came to their threshold, relative
+    # (dynamics.transient_sinks' threshold_gap), and the bool column they decide (its `transient`). The table holds,
+    # beside the rows whose outcome is True, those a test within dynamics.THRESHOLD_BAND could make True (False):
+    # the outcome may differ between two runs only where both runs' gaps are within float tolerance, and a row only
+    # one side has must be False there (a test crossed the band's edge), never an outcome True the other run lacks
     threshold: str | None = None
+    outcome: str | None = None
 
 
 EVALUATION = Layout(("model", "condition", "k"), "run")  # Table 1: a row is one evaluation run

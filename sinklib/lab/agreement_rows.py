@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 
+from sinklib.dynamics import THRESHOLD_BAND
 from sinklib.provenance import read_layout
 from sinklib.summary import Layout
 from sinklib.ties import both_near_tie
@@ -285,12 +286,13 @@ def _downstream(frame: pd.DataFrame, layout: Layout, explained: set[tuple]) -> n
 
 
 def _compare_rows(name: str, rows: str, a: pd.DataFrame, b: pd.DataFrame, layout: Layout, skipped: int) -> Row:
-    """Row by row (scopes trace, first, none): every row on both sides (but those a threshold test within rounding
-    put on one side), discrete columns equal, floats within FLOAT_TOLERANCE; `skipped` rows after a near-tie set
-    aside (the committed ones: the rerun's may number more or fewer)."""
+    """Row by row (scopes trace, first, none): every row on both sides (but those of a threshold test within the band
+    that a table of its outcomes keeps on one side only: _undecided), discrete columns equal (an outcome column may
+    flip where both runs' tests were within rounding), floats within FLOAT_TOLERANCE; `skipped` rows after a near-tie
+    set aside (the committed ones: the rerun's may number more or fewer)."""
     merged = _merged(a, b, layout.keys)
-    at_threshold = _rows_at_threshold(merged, layout)
-    one_sided = int((merged["_merge"] != "both").sum()) - at_threshold
+    at_band, flipped = _undecided(merged, layout)
+    one_sided = int((merged["_merge"] != "both").sum()) - at_band
     problems, largest = [f"{one_sided} rows on one side only"] if one_sided else [], 0.0
     merged = merged[merged["_merge"] == "both"]
     for column in (c for c in a.columns if c not in layout.keys):
@@ -298,22 +300,37 @@ def _compare_rows(name: str, rows: str, a: pd.DataFrame, b: pd.DataFrame, layout
             difference = float_difference(merged[column], merged[f"{column}__rerun"])
             largest = max(largest, difference)
             problems += [f"{column} differs by {difference:.2g} of 1 + |value|"] if difference > FLOAT_TOLERANCE else []
-        elif changed := _changed(merged, column):
-            problems.append(f"{column} differs in {changed} rows")
+        elif changed := _changed(merged, column) - (flipped if column == layout.outcome else 0):
+            problems.append(f"{column} differs in {changed} rows" + (
+                f" whose {layout.threshold} is not within rounding in both runs" if column == layout.outcome else ""))
     note = "; ".join(part for part in (
         f"{skipped} rows after a near-tie set aside (its generation's, from its parting step on)" if skipped else "",
-        f"{at_threshold} rows on one side only, each decided by a threshold test within rounding" if at_threshold
-        else "") if part)
+        f"{flipped} rows' {layout.outcome} decided otherwise by a threshold test within rounding in both runs"
+        if flipped else "",
+        f"{at_band} rows on one side only, each not {layout.outcome}, at the edge of the band of undecided tests"
+        if at_band else "") if part)
     return verdict(name, rows, problems, largest, note, NEAR if note else WITHIN)
 
 
-def _rows_at_threshold(merged: pd.DataFrame, layout: Layout) -> int:
-    """How many rows only one side has are there by a threshold test within rounding (layout.threshold's column at
-    most FLOAT_TOLERANCE on the side that has the row): another CPU's scores may decide such a test otherwise."""
-    if layout.threshold is None or layout.threshold not in merged.columns:
-        return 0
-    gap = merged[layout.threshold].where(merged["_merge"] == "left_only", merged[f"{layout.threshold}__rerun"])
-    return int(((merged["_merge"] != "both") & (gap.astype(np.float64) <= FLOAT_TOLERANCE)).sum())
+def _undecided(merged: pd.DataFrame, layout: Layout) -> tuple[int, int]:
+    """(rows only one side has that its threshold tests explain, rows whose outcome the two runs decided otherwise
+    that they explain) for a table of a threshold test's outcomes (layout.threshold: the closest test's relative gap;
+    layout.outcome: what the tests decided). Such a table also holds the rows a test within
+    dynamics.THRESHOLD_BAND could decide otherwise (outcome False), so another CPU's rerun has every row the
+    committed table has, bar one whose test crossed the band's edge — never a row whose outcome is True. An
+    outcome may differ only where both runs' gaps are within FLOAT_TOLERANCE: a committed row written by hand
+    (a fabricated gap of 0) is held against the rerun's own scores."""
+    if layout.threshold is None or layout.outcome is None or layout.threshold not in merged.columns:
+        return 0, 0
+    left = merged["_merge"] == "left_only"
+    side = lambda column: merged[column].where(left, merged[f"{column}__rerun"])  # noqa: E731
+    gap, outcome = side(layout.threshold).astype(np.float64), side(layout.outcome)
+    at_band = (merged["_merge"] != "both") & ~outcome.astype(bool) & (gap <= THRESHOLD_BAND + FLOAT_TOLERANCE)
+    both = merged["_merge"] == "both"
+    flipped = both & (merged[layout.outcome].astype(object).values != merged[f"{layout.outcome}__rerun"].astype(object).values)
+    within = (merged[layout.threshold].astype(np.float64) <= FLOAT_TOLERANCE) & \
+        (merged[f"{layout.threshold}__rerun"].astype(np.float64) <= FLOAT_TOLERANCE)
+    return int(at_band.sum()), int((flipped & within).sum())
 
 
 def _parted_shares(explained: set[tuple]) -> dict[str, float]:

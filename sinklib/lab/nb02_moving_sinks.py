@@ -209,14 +209,15 @@ def report_query_splits(splits: pd.DataFrame, figures: Mapping[str, Figure], mod
 
 def pick_transient(traces: Traces, eps: float) -> pd.DataFrame:
     """Fig. 6b's data: every sink that lives for a single step, of every model (dynamics.transient_events, with a
-    model column)."""
-    return pd.concat([dynamics.transient_events(ts, eps).assign(model=name) for name, ts in traces.items()],
-                     ignore_index=True)
+    model column), and the rows a rounding could make one (`transient` False: what --check on another CPU needs)."""
+    return pd.concat([dynamics.transient_events(ts, eps, undecided=True).assign(model=name)
+                      for name, ts in traces.items()], ignore_index=True)
 
 
 def strongest_transient(models: Models, events: pd.DataFrame) -> pd.DataFrame:
     """Fig. 6b's sinks: per diffusion model with one, its strongest one-step sink (the highest score) among `events`
-    (pick_transient's); its rows, in the models' order."""
+    (pick_transient's, `transient` rows); its rows, in the models' order."""
+    events = events[events["transient"].astype(bool)]
     rows = [found.sort_values("score", ascending=False).iloc[:1] for name, found in events.groupby("model", sort=False)
             if _diffusion(models, name)]
     return pd.concat(rows, ignore_index=True) if rows else events.iloc[:0]
@@ -244,11 +245,12 @@ def draw_transient(traces: Traces, strongest: pd.DataFrame, scores: pd.DataFrame
 
 
 def report_transient(events: pd.DataFrame, figures: Mapping[str, Figure], traces: Traces) -> Result:
-    """Fig. 6b as saved (by model), every event, and how many each model has."""
+    """Fig. 6b as saved (by model), every event (and each position a rounding could make one: `transient` False), and
+    how many events each model has."""
     result = Result(figures={f"fig06b_transient_{_stem(name)}": figure for name, figure in figures.items()})
     table = result.add_table("transient_sinks", events, Layout(("model", "trace", "step", "layer", "head", "position"),
-                                                               "trace", threshold="threshold_gap"))
-    counts = table.groupby("model").size().reindex(list(traces), fill_value=0)
+                                                               "trace", threshold="threshold_gap", outcome="transient"))
+    counts = table[table["transient"].astype(bool)].groupby("model").size().reindex(list(traces), fill_value=0)
     result.shown = Summary.by_model(counts.rename("one-step sinks").to_frame(), near_tie_models(traces))
     return result
 

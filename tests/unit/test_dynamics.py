@@ -54,6 +54,24 @@ def test_a_transient_sink_carries_its_closest_threshold_test():
     assert dynamics.transient_sinks(trace)["threshold_gap"].tolist() == [pytest.approx(1e-5 / 5, rel=1e-2)]
 
 
+def test_undecided_rows_are_the_positions_a_test_within_the_band_could_make_one_step_sinks():
+    """transient_sinks(undecided=True): beside the one-step sink (transient True), each position that taking one
+    test within THRESHOLD_BAND the other way makes a one-step sink, transient False; by hand on a trace whose step
+    3's key 6 misses the threshold by 1e-5 of 1 + its score (inside the band) or by 0.01 (outside)."""
+    trace = build_trace([None, 4, None, None, None, 4, None])
+    events = dynamics.transient_sinks(trace)
+    assert events[["step", "position", "transient"]].values.tolist() == [[1, 4, True], [5, 4, True]]
+    assert dynamics.transient_sinks(trace, undecided=True).equals(events)  # no test near its threshold: no other row
+    far = build_trace([None, 4, None, None, None, 4, None])
+    far.scores[3, 0, 0, 6] = 4.0 - 5e-2  # step 3's key 6 misses by 0.05 / 5: no CPU's rounding makes it a sink
+    assert dynamics.transient_sinks(far, undecided=True).equals(events)
+    trace.scores[3, 0, 0, 6] = 4.0 - 1e-5  # by 1e-5 / 5: a sink at step 3 only, another CPU may say
+    undecided = dynamics.transient_sinks(trace, undecided=True)
+    assert undecided[["step", "position", "transient"]].values.tolist() == [[1, 4, True], [3, 6, False], [5, 4, True]]
+    assert undecided["threshold_gap"].iloc[1] == pytest.approx(1e-5 / 5, rel=1e-2)
+    assert dynamics.transient_sinks(trace)[["step", "position"]].values.tolist() == [[1, 4], [5, 4]]
+
+
 def test_dynamics_summary_lifetime_and_move_rate():
     summary = dynamics.dynamics_summary([build_trace([0, 0, 0, 5, 5, None, 2])])
     row = summary.iloc[0]

@@ -136,7 +136,7 @@ def test_saved_artifacts_carry_the_resolved_config_and_the_same_bytes_every_time
         assert entry["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert pd.read_parquet(tmp_path / "a" / "table.parquet")["k"].tolist() == [1, 2]
     assert provenance.read_layout(tmp_path / "a" / "table.parquet") == {"keys": ["k"], "scope": "model", "index": False,
-                                                                          "threshold": None}
+                                                                          "threshold": None, "outcome": None}
 
 
 def test_a_table_without_a_layout_is_refused_before_anything_is_written(tmp_path):
