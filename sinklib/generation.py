@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from sinklib.validation import BadValue, Flag, Index, bad_value, checked
 from sinklib._version import __version__
 from sinklib.capturing import capture, check_intervention
+from sinklib.digest import digest
 from sinklib.layers import attention_layers
 from sinklib.families.base import left_pad
 from sinklib.ties import recording_decisions
@@ -133,12 +134,20 @@ def generate(model, prompt, settings: Settings | None = None, *, seed: Index = 0
                         keep_steps=keep_scores) if watched else contextlib.nullcontext(None)
     windows: list[tuple[int, int] | None] = []
     with torch.no_grad(), recording as rec, recording_decisions() as margins:
+        if rec is not None:  # a problem's own identity, whatever batch it is in (a random-key policy draws by it)
+            rec.row_ids = tuple(row_identity(ids) for ids in encoded)
         canvases = _sample(loaded, rec, encoded, settings, seed, total, progress, windows)
     meta = _meta(loaded, settings, seed, intervention, chat)
     # a family whose sampler notes no margins (or not one per forward) gives traces without them
     margins = torch.stack(margins) if len(margins) == len(canvases) - 1 and margins else None
     traces = _split(loaded, rec, canvases, encoded, settings, meta, prompts, margins, windows)
     return traces[0] if single else traces
+
+
+def row_identity(ids: Sequence[int]) -> int:
+    """A prompt's identity for the policies that draw at random (AttentionCall.rows): 64 bits of the digest of its
+    token ids, the same whichever batch, batch position or padding the prompt is run with."""
+    return int(digest([int(i) for i in ids]), 16)
 
 
 def _prompt_list(prompt) -> tuple[list, bool]:

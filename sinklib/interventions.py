@@ -17,6 +17,7 @@ import torch
 
 from sinklib.validation import BadValue, Count, bad_value, check_choice, check_eps, check_int, check_value
 from sinklib.attention_math import AttentionStats
+from sinklib.digest import digest
 from sinklib.capturing import AttentionCall, check_intervention
 from sinklib.layers import AttentionLayer
 from sinklib.registry import Registry
@@ -205,19 +206,29 @@ class MaskSinks(Intervention):
 class MaskRandomKeys(Intervention):
     """Control: mask k keys drawn uniformly among the valid keys of each (batch, layer, head).
 
+    The draw is a function of the seed, the problem (its prompt's token ids: AttentionCall.rows), the step and the
+    layer alone: a problem's keys are the same batched with any others, at any batch position or padding (under a
+    bare sinklib.capture, where no prompt is known, a row's index in the batch stands for its problem). Each head
+    draws among the row's own keys, counted from its first real one.
+
     Attributes:
         k: keys masked per (batch, layer, head), at least 0.
-        seed: the draws depend only on (seed, step, layer), so a run's keys are the same batched or not.
+        seed: the draw's seed; the random-key control over several draws is this policy at seeds 0, 1, 2, ….
         start_step: the first step that masks (1 by default, like MaskSinks, which has no previous step at 0).
+        draws: how the keys are drawn: "by problem", as above (the only way; named in the policy's identity, which
+            is in a run's key, because earlier versions drew for a whole batch at once, so that a problem's keys
+            depended on the batch it was in: their runs are other runs).
     """
 
     k: int
     seed: int = 0
     start_step: int = 1
+    draws: str = "by problem"
 
     def __post_init__(self) -> None:
         _settle(self, k=check_int(self.k, "k", 0), seed=check_int(self.seed, "seed", 0),
-                start_step=check_int(self.start_step, "start_step", 0))
+                start_step=check_int(self.start_step, "start_step", 0),
+                draws=check_choice(self.draws, "draws", ("by problem",)))
 
     def check(self, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:
         """Refuse a start_step at or after the run's last forward (with k > 0): it would mask nothing."""
@@ -230,13 +241,14 @@ class MaskRandomKeys(Intervention):
         None with k=0 or before start_step."""
         if self.k == 0 or call.step < self.start_step:
             return None
-        valid = call.clean_stats().key_valid[:, None, :].cpu()
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + call.step * 10_007 + call.layer)
-        draws = torch.rand(call.batch, call.heads, call.n_keys, generator=generator)
-        draws = torch.where(valid, draws, torch.full_like(draws, -1.0))
-        values, positions = draws.topk(min(self.k, call.n_keys), dim=-1)
-        positions = torch.where(values >= 0, positions, torch.full_like(positions, -1))
-        return positions_to_mask(positions, call.n_keys).to(call.device)
+        valid = call.clean_stats().key_valid.cpu()
+        chosen = torch.zeros(call.batch, call.heads, call.n_keys, dtype=torch.bool)
+        for row, problem in enumerate(call.rows if call.rows is not None else range(call.batch)):
+            keys = valid[row].nonzero().squeeze(-1)  # the row's own keys, in order
+            generator = torch.Generator().manual_seed(int(digest([self.seed, problem, call.step, call.layer]), 16))
+            drawn = torch.rand(call.heads, len(keys), generator=generator).topk(min(self.k, len(keys)), dim=-1).indices
+            chosen[row, torch.arange(call.heads)[:, None], keys[drawn]] = True
+        return chosen.to(call.device)
 
 
 def _check_layers_steps(chosen_layers, chosen_steps, layers: Sequence[AttentionLayer], n_steps: int | None) -> None:

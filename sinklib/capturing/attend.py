@@ -28,6 +28,10 @@ class AttentionCall:
     n_keys: int
     device: torch.device
     _clean: Callable[[], AttentionStats]
+    # each batch row's identity, a function of that row's prompt alone (Recorder.row_ids: sinklib.generate sets
+    # it), so that a policy drawing at random draws for a problem what it draws for it batched any other way; None
+    # under a bare sinklib.capture, whose rows are told apart by their index in the batch
+    rows: tuple[int, ...] | None = None
 
     def clean_stats(self) -> AttentionStats:
         """Statistics of this call without any intervention (computed on first use, then cached)."""

@@ -76,6 +76,8 @@ class Recorder:
         self.options = options
         self.intervention = options.intervention
         self.query_mask: torch.Tensor | None = None  # optional [B, S] weights; 0 drops a query row (padding)
+        # each batch row's identity, a function of its prompt alone (AttentionCall.rows): set by sinklib.generate
+        self.row_ids: tuple[int, ...] | None = None
         self.watch = False  # the next forwards' attention is computed and kept as `last_step`, whatever keep_steps says
         self.maps: dict[tuple[int, int, int], torch.Tensor] = {}
         self._wanted_maps = self._resolve_maps(options.maps)
@@ -237,8 +239,9 @@ class Recorder:
             output, stats = unmasked(args, map_heads, stats_options)
             key_mask = None
         else:
+            rows = self.row_ids if self.row_ids is not None and len(self.row_ids) == batch else None
             call = AttentionCall(step, layer.index, layer.name, batch, heads, n_queries, key.shape[-2], args.q.device,
-                                 clean_statistics(args, stats_options))
+                                 clean_statistics(args, stats_options), rows)
             output, stats, key_mask = attend(call, args, self.intervention, map_heads, stats_options)
             self.intervention.observe(call, stats)
         self._store.add(layer.index, stats.scores, key_mask, stats.query_count)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 from sinklib.families.base import Family
 from sinklib.interventions import AblateValues, EvictOldest, MaskRandomKeys, MaskSinks
 from sinklib.registry import Registry
-from sinklib.validation import BadValue, bad_value, check_choice, check_eps
+from sinklib.validation import BadValue, bad_value, check_choice, check_eps, check_int
 
 @dataclass(frozen=True)
 class Condition:
@@ -23,21 +23,29 @@ class Condition:
         words: how a finding says it ("with its top-{k} sinks masked"; "{s}" is "s" unless k is 1).
         policy: policy(family=, k=, eps=, seed=) builds the intervention for a model of that family.
         eps: the Eq. 3 threshold of a sink condition (sum units; the paper's 3 unless made `at` another).
+        draw: which draw of a random condition (0: the table's seed; `drawn(d)`: its policy gets seed + d), so that
+            a random-key control is made over several draws on the same problems and sampler seed.
     """
     label: str
     column: str
     words: str
     policy: Callable[..., Any]
     eps: float = 3.0
+    draw: int = 0
 
     def intervention(self, family: Family, k: int, seed: int):
         """This condition's intervention with k keys for a model of `family` (the registered policy, built by
-        `policy`)."""
-        return self.policy(family=family, k=k, eps=self.eps, seed=seed)
+        `policy`, at the table's seed + this condition's draw)."""
+        return self.policy(family=family, k=k, eps=self.eps, seed=seed + self.draw)
 
     def at(self, eps: float) -> "Condition":
         """This condition with another Eq. 3 threshold (a finite number >= 0, sum units): its columns and words stay."""
         return dataclasses.replace(self, eps=check_eps(eps))
+
+    def drawn(self, draw: int) -> "Condition":
+        """This condition at another draw (an integer >= 0: its policy's seed is the table's seed + draw); a policy
+        that draws nothing at random (the sinks) is the same at every draw."""
+        return dataclasses.replace(self, draw=check_int(draw, "draw", 0))
 
     def in_words(self, k: int) -> str:
         """How a finding names this condition at k."""
@@ -130,10 +138,11 @@ def checked_conditions(conditions: Sequence["str | Condition"]) -> list[Conditio
         raise bad_value("conditions", list(names), "distinct condition names (each once)")
     _check_columns(names, {name: CONDITIONS.get(name) for name in names})
     for condition in conditions:  # one given whole is a registered one at its own eps: the views look it up by label
-        if isinstance(condition, Condition) and condition.at(CONDITIONS.get(condition.label).eps) != \
-                CONDITIONS.get(condition.label):
-            raise bad_value("conditions", list(names), f"registered conditions, by name or made `at` another eps "
-                            f"({condition.label!r} differs from the registered one beyond its eps)")
+        registered = CONDITIONS.get(condition.label) if isinstance(condition, Condition) else None
+        if registered is not None and dataclasses.replace(condition, eps=registered.eps, draw=0) != registered:
+            raise bad_value("conditions", list(names), f"registered conditions, by name or made `at` another eps or "
+                            f"`drawn` at another draw ({condition.label!r} differs from the registered one beyond "
+                            "its eps and draw)")
     return [c if isinstance(c, Condition) else CONDITIONS.get(c) for c in conditions]
 
 

@@ -281,7 +281,9 @@ def masking_table(models: Sequence[LoadedModel | str], task: "str | Task" = "ari
             header, and resumes; a changed key (limit, seed, settings, dtype, retrained weights, an edited config or
             scorer: evaluation.runner.run_config) writes a new file beside the old one. None: nothing is written.
         batch_size: prompts per generation, as for sinklib.evaluate, for every run.
-        seed: the runs' seed, as for sinklib.evaluate.
+        seed: the runs' seed, as for sinklib.evaluate (and the random-key control's draw: a problem's keys are a
+            function of it, the problem, the step and the layer; CONDITIONS.get("random keys").drawn(1) is the
+            control's next draw, at seed + 1).
         allow_code_execution: a code task's programs run, sandboxed, only with True (a real bool).
         progress: progress bars over the runs and their samples.
 

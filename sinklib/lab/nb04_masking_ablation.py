@@ -7,9 +7,10 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from sinklib.evaluation.conditions import CONDITIONS
 from sinklib.evaluation.table1 import MaskingTable, by_task, family_before_loading, masking_table
 from sinklib.evaluation.tasks import get_task
-from sinklib.summary import (Summary)
+from sinklib.summary import Summary, label
 from sinklib.validation import Consent, Count, Flag, Ks, NonNegative, Text, validated
 from sinklib.lab.runs import (ModelsPart, OutputsPart, RunConfig,
                               SamplingPart, TaskPart, _check_consent, _check_layout, _check_models_named,
@@ -26,6 +27,9 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
     n_problems_by_task: dict[str, Count] = default_copy({"arithmetic-english": 200})  # the twins' committed runs
     ks: Ks = default_copy([0, 1, 5, 10])
     random_control: Flag = True
+    # the random-key control's draws per task (control seeds seed, seed + 1, …; a task not named: one draw): each
+    # further draw is one run per model and k > 0. The twins' further draws take hours (background runs, resumed)
+    control_draws: dict[str, Count] = default_copy({"arithmetic": 3, "capitals": 3, "arithmetic-english": 1})
     eps: NonNegative = 3.0
     batch_size: Count = 50
     allow_code_execution: Consent = False
@@ -50,6 +54,22 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
                                     out_dir=Path(self.results_dir) / f"table1-{task}",
                                     allow_code_execution=self.allow_code_execution, progress=self.progress)
                 for task, group in by_task(self.load(), self.task, self.tasks).items()}
+
+    def control_draws_of(self, tables: Mapping[str, MaskingTable]) -> dict[str, list[MaskingTable]]:
+        """The random-key control at its further draws (control_draws), one table per draw and task, beside Table 1's
+        own draw (`tables`, collect()'s: control seed = seed): only the "random keys" condition at Table 1's k > 0,
+        each run resumable beside Table 1's."""
+        if not self.random_control:
+            return {}
+        ks = [k for k in self.ks if k]
+        groups = by_task(self.load(), self.task, self.tasks)
+        return {task: [masking_table(groups[task], self.task_of(task), [CONDITIONS.get("random keys").drawn(draw)], ks,
+                                     {model.name: self.settings_for(model, task) for model in groups[task]},
+                                     batch_size=self.batch_size, seed=self.seed,
+                                     out_dir=Path(self.results_dir) / f"table1-{task}",
+                                     allow_code_execution=self.allow_code_execution, progress=self.progress)
+                       for draw in range(1, self.control_draws.get(task, 1))]
+                for task in tables if ks}
 
     def evaluation_of(self, model: Any, limit: int | None = None) -> dict[str, Any]:
         """What collect() evaluates `model` (a LoadedModel) with, as keyword arguments of sinklib.evaluate: its task
@@ -94,6 +114,45 @@ def masking_tests(tables: Mapping[str, MaskingTable], matched: Sequence[str] = (
     findings.append("delta is masked − unmasked (for 'sinks vs random keys': sinks − random keys); lost counts problems "
                     "right before and wrong after. McNemar's exact test uses only the problems that changed.")
     return Summary(frame, findings)
+
+
+def control_spread(tables: Mapping[str, MaskingTable], draws: Mapping[str, Sequence[MaskingTable]]) -> Summary:
+    """The random-key control over its draws: per model and k, the accuracy at each draw (Table 1's own first), their
+    mean and range, and the top-k sinks against k random keys at every draw (paired on the same problems: the
+    difference's 95 % interval and McNemar's exact p per draw). A comparison "holds at every draw" where each draw's
+    interval lies below 0 (the sinks cost more than random keys) or each lies above it; with one draw, the spread is
+    not measured, and the findings say so."""
+    rows, flagged = [], set().union(*(t.near_tie_models() for ts in [tables.values(), *draws.values()] for t in ts))
+    for task, table in tables.items():
+        others = list(draws.get(task, ()))
+        against = [table.sinks_against_random()] + [draw.sinks_against_random() for draw in _as_draws(table, others)]
+        accuracy = [t.frame.set_index(["model", "condition", "k"])["accuracy"] for t in [table, *others]]
+        for (model, k), first in against[0].set_index(["model", "k"]).iterrows():
+            per_draw = [frame.set_index(["model", "k"]).loc[(model, k)] for frame in against
+                        if (model, k) in frame.set_index(["model", "k"]).index]
+            shares = [a.loc[(model, "random keys", k)] for a in accuracy if (model, "random keys", k) in a.index]
+            below, above = all(d["delta_high"] < 0 for d in per_draw), all(d["delta_low"] > 0 for d in per_draw)
+            rows.append({"model": model, "task": task, "k": k, "draws": len(per_draw), "n": int(first["n"]),
+                         "random_mean": sum(shares) / len(shares), "random_min": min(shares),
+                         "random_max": max(shares), "sinks": table.frame.set_index(["model", "condition", "k"])
+                         .loc[(model, "sinks", k), "accuracy"],
+                         "largest_p": max(d["p_mcnemar"] for d in per_draw),
+                         "holds": "sinks cost more" if below else "sinks cost less" if above else "undecided"})
+    frame = pd.DataFrame(rows).set_index("model")
+    findings = [f"{label(model, flagged)} ({row.task}), k = {row.k}: random keys {row.random_mean:.2f} over {row.draws} draw"
+                f"{'s' if row.draws > 1 else ''} [{row.random_min:.2f}–{row.random_max:.2f}], sinks {row.sinks:.2f}: "
+                + ((f"{row.holds} at every draw" if row.holds != "undecided" else "not decided at every draw")
+                   + f" (largest McNemar p = {row.largest_p:.2g}, n = {row.n})" if row.draws > 1 else
+                   f"{row.holds} at its one draw (n = {row.n}; the spread over draws is not measured)")
+                for model, row in frame.iterrows()]
+    frame["largest_p"] = [f"{p:.2g}" for p in frame["largest_p"]]  # 3.4e-24, not 0.000
+    return Summary.by_model(frame, flagged, findings)
+
+
+def _as_draws(table: MaskingTable, others: Sequence[MaskingTable]) -> list[MaskingTable]:
+    """Each further draw's table with Table 1's sinks columns, so that its sinks_against_random pairs them."""
+    sinks = table.items[table.items["condition"] == "sinks"]
+    return [MaskingTable(other.frame, other.task, pd.concat([sinks, other.items], ignore_index=True)) for other in others]
 
 
 # what the paper's Table 1 says a model of each kind does with its top-1 sink masked (GSM8K)

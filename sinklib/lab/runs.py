@@ -200,8 +200,8 @@ class OutputsPart:
 
 
 def _check_task_limits(config) -> None:
-    """task, the tasks given per model, and the keys of n_problems_by_task (and ks_by_task) name registered tasks
-    only (a misspelt one would fail after the first model's traces, or silently change nothing)."""
+    """task, the tasks given per model, and the keys of n_problems_by_task (and ks_by_task, control_draws) name
+    registered tasks only (a misspelt one would fail after the first model's traces, or silently change nothing)."""
     known = task_names()
     if config.task not in known:
         raise BadValue(f"task={config.task!r} is not allowed: task must be one of {known}"
@@ -209,7 +209,7 @@ def _check_task_limits(config) -> None:
     wrong = {model: task for model, task in config.tasks.items() if task not in known}
     if wrong:
         raise BadValue(f"tasks={config.tasks!r} is not allowed: {wrong} name no task; tasks are {known}")
-    for name in ("n_problems_by_task", "ks_by_task"):
+    for name in ("n_problems_by_task", "ks_by_task", "control_draws"):
         given = getattr(config, name, {})
         unknown = sorted(set(given) - set(task_names()))
         if unknown:

@@ -141,6 +141,29 @@ def test_random_control_masks_k_valid_keys_from_step_one_reproducibly():
     assert not torch.equal(first.masked_keys, other.masked_keys)
 
 
+def test_a_problems_random_keys_are_the_same_in_any_batch():
+    """Issue 69: the draw was one tensor for the whole batch, so a problem's keys changed with its batch position,
+    the batch's size and its padding (the autoregressive twin kept 50 of 54 problems one way, 43 another). Now a
+    function of the seed, the problem's prompt, the step and the layer: tiny-llada's three prompts, each run alone,
+    in a batch of three and in another order, mask the same keys of their own (padding removed); another seed draws
+    other keys."""
+    model = sinklib.load("tiny-llada")
+    prompts = ["Q: tom has 5 apples . tom gets 7 more apples . how many apples does tom have now ? A:",
+               "Q: 3 + 4 = ? A:", "Q: sam has 9 pens . sam loses 2 pens . how many pens does sam have now ? A:"]
+    settings = model.settings_for(steps=8, gen_length=8, block_length=8)
+
+    def masked(batch, seed=0):
+        return [t.masked_keys for t in sinklib.generate(model, batch, settings, progress=False,
+                                                         intervention=sinklib.MaskRandomKeys(k=2, seed=seed))]
+
+    alone = [masked([p])[0] for p in prompts]
+    together, reordered = masked(prompts), masked(prompts[::-1])[::-1]
+    for single, *batched in zip(alone, together, reordered):
+        assert all(torch.equal(other, single) for other in batched)
+    assert all(keys[1:].sum(-1).eq(2).all() and not keys[0].any() for keys in alone)
+    assert not torch.equal(masked(prompts[:1], seed=1)[0], alone[0])
+
+
 def test_random_control_never_picks_padding():
     model = StandInLM()
     padding = torch.tensor([[1] * 12, [0] * 6 + [1] * 6])
