@@ -27,9 +27,10 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
     n_problems_by_task: dict[str, Count] = default_copy({"arithmetic-english": 200})  # the twins' committed runs
     ks: Ks = default_copy([0, 1, 5, 10])
     random_control: Flag = True
-    # the random-key control's draws per task (control seeds seed, seed + 1, …; a task not named: one draw): each
-    # further draw is one run per model and k > 0. The twins' further draws take hours (background runs, resumed)
-    control_draws: dict[str, Count] = default_copy({"arithmetic": 3, "capitals": 3, "arithmetic-english": 1})
+    # the random-key control's draws by task or model, a model's own entry first (control seeds seed, seed + 1, …;
+    # neither named: one draw): each further draw is one run per model and k > 0. The diffusion twin's take hours
+    control_draws: dict[str, Count] = default_copy({"arithmetic": 3, "capitals": 3,
+                                                    "smollm2-135m-autoregressive": 3})
     eps: NonNegative = 3.0
     batch_size: Count = 50
     allow_code_execution: Consent = False
@@ -56,20 +57,21 @@ class MaskingRun(OutputsPart, TaskPart, SamplingPart, ModelsPart, RunConfig):
                 for task, group in by_task(self.load(), self.task, self.tasks).items()}
 
     def control_draws_of(self, tables: Mapping[str, MaskingTable]) -> dict[str, list[MaskingTable]]:
-        """The random-key control at its further draws (control_draws), one table per draw and task, beside Table 1's
-        own draw (`tables`, collect()'s: control seed = seed): only the "random keys" condition at Table 1's k > 0,
-        each run resumable beside Table 1's."""
-        if not self.random_control:
-            return {}
+        """The random-key control at its further draws (control_draws: a model's own entry, else its task's, else
+        one draw), one table per model and draw, by task, beside Table 1's own draw (`tables`, collect()'s: control
+        seed = seed): only the "random keys" condition at Table 1's k > 0, each run resumable beside Table 1's."""
         ks = [k for k in self.ks if k]
-        groups = by_task(self.load(), self.task, self.tasks)
-        return {task: [masking_table(groups[task], self.task_of(task), [CONDITIONS.get("random keys").drawn(draw)], ks,
-                                     {model.name: self.settings_for(model, task) for model in groups[task]},
-                                     batch_size=self.batch_size, seed=self.seed,
-                                     out_dir=Path(self.results_dir) / f"table1-{task}",
-                                     allow_code_execution=self.allow_code_execution, progress=self.progress)
-                       for draw in range(1, self.control_draws.get(task, 1))]
-                for task in tables if ks}
+        if not self.random_control or not ks:
+            return {}
+        drawn = {}
+        for task, group in by_task(self.load(), self.task, self.tasks).items():
+            drawn[task] = [masking_table([model], self.task_of(task), [CONDITIONS.get("random keys").drawn(draw)], ks,
+                                         {model.name: self.settings_for(model, task)}, batch_size=self.batch_size,
+                                         seed=self.seed, out_dir=Path(self.results_dir) / f"table1-{task}",
+                                         allow_code_execution=self.allow_code_execution, progress=self.progress)
+                           for model in group
+                           for draw in range(1, self.control_draws.get(model.name, self.control_draws.get(task, 1)))]
+        return {task: found for task, found in drawn.items() if task in tables}
 
     def evaluation_of(self, model: Any, limit: int | None = None) -> dict[str, Any]:
         """What collect() evaluates `model` (a LoadedModel) with, as keyword arguments of sinklib.evaluate: its task

@@ -200,8 +200,9 @@ class OutputsPart:
 
 
 def _check_task_limits(config) -> None:
-    """task, the tasks given per model, and the keys of n_problems_by_task (and ks_by_task, control_draws) name
-    registered tasks only (a misspelt one would fail after the first model's traces, or silently change nothing)."""
+    """task, the tasks given per model, and the keys of n_problems_by_task (and ks_by_task) name registered tasks
+    only, those of control_draws tasks or the run's models (a misspelt one would fail after the first model's
+    traces, or silently change nothing)."""
     known = task_names()
     if config.task not in known:
         raise BadValue(f"task={config.task!r} is not allowed: task must be one of {known}"
@@ -211,9 +212,11 @@ def _check_task_limits(config) -> None:
         raise BadValue(f"tasks={config.tasks!r} is not allowed: {wrong} name no task; tasks are {known}")
     for name in ("n_problems_by_task", "ks_by_task", "control_draws"):
         given = getattr(config, name, {})
-        unknown = sorted(set(given) - set(task_names()))
+        models = list(getattr(config, "models", ())) if name == "control_draws" else []
+        unknown = sorted(set(given) - set(task_names()) - set(models))
         if unknown:
-            raise BadValue(f"{name}={given!r} is not allowed: {unknown} are not tasks; tasks are {task_names()}")
+            raise BadValue(f"{name}={given!r} is not allowed: {unknown} are not tasks{' or models of this run' * bool(models)}"
+                           f"; tasks are {task_names()}" + (f", the models {models}" if models else ""))
 
 
 def _check_models_named(config, *names: str) -> None:
