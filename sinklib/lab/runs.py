@@ -18,6 +18,7 @@ from sinklib.derived import derived
 from sinklib.evaluation.conditions import CONDITIONS
 from sinklib.evaluation.tasks import get_task, task_names
 from sinklib.loading import LoadedModel, load_models
+from sinklib.model_names import is_default_model
 from sinklib.paths import NOTEBOOKS
 from sinklib.plots import save_figure
 from sinklib.provenance import describe, record_artifacts, write_parquet
@@ -212,11 +213,13 @@ def _check_task_limits(config) -> None:
         raise BadValue(f"tasks={config.tasks!r} is not allowed: {wrong} name no task; tasks are {known}")
     for name in ("n_problems_by_task", "ks_by_task", "control_draws"):
         given = getattr(config, name, {})
-        models = list(getattr(config, "models", ())) if name == "control_draws" else []
-        unknown = sorted(set(given) - set(task_names()) - set(models))
+        by_model = name == "control_draws"  # also a model of this run, or of the CPU default (the notebook's own entry)
+        models = list(getattr(config, "models", ())) if by_model else []
+        unknown = sorted(key for key in given if key not in task_names() and key not in models
+                         and not (by_model and is_default_model(key)))
         if unknown:
-            raise BadValue(f"{name}={given!r} is not allowed: {unknown} are not tasks{' or models of this run' * bool(models)}"
-                           f"; tasks are {task_names()}" + (f", the models {models}" if models else ""))
+            raise BadValue(f"{name}={given!r} is not allowed: {unknown} are not tasks" + (
+                f" or models (of this run, {models}, or the default ones)" if by_model else "") + f"; tasks are {task_names()}")
 
 
 def _check_models_named(config, *names: str) -> None:

@@ -200,7 +200,8 @@ def test_a_notebook_defined_here_runs_under_papermill_with_one_other_file(tmp_pa
                                parameters={"n_prompts": 2}, cwd=str(tmp_path), progress_bar=False)
     assert made == ["99_toy.ipynb", "toy_notebook.py"]  # the two files a newcomer writes
     table = tmp_path / "results" / "toy_strongest_heads.parquet"
-    assert provenance.read_layout(table) == {"keys": ["model"], "scope": "model", "index": False, "threshold": None, "outcome": None}
+    assert provenance.read_layout(table) == {"keys": ["model"], "scope": "model", "index": False, "threshold": None,
+                                             "outcome": None}
     assert provenance.read_record(table)["config"]["n_prompts"] == 2
     sys.path.insert(0, str(tmp_path))
     try:
