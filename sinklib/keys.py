@@ -215,7 +215,16 @@ def _names(code: types.CodeType) -> set[str]:
 
 def _file_digest(path: Path) -> str:
     """A shaping file's digest: a JSON file by its content without VOLATILE_CONFIG_KEYS (a transformers release
-    rewrites `transformers_version` into every config it saves), any other file by its bytes."""
+    rewrites `transformers_version` into every config it saves), any other file by its bytes. Computed once per
+    file version (path, modification time, size): a notebook keys dozens of traces of one model, and canonicalising
+    a 2 MB tokenizer.json each time took a third of a notebook's set-up."""
+    stat = path.stat()
+    return _file_digest_of_version(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=512)
+def _file_digest_of_version(name: str, modified_ns: int, size: int) -> str:
+    path = Path(name)
     if path.suffix == ".json":
         try:
             content = json.loads(path.read_text(encoding="utf-8"))

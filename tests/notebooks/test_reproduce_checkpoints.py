@@ -1,8 +1,8 @@
 """A user's real run, end to end: `python -m sinklib.reproduce --params <YAML>` with `models` naming hub-style
-checkpoint folders (built from our stand-ins) runs notebooks 01–04: here the three diffusion families together (the
-autoregressive family alone, at an ε so high that no sink exists, is test_reproduce_autoregressive.py: a file of its
-own, so pytest-xdist can run the two on both cores), with GSM8K from a local JSONL (tests/notebooks/reproduce_run.py);
-and the parameters gate that refuses a bad run before anything runs."""
+checkpoint folders (built from our stand-ins) runs notebooks 01–04 on every family at once (LLaDA, Dream and MMaDA
+with their own modelling code, and a Llama), with GSM8K from a local JSONL (tests/notebooks/reproduce_run.py); and
+the parameters gate that refuses a bad run before anything runs. (At an ε no key reaches, Table 2 is a labelled
+empty table: tests/unit/test_analyses_picks.py.)"""
 from pathlib import Path
 
 import pytest
@@ -14,8 +14,8 @@ pytest.importorskip("papermill")
 
 
 @pytest.mark.slow
-def test_reproduce_runs_notebooks_01_to_04_on_the_three_diffusion_families_together(tmp_path):
-    run_notebooks_01_to_04_on_hub_style_checkpoints(("llada", "dream", "mmada"), tmp_path)
+def test_reproduce_runs_notebooks_01_to_04_on_every_family_together(tmp_path):
+    run_notebooks_01_to_04_on_hub_style_checkpoints(("llada", "dream", "mmada", "llama"), tmp_path)
 
 
 def test_runs_outside_the_zoo_write_beside_the_zoo_outputs_not_over_them():

@@ -86,6 +86,18 @@ def test_pick_sink_tokens_counts_detections_per_token():
     assert table.values.tolist() == [["toy", "[BOS]", 3, 0.5], ["toy", "[MASK]", 2, 2 / 6], ["toy", "a", 1, 1 / 6]]
 
 
+def test_at_an_eps_no_key_reaches_table_2_is_a_labelled_empty_table_never_a_crash(tmp_path):
+    from sinklib.plots import paper
+
+    traces = {"toy": [build_trace([[0, 0, 0], [5, 5, 3]])]}
+    table = nb02.pick_sink_tokens(traces, eps=1000.0)
+    assert table.empty and list(table.columns) == ["model", "token", "count", "share"]
+    figure = paper.sink_token_bars(table, models=list(traces), eps=1000.0)
+    assert any("no sink" in text.get_text() for ax in figure.axes for text in ax.texts)
+    result = nb02.report_sink_tokens(table, figure, traces)
+    assert result.tables["table2_sink_tokens"].empty and "| model" in result.texts["table2_sink_tokens.md"]
+
+
 def test_pick_sink_dynamics_moves_and_lifetimes():
     # one head: sink at 0, 0, 5, 5, then none — one move of three pairs with a sink at both steps; runs 0×2, 5×2
     row = nb02.pick_sink_dynamics({"toy": [build_trace([[0, 0, 5, 5, None]])]}, eps=3.0).iloc[0]
