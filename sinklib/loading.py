@@ -131,8 +131,10 @@ class LoadedModel:
         return {name: value for name, value in self.special_ids().items() if name in names}
 
     def special_ids(self) -> dict[str, Any]:
-        """The settings fields that come from the model, not the caller: mask_id, eos_ids, pad_id."""
-        return {"mask_id": self.mask_id, "eos_ids": self.eos_ids, "pad_id": self.pad_id}
+        """The settings fields that come from the model, not the caller: mask_id, eos_ids, pad_id, and vocab_size
+        (what a uniform-noise sampler draws its noise from)."""
+        return {"mask_id": self.mask_id, "eos_ids": self.eos_ids, "pad_id": self.pad_id,
+                "vocab_size": self.model.config.get_text_config().vocab_size}
 
     def logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                position_ids: torch.Tensor | None = None, keep: bool = False, window: Window | None = None, **stage):

@@ -44,8 +44,17 @@ def modernbert():
     return transformers.ModernBertForMaskedLM(config).eval()
 
 
+def qwen3_5_gated():
+    """Qwen3.5's full-attention block (a sigmoid gate on each head's output, QK-norm), bidirectional, as the zoo's
+    tiny-llada-gated."""
+    return _build(transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM, num_key_value_heads=2, head_dim=8,
+                  layer_types=["full_attention"] * 2, partial_rotary_factor=1.0, is_causal=False)
+
+
 NATIVE = {"llama-causal": lambda: llama(True), "llama-bidirectional": lambda: llama(False), "qwen2-gqa": qwen2_gqa,
           "gemma-bidirectional": gemma_bidirectional, "modernbert": modernbert}
+if hasattr(transformers, "Qwen3_5ForCausalLM"):  # transformers 5: not in the 4.x tier
+    NATIVE["qwen3.5-gated-bidirectional"] = qwen3_5_gated
 
 
 def eager_twin(model):

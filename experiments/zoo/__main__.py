@@ -1,6 +1,7 @@
 """The training programs of the tiny zoo and the SmolLM2 twins, run from a checkout (not shipped in the wheel):
 
-python -m experiments.zoo train NAME [--steps N]      retrain a zoo model from its seed, evaluate it, write its card
+python -m experiments.zoo train NAME [--steps N]      retrain a zoo model from its seed (resumes from
+                                                      data/checkpoints/NAME), evaluate it, write its card
 python -m experiments.zoo adapt NAME [--threads N]    adapt SmolLM2 (smollm2-135m-diffusion / -autoregressive): train
                                                       a LoRA adapter (resumes from data/checkpoints/NAME), ship it,
                                                       write its card
@@ -79,8 +80,11 @@ def _run(args: argparse.Namespace) -> None:
             retrain.retrain(name, count=args.checkpoint_count, threads=args.threads)
         print(retrain.measure_all(names, count=args.checkpoint_count).to_string())
         return
-    model, curve = train(args.name, args.out, steps=args.steps, curve_path=args.out / f"{args.name}.loss.csv")
-    folder = save(args.name, model, args.out, curve, {})
+    total = args.steps or ZOO[args.name].steps  # saved every --checkpoint-every steps: a stopped run resumes there
+    model, curve = train(args.name, args.out, steps=args.steps, threads=args.threads,
+                         curve_path=args.out / f"{args.name}.loss.csv", checkpoints=DATA_DIR / "checkpoints" / args.name,
+                         checkpoint_at=tuple(range(args.checkpoint_every, total + 1, args.checkpoint_every)))
+    folder = save(args.name, model, args.out, curve, {"threads": args.threads})
     (args.out / f"{args.name}.loss.csv").replace(folder / "loss_curve.csv")
     card = write_card(args.name, folder, eval_n=args.eval_n)
     print(json.dumps({k: card[k] for k in ("name", "accuracy", "final_loss", "wall_seconds")}, indent=1))
@@ -95,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     train_cmd.add_argument("--steps", type=positive_int, default=None)
     train_cmd.add_argument("--out", type=Path, default=ZOO_DIR)
     train_cmd.add_argument("--eval-n", type=positive_int, default=600)
+    train_cmd.add_argument("--threads", type=positive_int, default=2,
+                           help="torch threads (the run's bits depend on it; the card records it)")
+    train_cmd.add_argument("--checkpoint-every", type=positive_int, default=500,
+                           help="steps between the checkpoints a stopped run resumes from (data/checkpoints/NAME)")
     adapt_cmd = sub.add_parser("adapt", help="adapt SmolLM2 into a twin (resumable), ship its adapter and card")
     adapt_cmd.add_argument("name", choices=sorted(adapt.TWINS))
     adapt_cmd.add_argument("--threads", type=positive_int, default=1)

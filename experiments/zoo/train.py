@@ -5,6 +5,9 @@ tiny-llada  bidirectional, LLaDA's objective: response tokens masked with probab
 tiny-arm    the same blocks, causal, next-token loss.
 tiny-dream  initialised from tiny-arm, bidirectional, Dream's shifted objective (masked position i is
             predicted from output i−1), weighted 1/t.
+tiny-udlm   bidirectional, uniform noise instead of a mask token (UDLM's corruption): response tokens replaced with
+            probability t ~ U(ε, 1) by tokens drawn uniformly from the vocabulary, cross-entropy of the clean token
+            at every response position.
 Each run is deterministic from its seed (data order, masking and initialisation).
 """
 from __future__ import annotations
@@ -30,18 +33,30 @@ MASK_EPS = 1e-3
 TRAINING_STATE = "training_state.pt"  # a zoo checkpoint's run state, beside its model.safetensors
 
 
-def model_config(spec: ZooSpec, tokenizer) -> transformers.LlamaConfig:
-    """The spec's Llama config: its sizes, the tokenizer's vocabulary and special ids, SDPA attention, is_causal
-    as the spec says, and the sinklib family and [MASK] id recorded for loading."""
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.heads,
-        max_position_embeddings=128, tie_word_embeddings=True, is_causal=spec.causal,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        attn_implementation="sdpa")
+def model_config(spec: ZooSpec, tokenizer) -> transformers.PretrainedConfig:
+    """The spec's config: its sizes, the tokenizer's vocabulary and special ids, SDPA attention, is_causal as the
+    spec says, and the sinklib family and [MASK] id recorded for loading. A Llama; with spec.gated_attention,
+    Qwen3.5's full-attention blocks (a sigmoid gate on every head's output, computed from the block's input, and
+    RMS-normed queries and keys) at the same sizes, rotary embedding and context."""
+    sizes = dict(vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                 num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.heads,
+                 max_position_embeddings=128, tie_word_embeddings=True, is_causal=spec.causal,
+                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                 pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa")
+    if spec.gated_attention:
+        config = transformers.Qwen3_5TextConfig(  # Llama's rotary embedding on every dimension, Llama's rms_norm_eps
+            **sizes, head_dim=spec.hidden_size // spec.heads, layer_types=["full_attention"] * spec.layers,
+            partial_rotary_factor=1.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    else:
+        config = transformers.LlamaConfig(**sizes)
     config.sinklib_family = spec.family
     config.mask_token_id = tokenizer.mask_token_id
     return config
+
+
+def model_class(spec: ZooSpec) -> type:
+    """The transformers class of the spec's model: Qwen3.5's causal LM (text only) for gated attention, else Llama's."""
+    return transformers.Qwen3_5ForCausalLM if spec.gated_attention else transformers.LlamaForCausalLM
 
 
 @dataclass
@@ -112,6 +127,26 @@ def masked_diffusion_loss(model, batch: Batch, mask_id: int, generator: torch.Ge
     return weighted / (rows * GEN_LENGTH)
 
 
+def uniform_noise_loss(model, batch: Batch, vocab_size: int, generator: torch.Generator,
+                       stratified: bool = False) -> torch.Tensor:
+    """tiny-udlm: each response token replaced, with probability t ~ U(ε, 1) per row, by a token drawn uniformly from
+    ids 0..vocab_size − 1 (what its sampler's noise is drawn from); the cross-entropy of the clean token at every
+    response position, replaced or not (the model cannot tell which were), averaged over the response tokens. The
+    plain clean-token loss, not UDLM's ELBO weighting (which weighs a position by t and the vocabulary size): the
+    same loss at every t as tiny-llada's 1/t-weighted one is in expectation over its masked tokens."""
+    rows = batch.ids.shape[0]
+    u = torch.rand(rows, 1, generator=generator)
+    if stratified:
+        u = (torch.arange(rows, dtype=torch.float32)[:, None] + u) / rows
+    t = MASK_EPS + (1 - MASK_EPS) * u
+    replaced = batch.response & (torch.rand(batch.ids.shape, generator=generator) < t)
+    noise = torch.randint(0, vocab_size, batch.ids.shape, generator=generator)
+    noisy = torch.where(replaced, noise, batch.ids)
+    logits = model(input_ids=noisy, attention_mask=_model_mask(model, batch), position_ids=batch.position_ids).logits
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch.ids, reduction="none")
+    return (losses * batch.response).sum() / (rows * GEN_LENGTH)
+
+
 def next_token_loss(model, batch: Batch) -> torch.Tensor:
     """Next-token cross-entropy (tiny-arm), averaged over the response tokens up to and including the first [EOS]."""
     logits = model(input_ids=batch.ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits
@@ -119,11 +154,11 @@ def next_token_loss(model, batch: Batch) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), targets, ignore_index=-100)
 
 
-def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaForCausalLM:
+def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.PreTrainedModel:
     """A new model initialised from spec.seed, or with the weights of the zoo model saved as spec.init_from in
     zoo_dir; bidirectional attention on every transformers version when the spec is not causal."""
     torch.manual_seed(spec.seed)
-    model = transformers.LlamaForCausalLM(model_config(spec, tokenizer))
+    model = model_class(spec)(model_config(spec, tokenizer))
     if spec.init_from is not None:
         source = zoo_dir / spec.init_from
         if not (source / "model.safetensors").exists():
@@ -131,16 +166,19 @@ def build_model(spec: ZooSpec, tokenizer, zoo_dir: Path) -> transformers.LlamaFo
                                     f"(python -m experiments.zoo train {spec.init_from})")
         # the donor as its training wrote it (its manifest), as sinklib.load reads a zoo model
         check_shipped(source, spec.init_from, f"python -m experiments.zoo train {spec.init_from}", "init_from")
-        donor = transformers.LlamaForCausalLM.from_pretrained(source)
+        donor = model_class(spec).from_pretrained(source)
         model.load_state_dict(donor.state_dict())
     compat.make_bidirectional(model)
     return model
 
 
 def objective_loss(spec: ZooSpec, model, batch, mask_id: int, generator: torch.Generator) -> torch.Tensor:
-    """The spec's training loss on one batch: next-token (arm) or masked diffusion (llada; dream shifted)."""
+    """The spec's training loss on one batch: next-token (arm), uniform-noise diffusion (udlm) or masked diffusion
+    (llada; dream shifted)."""
     if spec.objective == "arm":
         return next_token_loss(model, batch)
+    if spec.objective == "udlm":
+        return uniform_noise_loss(model, batch, model.config.vocab_size, generator, stratified=spec.stratified_t)
     return masked_diffusion_loss(model, batch, mask_id, generator, shifted=spec.objective == "dream",
                                  stratified=spec.stratified_t, mask_prompt=spec.mask_prompt)
 
@@ -214,7 +252,7 @@ def training_state(path: Path, spec: ZooSpec | None = None, threads: int | None 
 def _resume(path: Path, spec: ZooSpec, threads: int, model, optimizer, generator: torch.Generator) -> RunState:
     """Load a checkpoint's weights, optimiser moments and masking generator into the run."""
     saved = training_state(path, spec, threads)
-    model.load_state_dict(transformers.LlamaForCausalLM.from_pretrained(path).state_dict())
+    model.load_state_dict(model_class(spec).from_pretrained(path).state_dict())
     optimizer.load_state_dict(saved["optimizer"])
     generator.set_state(saved["generator"])
     return RunState(step=saved["step"], curve=saved["curve"])
@@ -249,7 +287,7 @@ def _checked_run(spec: ZooSpec, steps: int | None, checkpoints: Path | None, che
 @restores_torch_threads
 def train(name: str, zoo_dir: Path, steps: Count | None = None, progress: bool = True, threads: Count = 2,
           curve_path: Path | None = None, spec: ZooSpec | None = None, checkpoints: Path | None = None,
-          checkpoint_at: tuple[Index, ...] = ()) -> tuple[transformers.LlamaForCausalLM, list[dict]]:
+          checkpoint_at: tuple[Index, ...] = ()) -> tuple[transformers.PreTrainedModel, list[dict]]:
     """Train one zoo model from its seed; returns the model and the loss curve (one row per step).
 
     `spec` replaces the recipe of `name` (train.recipe) for experiments with other settings. `steps` stops the run

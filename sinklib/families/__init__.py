@@ -6,6 +6,8 @@
 - `arm`: autoregressive models (Llama, SmolLM2, the autoregressive twin; greedy with a KV cache); `ARMSettings`.
 - `diffusion_gemma`: DiffusionGemma (block diffusion over uniform noise, no mask token: "not yet accepted" stands
   for masked); `DiffusionGemmaSettings`.
+- `udlm`: DiffusionGemma's sampler on one bidirectional model, uniform noise without a mask token (the zoo's
+  tiny-udlm); `UniformNoiseSettings`.
 - `cached`: the Fast-dLLM samplers (dual cache, parallel decoding by a confidence threshold) the two diffusion
   families share.
 

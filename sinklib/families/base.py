@@ -234,6 +234,7 @@ FAMILIES: Registry[Family] = Registry("family", {
     "dream": "sinklib.families.dream:DREAM",
     "arm": "sinklib.families.arm:ARM",
     "diffusion_gemma": "sinklib.families.diffusion_gemma:DIFFUSION_GEMMA",
+    "udlm": "sinklib.families.udlm:UDLM",
 })
 
 

@@ -71,15 +71,6 @@ class Canvases(list):
         self.noised: list[torch.Tensor] = []
 
 
-@dataclass
-class _Block:
-    """One block's inputs: the encoder's cache, the decoder's 2-d key mask and positions, its first column."""
-    cache: object
-    key_mask: torch.Tensor
-    positions: torch.Tensor
-    start: int
-
-
 class _Stopping:
     """Upstream's StableAndConfidentStoppingCriteria: stable (the argmax canvas as in each of the last `threshold`
     steps) and confident (mean entropy below `confidence`), per row."""
@@ -136,17 +127,18 @@ class _Sampler:
         mask[:, start:start + canvas.shape[1]] = noised
         self.canvases.noised.append(mask)
 
-    def denoise(self, block: _Block, vocab: int) -> torch.Tensor:
-        """One block's denoising loop (upstream's 1.b and 1.c) → its last argmax canvas [B, C]."""
+    def denoise(self, start: int, vocab: int, logits_of) -> torch.Tensor:
+        """One block's denoising loop (upstream's 1.b and 1.c), its canvas starting at column `start`:
+        logits_of(canvas [B, C], conditioning: the previous step's logits or None) → logits [B, C, V], called after
+        the canvas is recorded (self.x holds it). → its last argmax canvas [B, C]."""
         s, x = self.settings, self.x
         current = _noise((x.shape[0], s.block_length), vocab, self.generator, x.device)
         argmax, conditioning, noised = current, None, torch.ones_like(current, dtype=torch.bool)
         finished = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
         stopping = None if s.confidence_threshold is None else _Stopping(s.stability_threshold, s.confidence_threshold)
         for step in reversed(range(1, self.steps + 1)):
-            self.record(block.start, current, noised)
-            logits = self.forward(current, None, None, stage="denoise", cache=block.cache, key_mask=block.key_mask,
-                                  positions=block.positions, conditioning=conditioning)
+            self.record(start, current, noised)
+            logits = logits_of(current, conditioning)
             cur = torch.tensor(step, device=x.device, dtype=torch.int32)  # upstream's temperature, in its dtype
             logits = logits / (s.t_min + (s.t_max - s.t_min) * (cur / self.steps))
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -203,7 +195,11 @@ def sample(forward: Forward, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
             raise bad_value("block_length", settings.block_length, f"the model's canvas_length, {canvas_length}")
         key_mask = torch.nn.functional.pad(key_mask, (0, settings.block_length), value=True)
         decoder_positions = torch.arange(start, start + settings.block_length, dtype=torch.int32, device=device)[None]
-        argmax = run.denoise(_Block(cache, key_mask, decoder_positions, start), vocab)
+
+        def decoder_logits(canvas, conditioning, cache=cache, key_mask=key_mask, positions=decoder_positions):
+            return forward(canvas, None, None, stage="denoise", cache=cache, key_mask=key_mask, positions=positions,
+                           conditioning=conditioning)
+        argmax = run.denoise(start, vocab, decoder_logits)
         finished = run.finish(start, argmax, finished)
         if bool(finished.all()):
             break

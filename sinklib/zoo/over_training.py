@@ -38,7 +38,8 @@ RESULTS_PATH = DATA_DIR / "over_training" / "training_dynamics.parquet"  # not d
 ADAPTATION_PATH = DATA_DIR / "over_training" / "adaptation_dynamics.parquet"  # the twins' (experiments/zoo/adapt.py)
 FORMAT_MARKERS = ("Q:", "A:", "####")  # the zoo's prompt and answer markers: structure, not content
 SHIPPED = "shipped"  # the checkpoint column of the shipped model's row
-RecipeName = Literal["tiny-llada", "tiny-dream", "tiny-arm", "tiny-llada-prompt-masking"]  # train.ZOO and VARIANTS
+RecipeName = Literal["tiny-llada", "tiny-dream", "tiny-arm", "tiny-udlm", "tiny-llada-gated",
+                     "tiny-llada-prompt-masking"]  # train.ZOO and VARIANTS
 KEY = ["model", "checkpoint", "weights", "n_problems", "n_traces", "eps", "seed"]
 COLUMNS = KEY + ["step", "train_steps", "loss", "accuracy", "accuracy_stderr", "accuracy_top1_masked",
                  "accuracy_random1_masked", *(f"share_{group}" for group in dynamics.TOKEN_GROUPS), "top_sink_token",

@@ -13,7 +13,8 @@ from sinklib.validation import (BadValue, Count, Flag, Index, Positive, Text, ba
 GEN_LENGTH = 16  # response slot: worked answer + "#### N" + [EOS] padding
 
 
-OBJECTIVES = ("llada", "arm", "dream")  # ZooSpec.objective: LLaDA's masked diffusion, next token, Dream's shifted one
+# ZooSpec.objective: LLaDA's masked diffusion, next token, Dream's shifted one, uniform-noise diffusion (UDLM's)
+OBJECTIVES = ("llada", "arm", "dream", "udlm")
 
 
 @validated
@@ -25,7 +26,7 @@ class ZooSpec:
 
     name: Text
     family: Text  # the sinklib sampler family
-    objective: str  # "llada", "arm" or "dream" (OBJECTIVES)
+    objective: str  # "llada", "arm", "dream" or "udlm" (OBJECTIVES)
     causal: Flag
     seed: Index
     steps: Count
@@ -35,6 +36,7 @@ class ZooSpec:
     init_from: Text | None = None
     stratified_t: Flag = False  # t_i = (i + u_i) / B across the batch: the same U(0,1) marginal, lower variance
     mask_prompt: Flag = False  # diffusion objectives: in every other row the prompt after [BOS] is masked and predicted too
+    gated_attention: Flag = False  # Qwen3.5's attention block: a sigmoid gate on each head's output, QK-norm
     hidden_size: Count = 128
     intermediate_size: Count = 344
     layers: Count = 4
@@ -50,6 +52,8 @@ class ZooSpec:
         for setting in ("stratified_t", "mask_prompt"):
             if self.objective == "arm" and getattr(self, setting):
                 raise bad_value(setting, True, "False when objective='arm' (only a diffusion objective masks tokens)")
+        if self.mask_prompt and self.objective not in ("llada", "dream"):
+            raise bad_value("mask_prompt", True, "False unless objective is 'llada' or 'dream' (only they mask a prompt)")
         if self.hidden_size % self.heads:
             raise bad_value("heads", self.heads, f"a divisor of hidden_size={self.hidden_size}")
 
@@ -59,6 +63,11 @@ ZOO = {
     "tiny-arm": ZooSpec("tiny-arm", "arm", "arm", causal=True, seed=12, steps=1200),
     "tiny-dream": ZooSpec("tiny-dream", "dream", "dream", causal=False, seed=13, steps=2600, init_from="tiny-arm",
                           stratified_t=True),
+    # tiny-llada's recipe with uniform noise for the mask token (issue 70: do sinks need a mask token?)
+    "tiny-udlm": ZooSpec("tiny-udlm", "udlm", "udlm", causal=False, seed=14, steps=5000, lr=5e-4, stratified_t=True),
+    # tiny-llada's recipe with gated attention, which removes sinks in causal models (issue 70: a control without sinks)
+    "tiny-llada-gated": ZooSpec("tiny-llada-gated", "llada", "llada", causal=False, seed=15, steps=5000, lr=5e-4,
+                                stratified_t=True, gated_attention=True),
 }
 
 

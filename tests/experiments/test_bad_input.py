@@ -171,7 +171,7 @@ ZOO_SPEC = {"name": "x", "family": "llada", "objective": "llada", "causal": Fals
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"objective": "bogus"}, r"objective='bogus' is not allowed: objective must be one of \['llada', 'arm', 'dream'\]"),
+    ({"objective": "bogus"}, r"objective='bogus' is not allowed: objective must be one of \['llada', 'arm', 'dream', 'udlm'\]"),
     ({"warmup": -5}, r"warmup=-5 is not allowed: warmup must be an integer >= 0"),
     ({"steps": 0}, r"steps=0 is not allowed: steps must be an integer >= 1"),
     ({"lr": float("nan")}, r"lr=nan is not allowed: lr must be a finite number"),

@@ -152,7 +152,7 @@ def test_a_block_length_for_a_family_without_blocks_is_refused_not_dropped():
     """The autoregressive sampler has no blocks: block_length=4 used to be dropped without a word by the layout fit.
     Dream's has them now (Fast-dLLM's block-wise sampler) and takes it."""
     with pytest.raises(ValueError, match=r"block_length=4 is not allowed for the arm family: it applies to "
-                                         r"diffusion_gemma/dream/llada/mmada only"):
+                                         r"diffusion_gemma/dream/llada/mmada/udlm only"):
         SinklibLM.create_from_arg_string("pretrained=tiny-arm,block_length=4")
     assert SinklibLM.create_from_arg_string("pretrained=tiny-dream,block_length=4").settings.block_length == 4
 

@@ -105,7 +105,7 @@ def test_the_registry_imports_lazily_and_refuses_unknown_and_duplicate_names():
     assert registry.get("json") is json.loads
     with pytest.raises(ValueError, match=r"target='json.loads' is not allowed"):
         registry.register("other", "json.loads")
-    assert family_names() == ["arm", "diffusion_gemma", "dream", "llada", "mmada"]
+    assert family_names() == ["arm", "diffusion_gemma", "dream", "llada", "mmada", "udlm"]
 
 
 # `.kind` reads that mean something else: inspect.Parameter's (harness, compat), a Registry's own (registry.py) and a

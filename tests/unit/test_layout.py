@@ -109,7 +109,7 @@ def test_layout_options_are_checked_where_settings_are_made_and_a_block_above_th
     from sinklib.evaluation.tasks import Task, score_final_number
 
     with pytest.raises(ValueError, match=r"block_length=8 is not allowed for the arm family: it applies to "
-                                         r"diffusion_gemma/dream/llada/mmada"):
+                                         r"diffusion_gemma/dream/llada/mmada/udlm only"):
         sinklib.load("tiny-arm").settings_for(block_length=8)
     dream = sinklib.load("tiny-dream")  # Dream's block-wise sampler (Fast-dLLM's) takes blocks by the same rule
     assert dream.settings_for(get_task("arithmetic"), block_length=8).block_length == 8

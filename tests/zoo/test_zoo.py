@@ -1,14 +1,16 @@
 """The shipped tiny zoo: accuracy, attention direction, shipped config and card, where a model comes from (the
 training is tested in tests/experiments/test_zoo_training.py)."""
+import json
 
 import pytest
 import torch
 
 import sinklib
 from sinklib.zoo import NAMES, ZOO_DIR
-from experiments.zoo.evaluate import accuracy
+from experiments.zoo.evaluate import accuracy, render_card
 
-THRESHOLDS = {"tiny-llada": 0.85, "tiny-dream": 0.85, "tiny-arm": 0.95}  # the accuracy each was trained to reach
+# the accuracy each was trained to reach (tiny-udlm, added later: 0.94 on 600 at its shipping, this bar set then)
+THRESHOLDS = {"tiny-llada": 0.85, "tiny-dream": 0.85, "tiny-arm": 0.95, "tiny-udlm": 0.85}
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -42,8 +44,9 @@ def test_attention_direction_matches_the_objective(zoo_model):
 def test_family_and_mask_token_come_from_the_shipped_config(zoo_model):
     name, loaded = zoo_model
     assert loaded.family.name == name.split("-")[1]
-    if name != "tiny-arm":
+    if loaded.family.is_diffusion and loaded.family.has_mask_token:
         assert loaded.mask_id == loaded.tokenizer.mask_token_id == 3
+    assert loaded.family.has_mask_token == (name != "tiny-udlm")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -52,6 +55,7 @@ def test_checkpoints_are_small_and_carry_a_card(name):
     assert (folder / "model.safetensors").stat().st_size <= 8 * 2**20
     card = (folder / "README.md").read_text()
     assert "held-out exact-answer accuracy" in card and "most frequent sink tokens" in card
+    assert card == render_card(json.loads((folder / "card.json").read_text())), "the README is its card.json's"
 
 
 def test_where_a_model_comes_from_is_told_by_its_name_and_its_prompt_style_by_its_config(tmp_path):
