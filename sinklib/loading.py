@@ -133,8 +133,10 @@ class LoadedModel:
     def special_ids(self) -> dict[str, Any]:
         """The settings fields that come from the model, not the caller: mask_id, eos_ids, pad_id, and vocab_size
         (what a uniform-noise sampler draws its noise from)."""
+        config = getattr(self.model, "config", None)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return {"mask_id": self.mask_id, "eos_ids": self.eos_ids, "pad_id": self.pad_id,
-                "vocab_size": self.model.config.get_text_config().vocab_size}
+                "vocab_size": getattr(text, "vocab_size", None)}
 
     def logits(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                position_ids: torch.Tensor | None = None, keep: bool = False, window: Window | None = None, **stage):

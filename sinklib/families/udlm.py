@@ -68,10 +68,12 @@ class UniformNoiseFamily(DiffusionGemmaFamily):
     run = Family.run  # called as one forward, never by stages
 
 
-# The tiny zoo's 16-token slot: one block, one forward per step, every step run (no adaptive stopping, so that each
-# generation has tiny-llada's 16 steps to compare step by step), DiffusionGemma's bound and temperatures.
+# The paper's generation for a model of this family outside the zoo (128 tokens, one forward per token, blocks of 32,
+# as LLaDA's), and the tiny zoo's 16-token slot in one block; every step run (no adaptive stopping, so that each
+# generation has tiny-llada's steps to compare step by step), DiffusionGemma's bound and temperatures.
+PAPER = UniformNoiseSettings(steps=128, gen_length=128, block_length=32, confidence_threshold=None)
 ZOO = UniformNoiseSettings(steps=16, gen_length=16, block_length=16, confidence_threshold=None)
 
 UDLM = UniformNoiseFamily(
     "udlm", sample, UniformNoiseSettings, description="uniform-noise diffusion (tiny-udlm): DiffusionGemma's "
-    "entropy-bound acceptance and re-noising on one bidirectional model", zoo=ZOO, model_types=("udlm",))
+    "entropy-bound acceptance and re-noising on one bidirectional model", paper=PAPER, zoo=ZOO, model_types=("udlm",))
