@@ -5,4 +5,4 @@ from __future__ import annotations
 
 from sinklib.paths import DATA_DIR, ZOO_DIR  # noqa: F401  (callers read them here too)
 
-NAMES = ("tiny-llada", "tiny-dream", "tiny-arm", "tiny-udlm")  # shipped in data/models/
+NAMES = ("tiny-llada", "tiny-dream", "tiny-arm", "tiny-udlm", "tiny-llada-gated")  # shipped in data/models/

@@ -9,8 +9,9 @@ import sinklib
 from sinklib.zoo import NAMES, ZOO_DIR
 from experiments.zoo.evaluate import accuracy, render_card
 
-# the accuracy each was trained to reach (tiny-udlm, added later: 0.94 on 600 at its shipping, this bar set then)
-THRESHOLDS = {"tiny-llada": 0.85, "tiny-dream": 0.85, "tiny-arm": 0.95, "tiny-udlm": 0.85}
+# the accuracy each was trained to reach (tiny-udlm and tiny-llada-gated, added later: 0.94 and 0.99 on 600 at their
+# shipping, tiny-llada's bar set for both)
+THRESHOLDS = {"tiny-llada": 0.85, "tiny-dream": 0.85, "tiny-arm": 0.95, "tiny-udlm": 0.85, "tiny-llada-gated": 0.85}
 
 
 @pytest.fixture(scope="module", params=NAMES)
